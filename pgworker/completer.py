@@ -1,0 +1,88 @@
+"""Outcomes → guarded writes. Results queue up while a write is in flight, so that under load
+each statement carries a batch; a write that fails on a lost connection is retried until the
+database is back. Outcomes whose attempt no longer holds the job are dropped, and logged."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+
+from . import db
+from .logs import get_logger
+from .models import AttemptResult, JobStatus
+
+
+class Completer:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        schema: str,
+        worker_id: str,
+        on_requeued: Callable[[float], None] = lambda delay: None,
+        max_batch: int = 500,
+    ) -> None:
+        self._pool = pool
+        self._on_requeued = on_requeued
+        self._schema = schema
+        self._max_batch = max_batch
+        self._buffer: list[AttemptResult] = []
+        self._ready = anyio.Event()
+        self._closing = False
+        self.finished = anyio.Event()
+        self._log = get_logger(worker_id=worker_id)
+        self.written = 0
+        self.dropped = 0
+
+    def submit(self, result: AttemptResult) -> None:
+        self._buffer.append(result)
+        self._ready.set()
+
+    def close(self) -> None:
+        """Finish once everything submitted so far is written."""
+        self._closing = True
+        self._ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._ready.wait()
+            self._ready = anyio.Event()
+            while self._buffer:
+                batch = self._buffer[: self._max_batch]
+                del self._buffer[: self._max_batch]
+                await self._write(batch)
+            if self._closing:
+                self.finished.set()
+                return
+
+    async def _write(self, batch: list[AttemptResult]) -> None:
+        failures = 0
+        while True:
+            try:
+                written = await db.finish_many(self._pool, self._schema, batch)
+                break
+            except db.CONNECTION_ERRORS as exc:
+                failures += 1
+                delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
+                self._log.warning(
+                    "outcome write failed; retrying",
+                    error=str(exc),
+                    jobs=len(batch),
+                    retry_in_s=round(delay, 2),
+                )
+                await anyio.sleep(delay)
+        self.written += len(written)
+        for r in batch:
+            if r.job_id in written:
+                if r.status is JobStatus.PENDING:
+                    self._on_requeued(r.delay)
+            else:
+                self.dropped += 1
+                self._log.warning(
+                    "outcome dropped: this attempt no longer holds the job",
+                    job_id=r.job_id,
+                    attempt=r.attempt,
+                    outcome=r.outcome.value,
+                )

@@ -1,0 +1,240 @@
+"""The one module that runs SQL: every statement pgworker sends goes through here, and database
+errors become pgworker's typed errors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+
+from . import sql
+from .errors import DatabaseUnavailable, SchemaError
+from .models import AttemptResult
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.InterfaceError,
+)
+
+
+def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"cannot reach the database ({type(exc).__name__}: {exc}); check the DSN "
+        f"(--dsn, PGWORKER_DSN or DATABASE_URL) and that PostgreSQL is running"
+    )
+
+
+async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(dsn, **kwargs)
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+        raise _describe(dsn, exc) from exc
+
+
+async def create_pool(dsn: str, size: int) -> asyncpg.Pool:
+    try:
+        return await asyncpg.create_pool(dsn, min_size=1, max_size=size)
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+        raise _describe(dsn, exc) from exc
+
+
+@contextlib.asynccontextmanager
+async def transaction(conn: Executor) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as c, c.transaction():
+            yield c
+    else:
+        async with conn.transaction():
+            yield conn
+
+
+@contextlib.contextmanager
+def _schema_errors(schema: str) -> Any:
+    try:
+        yield
+    except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError) as e:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is missing ({e}); run `pgworker migrate` first"
+        ) from e
+
+
+# --- schema -------------------------------------------------------------------------------
+
+
+async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
+    """Apply the migrations not yet applied, each in its own transaction, under an advisory lock
+    so that concurrent runs apply each migration once. Returns the versions applied now."""
+    q = sql.queries(schema)
+    applied_now = []
+    await conn.execute(q["migrations_lock"], schema)
+    try:
+        await conn.execute(q["migrations_bootstrap"])
+        done = {r["version"] for r in await conn.fetch(q["migrations_applied"])}
+        for m in sql.migrations(schema):
+            if m.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await conn.execute(q["migrations_record"], m.version, m.name)
+            applied_now.append(m.version)
+    finally:
+        await conn.execute(q["migrations_unlock"], schema)
+    return applied_now
+
+
+async def schema_version(conn: Executor, schema: str) -> int | None:
+    q = sql.queries(schema)
+    if not await conn.fetchval(q["migrations_table_exists"], schema):
+        return None
+    return await conn.fetchval(q["migrations_latest"])
+
+
+async def check_schema(conn: Executor, schema: str) -> None:
+    """Raise SchemaError, saying what to run, unless the schema is exactly at the code's version."""
+    expected = sql.latest_version()
+    found = await schema_version(conn, schema)
+    if found is None:
+        raise SchemaError(f"the pgworker schema {schema!r} is missing; run `pgworker migrate`")
+    if found < expected:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is at version {found}, this pgworker needs "
+            f"{expected}; run `pgworker migrate`"
+        )
+    if found > expected:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is at version {found}, newer than this pgworker "
+            f"(version {expected}); upgrade pgworker on this host"
+        )
+
+
+# --- enqueue ------------------------------------------------------------------------------
+
+
+async def insert_job(conn: Executor, schema: str, *args: Any) -> asyncpg.Record | None:
+    with _schema_errors(schema):
+        return await conn.fetchrow(sql.queries(schema)["job_insert"], *args)
+
+
+async def insert_jobs(conn: asyncpg.Connection, schema: str, *arrays: Any) -> list[asyncpg.Record]:
+    with _schema_errors(schema):
+        return await conn.fetch(sql.queries(schema)["job_insert_many"], *arrays)
+
+
+async def get_job_by_key(
+    conn: Executor, schema: str, key: str, type_: str, payload: str
+) -> asyncpg.Record | None:
+    with _schema_errors(schema):
+        return await conn.fetchrow(sql.queries(schema)["job_get_by_key"], key, type_, payload)
+
+
+async def get_job(conn: Executor, schema: str, job_id: int) -> asyncpg.Record | None:
+    with _schema_errors(schema):
+        return await conn.fetchrow(sql.queries(schema)["job_get"], job_id)
+
+
+# --- worker -------------------------------------------------------------------------------
+
+
+async def claim(
+    conn: Executor,
+    schema: str,
+    *,
+    queues: Sequence[str],
+    types: Sequence[str],
+    default_max_retries: Sequence[int],
+    limit: int,
+    worker_id: str,
+    lease: float,
+    code_version: str,
+) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        sql.queries(schema)["job_claim"],
+        queues,
+        types,
+        limit,
+        worker_id,
+        lease,
+        default_max_retries,
+        code_version,
+    )
+
+
+async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:
+    """Write outcomes in one statement; returns the job ids written (the others were fenced)."""
+    rows = await conn.fetch(
+        sql.queries(schema)["job_finish_many"],
+        [r.job_id for r in results],
+        [r.attempt for r in results],
+        [r.status.value for r in results],
+        [r.outcome.value for r in results],
+        [r.result for r in results],
+        [r.error_type for r in results],
+        [r.error_message for r in results],
+        [r.delay for r in results],
+        [r.retried for r in results],
+    )
+    return {r["id"] for r in rows}
+
+
+async def register_worker(
+    conn: Executor,
+    schema: str,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    queues: Sequence[str],
+    types: Sequence[str],
+    concurrency: int,
+) -> None:
+    await conn.execute(
+        sql.queries(schema)["worker_register"],
+        worker_id,
+        hostname,
+        pid,
+        list(queues),
+        list(types),
+        concurrency,
+    )
+
+
+async def heartbeat(
+    conn: Executor,
+    schema: str,
+    worker_id: str,
+    running: Sequence[tuple[int, int]],
+    lease: float,
+) -> None:
+    await conn.execute(
+        sql.queries(schema)["worker_heartbeat"],
+        worker_id,
+        [job_id for job_id, _ in running],
+        [attempt for _, attempt in running],
+        lease,
+    )
+
+
+async def unregister_worker(conn: Executor, schema: str, worker_id: str) -> None:
+    await conn.execute(sql.queries(schema)["worker_unregister"], worker_id)
+
+
+# --- operators ----------------------------------------------------------------------------
+
+
+async def status(conn: Executor, schema: str, live_within: float) -> dict[str, list[Any]]:
+    q = sql.queries(schema)
+    with _schema_errors(schema):
+        return {
+            "counts": await conn.fetch(q["status_counts"]),
+            "oldest_pending": await conn.fetch(q["status_oldest_pending"]),
+            "unserved": await conn.fetch(q["status_unserved"], live_within),
+            "workers": await conn.fetch(q["status_workers"], live_within),
+        }

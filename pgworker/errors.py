@@ -1,0 +1,62 @@
+"""Every error pgworker raises derives from PgWorkerError; handlers signal outcomes with
+PermanentError and Retry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class PgWorkerError(Exception):
+    """Root of pgworker's errors: catch this to catch them all."""
+
+
+class ValidationError(PgWorkerError, ValueError):
+    """An argument is invalid; nothing was written. `field` names the argument."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ConfigError(PgWorkerError, ValueError):
+    """A setting or task option is invalid. `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class IdempotencyConflict(PgWorkerError):
+    """The idempotency key already belongs to a job with another type or payload."""
+
+    def __init__(self, key: str, job_id: int | None) -> None:
+        owner = f"job {job_id}" if job_id is not None else "another job of the same batch"
+        super().__init__(
+            f"idempotency_key {key!r} already belongs to {owner} with a different type or "
+            "payload; use a new key for different work"
+        )
+        self.key = key
+        self.job_id = job_id
+
+
+class SchemaError(PgWorkerError):
+    """The database schema is missing, older or newer than this code expects."""
+
+
+class DatabaseUnavailable(PgWorkerError):
+    """The database cannot be reached with the given DSN."""
+
+
+class PermanentError(Exception):
+    """Raised by a handler: the job fails at once, without retries."""
+
+
+class Retry(Exception):
+    """Raised by a handler: run the job again `after` seconds from now (counts as a retry)."""
+
+    def __init__(self, after: float | timedelta = 0.0, reason: str | None = None) -> None:
+        seconds = after.total_seconds() if isinstance(after, timedelta) else float(after)
+        if not seconds >= 0:
+            raise ValueError("Retry(after=...) must be a number of seconds >= 0")
+        super().__init__(reason or f"retry requested in {seconds:g}s")
+        self.after = seconds

@@ -1,0 +1,200 @@
+"""One attempt of one job: run its handler under the task's timeout and a cancel scope of its own,
+and turn what happened into an AttemptResult. No SQL here: the completer writes the result."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import structlog
+
+from .errors import PermanentError, Retry
+from .logs import get_logger
+from .models import AttemptResult, Job, JobStatus, Outcome, current_correlation_id
+from .registry import Task
+
+_MESSAGE_LIMIT = 2000
+
+
+@dataclass(slots=True)
+class JobContext:
+    """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
+
+    job_id: int
+    attempt: int
+    correlation_id: str
+    worker_id: str
+    payload: Any
+    job: Job
+    log: Any
+
+    @property
+    def type(self) -> str:
+        return self.job.type
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+
+@dataclass(slots=True)
+class Attempt:
+    """A running attempt as the worker sees it; `stop(outcome)` cancels just this job."""
+
+    job: Job
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    stopped_as: Outcome | None = None
+
+    def stop(self, outcome: Outcome) -> None:
+        if self.stopped_as is None:
+            self.stopped_as = outcome
+        self.scope.cancel()
+
+
+def _error(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, str(exc)[:_MESSAGE_LIMIT]
+
+
+def _transient(task: Task, job: Job, outcome: Outcome, exc: BaseException | None) -> AttemptResult:
+    if exc is None:
+        error_type, message = "TimeoutError", f"timed out after {task.timeout:g}s"
+    else:
+        error_type, message = _error(exc)
+    retries = job.max_retries if job.max_retries is not None else task.retry.max_retries
+    if job.retry_count < retries:
+        return AttemptResult(
+            job.id,
+            job.attempts,
+            JobStatus.PENDING,
+            Outcome.RETRIED if outcome is Outcome.FAILED else outcome,
+            error_type=error_type,
+            error_message=message,
+            delay=task.retry.delay(job.retry_count + 1),
+            retried=1,
+        )
+    return AttemptResult(
+        job.id,
+        job.attempts,
+        JobStatus.FAILED,
+        outcome,
+        error_type=error_type,
+        error_message=message,
+    )
+
+
+def _completed(job: Job, value: Any, log: Any) -> AttemptResult:
+    result = None
+    if value is not None:
+        try:
+            result = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            log.warning("result not stored: not JSON-serialisable", error=str(exc))
+    return AttemptResult(
+        job.id, job.attempts, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
+    )
+
+
+async def execute(
+    attempt: Attempt, task: Task, worker_id: str, limiter: anyio.CapacityLimiter
+) -> AttemptResult:
+    """Run one attempt to its outcome. Cancellation of this attempt's own scope (timeout,
+    shutdown, operator cancel) is turned into an outcome; any other cancellation propagates."""
+    job = attempt.job
+    keys = {
+        "job_id": job.id,
+        "attempt": job.attempts,
+        "correlation_id": job.correlation_id,
+        "worker_id": worker_id,
+    }
+    structlog.contextvars.bind_contextvars(**keys)
+    current_correlation_id.set(job.correlation_id)
+    log = get_logger(**keys)
+    ctx = JobContext(job.id, job.attempts, job.correlation_id, worker_id, job.payload, job, log)
+    log.debug("job started", type=job.type, queue=job.queue)
+    if task.timeout is not None:
+        attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
+    started = anyio.current_time()
+    value: Any = None
+    failure: BaseException | None = None
+    with attempt.scope:
+        try:
+            if task.is_async:
+                value = await task.fn(ctx, job.payload)
+            else:
+                value = await anyio.to_thread.run_sync(
+                    functools.partial(task.fn, ctx, job.payload),
+                    abandon_on_cancel=True,
+                    limiter=limiter,
+                )
+        except Exception as exc:
+            failure = exc
+    elapsed = anyio.current_time() - started
+    result = _decide(attempt, task, job, value, failure, log)
+    log_at = log.info if result.status is not JobStatus.FAILED else log.warning
+    log_at(
+        f"job {result.outcome.value}",
+        type=job.type,
+        status=result.status.value,
+        duration_ms=round(elapsed * 1000, 1),
+        **({"error": f"{result.error_type}: {result.error_message}"} if result.error_type else {}),
+        **({"retry_in_s": round(result.delay, 3)} if result.status is JobStatus.PENDING else {}),
+    )
+    return result
+
+
+def _decide(
+    attempt: Attempt, task: Task, job: Job, value: Any, failure: BaseException | None, log: Any
+) -> AttemptResult:
+    if attempt.scope.cancelled_caught:
+        if attempt.stopped_as is Outcome.INTERRUPTED:
+            return AttemptResult(job.id, job.attempts, JobStatus.PENDING, Outcome.INTERRUPTED)
+        if attempt.stopped_as is Outcome.CANCELLED:
+            return AttemptResult(
+                job.id,
+                job.attempts,
+                JobStatus.CANCELLED,
+                Outcome.CANCELLED,
+                error_type="Cancelled",
+                error_message="cancelled by an operator",
+            )
+        return _transient(task, job, Outcome.TIMED_OUT, None)
+    if failure is None:
+        return _completed(job, value, log)
+    if isinstance(failure, PermanentError):
+        error_type, message = _error(failure)
+        return AttemptResult(
+            job.id,
+            job.attempts,
+            JobStatus.FAILED,
+            Outcome.FAILED,
+            error_type=error_type,
+            error_message=message,
+        )
+    if isinstance(failure, Retry):
+        error_type, message = _error(failure)
+        retries = job.max_retries if job.max_retries is not None else task.retry.max_retries
+        if job.retry_count < retries:
+            return AttemptResult(
+                job.id,
+                job.attempts,
+                JobStatus.PENDING,
+                Outcome.RETRIED,
+                error_type=error_type,
+                error_message=message,
+                delay=failure.after if math.isfinite(failure.after) else 0.0,
+                retried=1,
+            )
+        return AttemptResult(
+            job.id,
+            job.attempts,
+            JobStatus.FAILED,
+            Outcome.FAILED,
+            error_type=error_type,
+            error_message=f"{message} (max_retries {retries} exhausted)",
+        )
+    log.debug("handler raised", exc_info=failure)
+    return _transient(task, job, Outcome.FAILED, failure)

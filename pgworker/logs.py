@@ -1,0 +1,48 @@
+"""Structured logs: JSON lines for containers, readable console output otherwise.
+
+Lines about a job carry job_id, attempt, correlation_id and worker_id, both on the runtime's
+lines and on the handler's `ctx.log`; any structlog logger used inside a handler gets them too
+through context variables. Levels below the configured one cost a no-op call.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal
+
+import structlog
+
+LogFormat = Literal["json", "console"]
+
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def configure(fmt: LogFormat = "console", level: str = "info", stream: Any = None) -> None:
+    """Configure structlog for a pgworker process (the CLI calls this; libraries embedding a
+    Worker keep their own structlog configuration)."""
+    tail: list[Any]
+    if fmt == "json":
+        tail = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    else:
+        tail = [structlog.dev.ConsoleRenderer(colors=False)]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *tail,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def get_logger(**bound: Any) -> Any:
+    return structlog.get_logger("pgworker").bind(**bound)

@@ -1,0 +1,138 @@
+"""The shapes that travel along the data path: job rows, specs, and attempt outcomes."""
+
+from __future__ import annotations
+
+import json
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+
+class JobStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Outcome(StrEnum):
+    """How one attempt ended, as stored in `job_attempts.outcome`."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    RETRIED = "retried"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_RETRIES = 3
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A row of `jobs`, as read at one moment."""
+
+    id: int
+    type: str
+    queue: str
+    payload: Any
+    priority: int
+    status: JobStatus
+    retry_count: int
+    max_retries: int | None
+    attempts: int
+    idempotency_key: str | None
+    correlation_id: str
+    run_at: datetime
+    claimed_at: datetime | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    error: str | None
+    progress: Any
+    result: Any
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_record(cls, r: Any) -> Job:
+        return cls(
+            id=r["id"],
+            type=r["type"],
+            queue=r["queue"],
+            payload=_json(r["payload"]),
+            priority=r["priority"],
+            status=JobStatus(r["status"]),
+            retry_count=r["retry_count"],
+            max_retries=r["max_retries"],
+            attempts=r["attempts"],
+            idempotency_key=r["idempotency_key"],
+            correlation_id=r["correlation_id"],
+            run_at=r["run_at"],
+            claimed_at=r["claimed_at"],
+            worker_id=r["worker_id"],
+            lease_expires_at=r["lease_expires_at"],
+            error=r["error"],
+            progress=_json(r["progress"]),
+            result=_json(r["result"]),
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+            finished_at=r["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job to enqueue with `enqueue_many`; the fields mirror `enqueue`'s arguments."""
+
+    type: str
+    payload: Any = field(default_factory=dict)
+    queue: str | None = None
+    priority: int | str | None = None
+    max_retries: int | None = None
+    idempotency_key: str | None = None
+    correlation_id: str | None = None
+    run_at: datetime | None = None
+    delay: timedelta | float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    job: Job
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """What one attempt decided, computed by the executor and written by the completer.
+
+    `status` is the job's next status; `delay` (seconds) sets its next run_at when pending;
+    `retried` is 1 when the attempt counts against max_retries.
+    """
+
+    job_id: int
+    attempt: int
+    status: JobStatus
+    outcome: Outcome
+    result: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    delay: float = 0.0
+    retried: int = 0
+
+
+# The correlation id of the job running in this context, inherited by jobs it enqueues.
+current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlation_id", default=None)

@@ -1,0 +1,130 @@
+"""Claim as many due jobs as there are free slots, in one statement, and run each in its own
+executor task. Stopping has two steps: stop claiming at once; after the grace period, stop the
+attempts still running (they go back to pending as `interrupted`)."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import asyncpg
+
+from . import db
+from .completer import Completer
+from .executor import Attempt, execute
+from .logs import get_logger
+from .models import Job, Outcome
+from .notifier import Wakeup
+from .registry import Registry
+from .settings import Settings
+
+
+class Producer:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        registry: Registry,
+        settings: Settings,
+        completer: Completer,
+        wakeup: Wakeup,
+    ) -> None:
+        self._pool = pool
+        self._registry = registry
+        self._settings = settings
+        self._completer = completer
+        self._wakeup = wakeup
+        self._types = [t.name for t in registry]
+        self._default_max_retries = [t.retry.max_retries for t in registry]
+        self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._stopping = anyio.Event()
+        self._drained = anyio.Event()
+        self._saturated = False
+        self._next_due = float("inf")
+        self._log = get_logger(worker_id=settings.worker_id)
+        self.running: dict[int, Attempt] = {}
+
+    def stop(self) -> None:
+        """Stop claiming now; running attempts get the grace period to finish."""
+        self._stopping.set()
+        self._wakeup.set()
+
+    def interrupt(self) -> None:
+        """End the grace period now: stop every running attempt."""
+        self.stop()
+        for attempt in list(self.running.values()):
+            attempt.stop(Outcome.INTERRUPTED)
+
+    def requeued(self, delay: float) -> None:
+        """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
+        at the next poll."""
+        due = anyio.current_time() + delay
+        if due < self._next_due:
+            self._next_due = due
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        s = self._settings
+        async with anyio.create_task_group() as attempts:
+            failures = 0
+            while not self._stopping.is_set():
+                self._wakeup.clear()
+                free = s.concurrency - len(self.running)
+                if free > 0:
+                    try:
+                        records = await db.claim(
+                            self._pool,
+                            s.schema,
+                            queues=s.queues,
+                            types=self._types,
+                            default_max_retries=self._default_max_retries,
+                            limit=free,
+                            worker_id=s.worker_id,
+                            lease=s.lease,
+                            code_version=s.code_version,
+                        )
+                        failures = 0
+                    except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                        failures += 1
+                        delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
+                        self._log.warning(
+                            "claim failed; retrying", error=str(exc), retry_in_s=round(delay, 2)
+                        )
+                        with anyio.move_on_after(delay):
+                            await self._stopping.wait()
+                        continue
+                    self._saturated = len(records) == free
+                    for record in records:
+                        attempt = Attempt(Job.from_record(record))
+                        self.running[attempt.job.id] = attempt
+                        attempts.start_soon(self._execute, attempt)
+                now = anyio.current_time()
+                if self._next_due <= now:
+                    self._next_due = float("inf")
+                await self._wakeup.wait(min(s.poll_interval, max(self._next_due - now, 0.0)))
+            if self.running:
+                self._log.info(
+                    "stopping: waiting for running jobs",
+                    jobs=len(self.running),
+                    grace_s=s.shutdown_timeout,
+                )
+                with anyio.move_on_after(s.shutdown_timeout):
+                    await self._drained.wait()
+                if self.running:
+                    self._log.warning(
+                        "grace period over: interrupting jobs", jobs=len(self.running)
+                    )
+                    self.interrupt()
+
+    async def _execute(self, attempt: Attempt) -> None:
+        job = attempt.job
+        try:
+            result = await execute(
+                attempt, self._registry[job.type], self._settings.worker_id, self._limiter
+            )
+            self._completer.submit(result)
+        finally:
+            del self.running[job.id]
+            if self._saturated:
+                self._wakeup.set()
+            if self._stopping.is_set() and not self.running:
+                self._drained.set()

@@ -1,0 +1,1 @@
+SELECT {job_columns} FROM {schema}.jobs AS j WHERE j.id = $1

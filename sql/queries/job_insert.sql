@@ -1,0 +1,17 @@
+-- One job; an existing row with the same idempotency key is returned instead (created = false),
+-- with `matches` telling whether it was created with the same type and payload.
+WITH ins AS (
+    INSERT INTO {schema}.jobs AS j (type, queue, payload, priority, max_retries, idempotency_key,
+                                    fingerprint, correlation_id, run_at)
+    VALUES ($1, $2, $3::jsonb, $4, $5, $6::text,
+            CASE WHEN $6::text IS NOT NULL THEN md5($1 || chr(31) || $3::jsonb::text) END,
+            $7, coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))))
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING {job_columns}
+)
+SELECT true AS created, true AS matches, ins.* FROM ins
+UNION ALL
+SELECT false, j.fingerprint IS NOT DISTINCT FROM md5($1 || chr(31) || $3::jsonb::text),
+       {job_columns}
+FROM {schema}.jobs AS j
+WHERE $6::text IS NOT NULL AND j.idempotency_key = $6::text AND NOT EXISTS (SELECT FROM ins)

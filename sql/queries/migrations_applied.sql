@@ -1,0 +1,1 @@
+SELECT version FROM {schema}.migrations ORDER BY version

@@ -1,0 +1,1 @@
+SELECT max(version) AS version FROM {schema}.migrations

@@ -1,0 +1,1 @@
+SELECT pg_advisory_unlock(hashtext('pgworker.migrate'), hashtext($1))

@@ -1,0 +1,1 @@
+DELETE FROM {schema}.workers WHERE worker_id = $1
