@@ -74,10 +74,22 @@ class Worker:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve until `stop()`. Raises SchemaError or DatabaseUnavailable before serving."""
-        s = self.settings
-        pool = await db.create_pool(s.dsn, size=3)
+        await self._serve(await self._open(), task_status=task_status)
+
+    async def _open(self) -> Any:
+        pool = await db.create_pool(self.settings.dsn, size=3)
         try:
-            await db.check_schema(pool, s.schema)
+            await db.check_schema(pool, self.settings.schema)
+        except BaseException:
+            await pool.close()
+            raise
+        return pool
+
+    async def _serve(
+        self, pool: Any, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        s = self.settings
+        try:
             types = [t.name for t in self.registry]
             await db.register_worker(
                 pool,
@@ -137,13 +149,10 @@ class Worker:
                 self._log.warning("heartbeat failed", error=str(exc))
 
     async def __aenter__(self) -> Worker:
+        pool = await self._open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        try:
-            await self._tg.start(self.run)
-        except BaseException as exc:
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+        await self._tg.start(self._serve, pool)
         return self
 
     async def __aexit__(

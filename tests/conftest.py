@@ -1,0 +1,119 @@
+"""The test database, as DESIGN §4 orders it: PGWORKER_TEST_DSN; else a testcontainers PostgreSQL
+when a Docker engine answers; else a throwaway cluster from local PostgreSQL binaries (or the
+embedded package). A template database is migrated once per run and cloned for each test."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+import pgworker
+from pgworker import devdb
+
+
+def with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _docker_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    if os.environ.get("PGWORKER_TEST_DSN"):
+        yield os.environ["PGWORKER_TEST_DSN"]
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", driver=None) as pg:
+            yield pg.get_connection_url()
+        return
+    data = tempfile.mkdtemp(prefix="pgw-test-")
+    cluster = devdb.Cluster(data, bindir=devdb.local_bindir(), fsync=False)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop("immediate")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def template_db(server_dsn: str) -> AsyncIterator[str]:
+    name = f"pgworker_tpl_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    conn = await asyncpg.connect(with_database(server_dsn, name))
+    await pgworker.migrate(conn)
+    await conn.close()
+    try:
+        yield name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+_counter = itertools.count()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A migrated database of this test's own."""
+    name = f"{template_db}_{next(_counter)}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    try:
+        yield with_database(server_dsn, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def empty_dsn(server_dsn: str) -> AsyncIterator[str]:
+    """A database without the pgworker schema."""
+    name = f"pgworker_empty_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(server_dsn, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def conn(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(dsn)
+    try:
+        yield c
+    finally:
+        with contextlib.suppress(Exception):
+            await c.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await asyncpg.create_pool(dsn, min_size=1, max_size=60)
+    try:
+        yield p
+    finally:
+        await p.close()
