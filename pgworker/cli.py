@@ -254,15 +254,25 @@ async def _status(args: argparse.Namespace) -> int:
 COMMANDS = {"migrate": _migrate, "run": _run, "enqueue": _enqueue, "status": _status}
 
 
+def _user_error(exc: BaseException) -> PgWorkerError | None:
+    """The PgWorkerError behind `exc`, looking through task groups' exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, PgWorkerError) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return anyio.run(COMMANDS[args.command], args)
-    except PgWorkerError as exc:
-        print(f"pgworker {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        error = _user_error(exc)
+        if error is None:
+            raise
+        print(f"pgworker {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""The real CLI in subprocesses: migrate, run, enqueue, status, signals, logs, user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pgworker
+
+from .helpers import attempts, statuses, wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args], capture_output=True, text=True,
+        env=cli_env(), cwd=ROOT, timeout=timeout,
+    )
+
+
+def start_worker(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgworker", "run", "tests.apps.basic", *args, "--dsn", dsn],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=cli_env(), cwd=ROOT,
+    )
+
+
+def json_lines(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+async def test_migrate_twice_at_once_is_safe(empty_dsn, conn):
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "pgworker", "migrate", "--dsn", empty_dsn],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), cwd=ROOT)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted(o[0].decode().strip() for o in outs) == ["applied migrations [1]",
+                                                           "schema is up to date"]
+    again = cli("migrate", "--dsn", empty_dsn)
+    assert again.returncode == 0 and "up to date" in again.stdout
+
+
+async def test_run_serves_a_module_and_status_reports_counts(dsn, conn, tmp_path):
+    out = cli("enqueue", "echo", "--payload", '{"hello": "world"}', "--correlation-id", "req-9",
+              "--dsn", dsn)
+    assert out.returncode == 0, out.stderr
+    job_id = json.loads(out.stdout)["id"]
+    assert cli("enqueue", "fail", "--dsn", dsn).returncode == 0
+    assert cli("enqueue", "nobody-serves", "--queue", "q2", "--dsn", dsn).returncode == 0
+    log = tmp_path / "worker.log"
+    worker = start_worker(dsn, log, "--log-format", "json", "--worker-id", "cli-w1",
+                          "--queue", "default", "--queue", "q2")
+    try:
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) = 2 FROM pgworker.jobs WHERE status IN ('completed', 'failed')"),
+            timeout=30)
+        status = cli("status", "--dsn", dsn)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0].split() == ["queue", "pending", "running", "completed", "failed",
+                                    "cancelled", "oldest", "pending"]
+        assert lines[1].split()[:6] == ["default", "0", "0", "1", "1", "0"]
+        assert lines[2].split()[:6] == ["q2", "1", "0", "0", "0", "0"]
+        assert "live workers: 1" in status.stdout and "cli-w1" in status.stdout
+        assert "q2: nobody-serves" in status.stdout
+        data = json.loads(cli("status", "--json", "--dsn", dsn).stdout)
+        assert data["queues"]["default"]["completed"] == 1
+        assert data["unserved"] == [{"queue": "q2", "type": "nobody-serves"}]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    job = await pgworker.get_job(conn, job_id)
+    assert job.result == {"hello": "world"}
+    assert job.worker_id == "cli-w1"
+    lines = json_lines(log)
+    mine = [x for x in lines if x.get("job_id") == job_id]
+    events = {x["event"] for x in mine}
+    assert {"echoing", "app line inside a job", "job completed"} <= events
+    for x in mine:
+        assert (x["attempt"], x["correlation_id"], x["worker_id"]) == (1, "req-9", "cli-w1")
+        assert {"level", "timestamp"} <= x.keys()
+    assert any(x["event"] == "worker stopped" for x in lines)
+
+
+async def test_sigterm_with_jobs_running_leaves_nothing_running(dsn, conn, tmp_path):
+    long = [(await pgworker.enqueue(conn, "sleep", {"seconds": 60})).job.id for _ in range(3)]
+    short = [(await pgworker.enqueue(conn, "sleep", {"seconds": 0.3})).job.id for _ in range(2)]
+    log = tmp_path / "worker.log"
+    worker = start_worker(dsn, log, "--shutdown-timeout", "1", "--log-format", "json")
+    try:
+        await wait_for(lambda: conn.fetchval(
+            "SELECT count(*) = 5 FROM pgworker.jobs WHERE status = 'running'"), timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        worker.kill()
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'running'") == 0
+    assert await conn.fetchval(
+        "SELECT count(*) FROM pgworker.job_attempts WHERE outcome = 'running'") == 0
+    for job_id in short:
+        assert (await pgworker.get_job(conn, job_id)).status == "completed"
+    for job_id in long:
+        job = await pgworker.get_job(conn, job_id)
+        assert (job.status, job.retry_count) == ("pending", 0)
+        assert [a["outcome"] for a in await attempts(conn, job_id)] == ["interrupted"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("status",), "PGWORKER_DSN"),
+        (("status", "--dsn", "postgresql://nobody@127.0.0.1:1/none"), "cannot reach the database"),
+        (("enqueue", "t", "--payload", "{oops", "--dsn", "postgresql://x@127.0.0.1:1/x"),
+         "--payload is not valid JSON"),
+        (("run", "no_such_module_here", "--dsn", "postgresql://x@127.0.0.1:1/x"),
+         "cannot import 'no_such_module_here'"),
+    ],
+)
+async def test_user_errors_are_one_line_and_exit_2(args, message):
+    out = cli(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_enqueue_validation_error_names_the_field(dsn):
+    out = cli("enqueue", "t", "--priority", "urgent", "--dsn", dsn)
+    assert out.returncode == 2 and "priority: unknown label 'urgent'" in out.stderr
+    out = cli("status", "--dsn", dsn)
+    assert out.returncode == 0 and "(no jobs)" in out.stdout
+
+
+async def test_run_refuses_an_unmigrated_database(empty_dsn):
+    out = cli("run", "tests.apps.basic", "--dsn", empty_dsn)
+    assert out.returncode == 2
+    assert "run `pgworker migrate`" in out.stderr
