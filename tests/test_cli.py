@@ -13,7 +13,7 @@ import pytest
 
 import pgworker
 
-from .helpers import attempts, statuses, wait_for
+from .helpers import attempts, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
