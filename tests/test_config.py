@@ -1,0 +1,127 @@
+"""Retry policy, task options and settings: errors name the field; delays follow the formula."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import pgworker
+from pgworker import ConfigError, RetryPolicy, Settings
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_retries": -1}, "max_retries"),
+        ({"initial_delay": 0}, "initial_delay"),
+        ({"initial_delay": -1.0}, "initial_delay"),
+        ({"initial_delay": 10, "max_delay": 5}, "max_delay"),
+        ({"jitter": 1.5}, "jitter"),
+        ({"jitter": -0.1}, "jitter"),
+        ({"max_delay": float("inf")}, "max_delay"),
+    ],
+)
+def test_retry_policy_rejects_bad_numbers(kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        RetryPolicy(**kwargs)
+    assert info.value.field == field
+    assert isinstance(info.value, pgworker.PgWorkerError)
+
+
+def test_backoff_doubles_up_to_the_cap_within_jitter():
+    policy = RetryPolicy(initial_delay=1.0, max_delay=10.0, jitter=0.1)
+    rand = random.Random(7)
+    for n, base in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 10.0), (50, 10.0), (10**6, 10.0)]:
+        for _ in range(20):
+            assert base * 0.9 <= policy.delay(n, rand) <= base * 1.1
+    exact = RetryPolicy(initial_delay=0.5, max_delay=300, jitter=0)
+    assert [exact.delay(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
+
+
+def test_task_options_are_validated():
+    registry = pgworker.Registry()
+    with pytest.raises(ConfigError, match="priority"):
+        registry.task("a", priority="urgent")
+    with pytest.raises(ConfigError, match="timeout"):
+        registry.task("a", timeout=0)
+    with pytest.raises(ConfigError, match="max_retries"):
+        registry.task("a", max_retries=2, retry=RetryPolicy(max_retries=5))
+    with pytest.raises(ConfigError, match="name"):
+        registry.task("")
+
+    @registry.task("a", max_retries=7, priority="high", queue="mail", timeout=5)
+    async def a(ctx, payload):
+        pass
+
+    @registry.task("b")
+    def b(ctx, payload):
+        pass
+
+    with pytest.raises(ConfigError, match="already registered"):
+        registry.task("a")
+    task = registry["a"]
+    assert (task.retry.max_retries, task.priority, task.queue, task.timeout, task.is_async) == (
+        7,
+        20,
+        "mail",
+        5.0,
+        True,
+    )
+    assert registry["b"].retry == RetryPolicy() and registry["b"].is_async is False
+    assert registry.queues() == ["default", "mail"]
+
+
+def test_settings_validate_and_read_the_environment():
+    env = {
+        "DATABASE_URL": "postgresql://db/x",
+        "PGWORKER_CONCURRENCY": "4",
+        "PGWORKER_QUEUES": "a, b",
+        "PGWORKER_LISTEN": "false",
+    }
+    s = Settings.from_env(env)
+    assert (s.dsn, s.concurrency, s.queues, s.listen) == ("postgresql://db/x", 4, ("a", "b"), False)
+    assert (
+        Settings.from_env({**env, "PGWORKER_DSN": "postgresql://db/y"}).dsn == "postgresql://db/y"
+    )
+    assert Settings.from_env(env, concurrency=2).concurrency == 2
+    with pytest.raises(ConfigError, match="PGWORKER_DSN"):
+        Settings.from_env({})
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**env, "PGWORKER_CONCURRENCY": "many"})
+    assert info.value.field == "concurrency"
+    for field, value in [
+        ("concurrency", 0),
+        ("poll_interval", -1),
+        ("lease", 0),
+        ("queues", ()),
+        ("schema", "bad-name"),
+        ("worker_id", ""),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            Settings(dsn="postgresql://x", **{field: value})
+        assert info.value.field == field
+    with pytest.raises(AttributeError):
+        s.concurrency = 3  # frozen
+
+
+def test_every_public_name_is_importable():
+    for name in [
+        "Registry",
+        "JobContext",
+        "enqueue",
+        "enqueue_many",
+        "JobSpec",
+        "get_job",
+        "Worker",
+        "RetryPolicy",
+        "PermanentError",
+        "Retry",
+        "PgWorkerError",
+        "IdempotencyConflict",
+        "ValidationError",
+        "ConfigError",
+    ]:
+        assert getattr(pgworker, name)
+    for child in (pgworker.IdempotencyConflict, pgworker.ValidationError, pgworker.ConfigError):
+        assert issubclass(child, pgworker.PgWorkerError)
