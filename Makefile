@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format clean
+.PHONY: run test lint format bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 ## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster).
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## Measure pgworker against its peers (its own virtualenv in bench/.venv); prints the table.
+bench:
+	bash bench/run.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples
