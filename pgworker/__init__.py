@@ -40,6 +40,22 @@ async def get_job(conn: db.Executor, job_id: int, *, schema: str = DEFAULT_SCHEM
     return None if row is None else Job.from_record(row)
 
 
+async def cancel(conn: db.Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> str:
+    """Cancel a job. Returns what happened: "cancelled" (it was pending), "cancelling" (it is
+    running: its worker stops it within about a second, its attempt closed as `cancelled`, never
+    retried), or "completed"/"failed"/"cancelled" prefixed by "already " when it had finished.
+    Raises ValidationError when there is no such job."""
+    row = await db.cancel(conn, schema, job_id)
+    if row is None:
+        raise ValidationError("job_id", f"there is no job {job_id}")
+    previous = row["previous"]
+    if previous == "pending":
+        return "cancelled"
+    if previous == "running":
+        return "cancelling"
+    return f"already {previous}"
+
+
 async def migrate(conn: Any, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
     """Apply pending migrations on an asyncpg Connection; returns the versions applied."""
     return await db.migrate(conn, schema)
@@ -68,6 +84,7 @@ __all__ = [
     "ValidationError",
     "Worker",
     "__version__",
+    "cancel",
     "enqueue",
     "enqueue_many",
     "get_job",

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from . import __version__, db
+from . import __version__, cancel, db
 from .enqueue import enqueue
 from .errors import PgWorkerError
 from .logs import configure, get_logger
@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     enq.add_argument("--correlation-id")
     enq.add_argument("--delay", type=float, help="seconds from now")
     enq.add_argument("--run-at", help="ISO 8601 time with a timezone")
+
+    can = sub.add_parser("cancel", parents=[common], help="cancel a job")
+    can.add_argument("job_id", metavar="ID", type=int)
 
     st = sub.add_parser("status", parents=[common], help="counts per queue and status")
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -190,6 +193,20 @@ async def _enqueue(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cancel(args: argparse.Namespace) -> int:
+    conn = await db.connect(_dsn(args))
+    try:
+        outcome = await cancel(conn, args.job_id, schema=_schema(args))
+    finally:
+        await conn.close()
+    messages = {
+        "cancelled": f"job {args.job_id} cancelled (it was pending)",
+        "cancelling": f"job {args.job_id} is running: its worker was asked to stop it",
+    }
+    print(messages.get(outcome, f"job {args.job_id} is {outcome}: nothing to cancel"))
+    return 0
+
+
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 
 
@@ -251,7 +268,13 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"migrate": _migrate, "run": _run, "enqueue": _enqueue, "status": _status}
+COMMANDS = {
+    "migrate": _migrate,
+    "run": _run,
+    "enqueue": _enqueue,
+    "cancel": _cancel,
+    "status": _status,
+}
 
 
 def _user_error(exc: BaseException) -> PgWorkerError | None:

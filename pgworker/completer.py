@@ -23,7 +23,9 @@ class Completer:
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
         max_batch: int = 500,
+        give_up_after: float = 30.0,
     ) -> None:
+        self.give_up_after = give_up_after
         self._pool = pool
         self._on_requeued = on_requeued
         self._schema = schema
@@ -59,11 +61,21 @@ class Completer:
 
     async def _write(self, batch: list[AttemptResult]) -> None:
         failures = 0
+        give_up_at = float("inf")
         while True:
             try:
                 written = await db.finish_many(self._pool, self._schema, batch)
                 break
             except db.CONNECTION_ERRORS as exc:
+                if self._closing:
+                    give_up_at = min(give_up_at, anyio.current_time() + self.give_up_after)
+                if anyio.current_time() > give_up_at:
+                    self._log.error(
+                        "database unreachable at shutdown: outcomes not written; their jobs "
+                        "will be rescued when their lease expires",
+                        jobs=len(batch),
+                    )
+                    return
                 failures += 1
                 delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
                 self._log.warning(

@@ -17,6 +17,7 @@ Executor = asyncpg.Connection | asyncpg.Pool
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
+    TimeoutError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.ConnectionFailureError,
@@ -33,15 +34,22 @@ def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
 
 
 async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    kwargs.setdefault("timeout", 10)
     try:
         return await asyncpg.connect(dsn, **kwargs)
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc
 
 
-async def create_pool(dsn: str, size: int) -> asyncpg.Pool:
+async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -> asyncpg.Pool:
     try:
-        return await asyncpg.create_pool(dsn, min_size=1, max_size=size)
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=1,
+            max_size=size,
+            timeout=10,
+            server_settings={"application_name": application_name},
+        )
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc
 
@@ -207,26 +215,63 @@ async def register_worker(
 
 
 async def heartbeat(
-    conn: Executor,
-    schema: str,
-    worker_id: str,
-    running: Sequence[tuple[int, int]],
-    lease: float,
-) -> None:
-    await conn.execute(
+    conn: Executor, schema: str, running: Sequence[tuple[int, int]], lease: float
+) -> dict[int, bool]:
+    """Extend the leases of `running` (job id, attempt) pairs in one statement. Returns the jobs
+    still held, each with whether an operator asked to cancel it."""
+    rows = await conn.fetch(
         sql.queries(schema)["worker_heartbeat"],
-        worker_id,
         [job_id for job_id, _ in running],
         [attempt for _, attempt in running],
         lease,
     )
+    return {r["id"]: r["cancel_requested"] for r in rows}
 
 
 async def unregister_worker(conn: Executor, schema: str, worker_id: str) -> None:
     await conn.execute(sql.queries(schema)["worker_unregister"], worker_id)
 
 
+# --- maintenance --------------------------------------------------------------------------
+
+
+async def try_lead(conn: asyncpg.Connection, schema: str) -> bool:
+    """Take the maintenance leadership (a session advisory lock) if no one holds it."""
+    return await conn.fetchval(sql.queries(schema)["leader_try"], schema)
+
+
+async def rescue(conn: Executor, schema: str) -> list[asyncpg.Record]:
+    """Requeue (or fail) jobs whose lease expired; returns them with their new status."""
+    return await conn.fetch(sql.queries(schema)["jobs_rescue"], channel(schema))
+
+
+async def prune_workers(conn: Executor, schema: str, unseen_for: float) -> None:
+    await conn.execute(sql.queries(schema)["workers_prune"], unseen_for)
+
+
+def channel(schema: str) -> str:
+    """The NOTIFY channel that announces new jobs; the payload is the queue."""
+    return f"{schema}_jobs"
+
+
+def cancel_channel(schema: str) -> str:
+    """The NOTIFY channel that asks workers to cancel a running job; the payload is its id."""
+    return f"{schema}_cancel"
+
+
 # --- operators ----------------------------------------------------------------------------
+
+
+async def cancel(conn: Executor, schema: str, job_id: int) -> asyncpg.Record | None:
+    """Cancel a job; returns its previous status (and worker), or None when it does not exist.
+    A running job's worker is notified when the transaction commits."""
+    q = sql.queries(schema)
+    with _schema_errors(schema):
+        async with transaction(conn) as c:
+            row = await c.fetchrow(q["job_cancel"], job_id)
+            if row is not None and row["previous"] == "running":
+                await c.execute(q["notify"], cancel_channel(schema), str(job_id))
+            return row
 
 
 async def status(conn: Executor, schema: str, live_within: float) -> dict[str, list[Any]]:

@@ -46,8 +46,20 @@ class Attempt:
     """A running attempt as the worker sees it; `stop(outcome)` cancels just this job."""
 
     job: Job
+    keys: dict[str, Any]
+    log: Any
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     stopped_as: Outcome | None = None
+
+    @classmethod
+    def of(cls, job: Job, worker_id: str) -> Attempt:
+        keys = {
+            "job_id": job.id,
+            "attempt": job.attempts,
+            "correlation_id": job.correlation_id,
+            "worker_id": worker_id,
+        }
+        return cls(job, keys, get_logger(**keys))
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:
@@ -112,7 +124,7 @@ async def execute(
     }
     structlog.contextvars.bind_contextvars(**keys)
     current_correlation_id.set(job.correlation_id)
-    log = get_logger(**keys)
+    log = attempt.log = get_logger(**keys)
     ctx = JobContext(job.id, job.attempts, job.correlation_id, worker_id, job.payload, job, log)
     log.debug("job started", type=job.type, queue=job.queue)
     if task.timeout is not None:
@@ -152,6 +164,8 @@ def _decide(
     if attempt.scope.cancelled_caught:
         if attempt.stopped_as is Outcome.INTERRUPTED:
             return AttemptResult(job.id, job.attempts, JobStatus.PENDING, Outcome.INTERRUPTED)
+        if attempt.stopped_as is Outcome.LOST:
+            return AttemptResult(job.id, job.attempts, JobStatus.PENDING, Outcome.LOST)
         if attempt.stopped_as is Outcome.CANCELLED:
             return AttemptResult(
                 job.id,

@@ -1,15 +1,24 @@
 """The LISTEN connection: its own connection (a pool would drop LISTEN on reset), reconnecting with
-jittered backoff, waking the producer when a job arrives in one of its queues."""
+jittered backoff. It wakes the producer when a job arrives in one of its queues and relays cancel
+requests. A ping through its own channel every few seconds proves it still receives; one that
+does not come back in time gets the connection replaced."""
 
 from __future__ import annotations
 
 import random
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.abc
+import asyncpg
 
 from . import db
 from .logs import get_logger
+
+CHECK_EVERY = 5.0
+CHECK_TIMEOUT = 5.0
 
 
 class Wakeup:
@@ -32,17 +41,56 @@ class Wakeup:
 
 class Notifier:
     def __init__(
-        self, dsn: str, schema: str, queues: tuple[str, ...], wakeup: Wakeup, worker_id: str
+        self,
+        dsn: str,
+        schema: str,
+        queues: tuple[str, ...],
+        wakeup: Wakeup,
+        on_cancel: Callable[[int], None],
+        worker_id: str,
     ) -> None:
         self._dsn = dsn
-        self._channel = f"{schema}_jobs"
+        self._jobs_channel = db.channel(schema)
+        self._cancel_channel = db.cancel_channel(schema)
+        self._ping_channel = f"{schema}_ping_{uuid.uuid4().hex[:12]}"
         self._queues = frozenset(queues)
         self._wakeup = wakeup
+        self._on_cancel = on_cancel
+        self._worker_id = worker_id
+        self._pong = anyio.Event()
         self._log = get_logger(worker_id=worker_id)
+        self.reconnects = 0
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, queue: str) -> None:
+    def _on_job(self, _conn: Any, _pid: int, _channel: str, queue: str) -> None:
         if queue in self._queues:
             self._wakeup.set()
+
+    def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: str) -> None:
+        if job_id.isdigit():
+            self._on_cancel(int(job_id))
+
+    def _on_ping(self, *_args: Any) -> None:
+        self._pong.set()
+
+    async def _listen(self) -> asyncpg.Connection:
+        conn = await db.connect(
+            self._dsn, server_settings={"application_name": f"pgworker-listen:{self._worker_id}"}
+        )
+        try:
+            await conn.add_listener(self._jobs_channel, self._on_job)
+            await conn.add_listener(self._cancel_channel, self._on_cancel_request)
+            await conn.add_listener(self._ping_channel, self._on_ping)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
+    async def _healthy(self, conn: asyncpg.Connection) -> bool:
+        self._pong = anyio.Event()
+        with anyio.move_on_after(CHECK_TIMEOUT):
+            await conn.execute("SELECT pg_notify($1, 'ping')", self._ping_channel)
+            await self._pong.wait()
+        return self._pong.is_set()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -53,8 +101,8 @@ class Notifier:
         while True:
             lost = anyio.Event()
             try:
-                conn = await db.connect(self._dsn)
-            except db.DatabaseUnavailable as exc:
+                conn = await self._listen()
+            except (*db.CONNECTION_ERRORS, db.DatabaseUnavailable) as exc:
                 if not started:
                     raise
                 failures += 1
@@ -66,8 +114,8 @@ class Notifier:
                 continue
             try:
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                await conn.add_listener(self._channel, self._on_notify)
                 if started:
+                    self.reconnects += 1
                     self._log.info("listener reconnected", after_failures=failures)
                 failures = 0
                 # Notifications sent while we were away are lost: look for work now.
@@ -75,11 +123,15 @@ class Notifier:
                 if not started:
                     started = True
                     task_status.started()
-                await lost.wait()
-                self._log.warning("listener connection lost; reconnecting")
+                while not lost.is_set():
+                    with anyio.move_on_after(CHECK_EVERY):
+                        await lost.wait()
+                    if not lost.is_set() and not await self._healthy(conn):
+                        self._log.warning("listener stopped receiving; reconnecting")
+                        break
+                else:
+                    self._log.warning("listener connection lost; reconnecting")
             except db.CONNECTION_ERRORS as exc:
                 self._log.warning("listener connection lost; reconnecting", error=str(exc))
             finally:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                    if not conn.is_closed():
-                        await conn.close()
+                conn.terminate()

@@ -4,7 +4,9 @@ attempts still running (they go back to pending as `interrupted`)."""
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 
 import anyio
 import asyncpg
@@ -54,6 +56,46 @@ class Producer:
         for attempt in list(self.running.values()):
             attempt.stop(Outcome.INTERRUPTED)
 
+    def cancel(self, job_id: int) -> None:
+        """An operator cancelled this job: stop its attempt if it runs here."""
+        attempt = self.running.get(job_id)
+        if attempt is not None:
+            attempt.log.info("cancel requested: stopping the job")
+            attempt.stop(Outcome.CANCELLED)
+
+    async def heartbeat(self) -> None:
+        """Every third of the lease: extend the leases of all running attempts in one statement,
+        say the worker is alive, act on cancel requests the notifications missed, and stop the
+        attempts whose lease was lost (their job was rescued and may already run elsewhere)."""
+        s = self._settings
+        while True:
+            await anyio.sleep(s.lease / 3)
+            sent = [(a.job.id, a.job.attempts) for a in self.running.values()]
+            try:
+                held = await db.heartbeat(self._pool, s.schema, sent, s.lease)
+                await db.register_worker(
+                    self._pool,
+                    s.schema,
+                    s.worker_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    s.queues,
+                    self._types,
+                    s.concurrency,
+                )
+            except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                self._log.warning("heartbeat failed", error=str(exc))
+                continue
+            for job_id, attempt_number in sent:
+                attempt = self.running.get(job_id)
+                if attempt is None or attempt.job.attempts != attempt_number:
+                    continue
+                if job_id not in held:
+                    attempt.log.warning("lease lost: stopping the attempt")
+                    attempt.stop(Outcome.LOST)
+                elif held[job_id]:
+                    self.cancel(job_id)
+
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
         at the next poll."""
@@ -94,7 +136,7 @@ class Producer:
                         continue
                     self._saturated = len(records) == free
                     for record in records:
-                        attempt = Attempt(Job.from_record(record))
+                        attempt = Attempt.of(Job.from_record(record), s.worker_id)
                         self.running[attempt.job.id] = attempt
                         attempts.start_soon(self._execute, attempt)
                 now = anyio.current_time()

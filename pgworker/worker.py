@@ -15,6 +15,7 @@ from . import db
 from .completer import Completer
 from .errors import ConfigError
 from .logs import get_logger
+from .maintenance import Maintenance
 from .notifier import Notifier, Wakeup
 from .producer import Producer
 from .registry import Registry
@@ -77,7 +78,9 @@ class Worker:
         await self._serve(await self._open(), task_status=task_status)
 
     async def _open(self) -> Any:
-        pool = await db.create_pool(self.settings.dsn, size=3)
+        pool = await db.create_pool(
+            self.settings.dsn, size=3, application_name=f"pgworker:{self.settings.worker_id}"
+        )
         try:
             await db.check_schema(pool, self.settings.schema)
         except BaseException:
@@ -102,15 +105,22 @@ class Worker:
                 s.concurrency,
             )
             completer = Completer(
-                pool, s.schema, s.worker_id, on_requeued=lambda delay: producer.requeued(delay)
+                pool,
+                s.schema,
+                s.worker_id,
+                on_requeued=lambda delay: producer.requeued(delay),
+                give_up_after=max(s.shutdown_timeout, s.lease),
             )
             producer = Producer(pool, self.registry, s, completer, self._wakeup)
             async with anyio.create_task_group() as tg:
                 if s.listen:
-                    notifier = Notifier(s.dsn, s.schema, s.queues, self._wakeup, s.worker_id)
+                    notifier = Notifier(
+                        s.dsn, s.schema, s.queues, self._wakeup, producer.cancel, s.worker_id
+                    )
                     await tg.start(notifier.run)
                 tg.start_soon(completer.run)
-                tg.start_soon(self._heartbeat, pool, producer)
+                tg.start_soon(producer.heartbeat)
+                tg.start_soon(Maintenance(s).run)
                 self._producer = producer
                 if self._stop_requested:
                     producer.stop()
@@ -136,17 +146,6 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await pool.close()
-
-    async def _heartbeat(self, pool: Any, producer: Producer) -> None:
-        """Say the worker is alive and extend the leases of its running attempts."""
-        s = self.settings
-        while True:
-            await anyio.sleep(s.lease / 3)
-            running = [(a.job.id, a.job.attempts) for a in producer.running.values()]
-            try:
-                await db.heartbeat(pool, s.schema, s.worker_id, running, s.lease)
-            except db.CONNECTION_ERRORS as exc:
-                self._log.warning("heartbeat failed", error=str(exc))
 
     async def __aenter__(self) -> Worker:
         pool = await self._open()
