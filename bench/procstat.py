@@ -19,7 +19,7 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
     lpar, rpar = raw.find("("), raw.rfind(")")
     comm = raw[lpar + 1 : rpar]
     fields = raw[rpar + 2 :].split()
-    # fields[0] is state (field 3); utime=14, stime=15, starttime=22 (1-based) → index -3.
+    # fields[0] is field 3 (state) of proc(5): ppid=4, utime=14, stime=15, starttime=22.
     return comm, int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[19])
 
 

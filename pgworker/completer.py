@@ -66,7 +66,7 @@ class Completer:
             try:
                 written = await db.finish_many(self._pool, self._schema, batch)
                 break
-            except db.CONNECTION_ERRORS as exc:
+            except (*db.CONNECTION_ERRORS, asyncpg.exceptions.TransactionRollbackError) as exc:
                 if self._closing:
                     give_up_at = min(give_up_at, anyio.current_time() + self.give_up_after)
                 if anyio.current_time() > give_up_at:

@@ -23,6 +23,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.ConnectionFailureError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    # asyncpg can report a connection killed mid-protocol this way.
+    asyncpg.exceptions.InternalClientError,
 )
 
 

@@ -1,5 +1,5 @@
-"""What the latency handlers share: append `start - enqueue` (seconds) to the file named by
-$BENCH_LATENCY_FILE, one line per job, written as it happens (no buffering across jobs, so a
+"""What the latency handlers share: append `enqueue_time start-enqueue` (epoch seconds and
+seconds) to the file named by $BENCH_LATENCY_FILE, one line per job, written as it happens (no buffering across jobs, so a
 worker that is killed loses nothing already recorded)."""
 
 from __future__ import annotations
@@ -18,4 +18,4 @@ def record_latency(enqueued_at: float) -> None:
         if not path:
             return
         _file = open(path, "a", buffering=1)  # noqa: SIM115 - kept open for the process
-    _file.write(f"{started - enqueued_at:.6f}\n")
+    _file.write(f"{enqueued_at:.6f} {started - enqueued_at:.6f}\n")

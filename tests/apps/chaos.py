@@ -1,0 +1,34 @@
+"""Handlers for the chaos tests (`pgworker run tests.apps.chaos`). CHAOS_DSN is where `effect`
+records what it did."""
+
+import os
+
+import anyio
+import asyncpg
+
+import pgworker
+
+registry = pgworker.Registry()
+
+
+@registry.task("work", retry=pgworker.RetryPolicy(max_retries=10, initial_delay=0.05))
+async def work(ctx: pgworker.JobContext, payload: dict) -> dict:
+    await anyio.sleep(payload.get("ms", 0) / 1000)
+    return {"n": payload.get("n")}
+
+
+@registry.task("effect", max_retries=5)
+async def effect(ctx: pgworker.JobContext, payload: dict) -> None:
+    """The effect is keyed by the job: a second run finds it done and does not repeat it."""
+    conn = await asyncpg.connect(os.environ["CHAOS_DSN"])
+    try:
+        await conn.execute(
+            "INSERT INTO chaos_effects (job_id, attempt) VALUES ($1, $2)"
+            " ON CONFLICT (job_id) DO NOTHING",
+            ctx.job_id,
+            ctx.attempt,
+        )
+    finally:
+        await conn.close()
+    if payload.get("hold") and ctx.attempt == 1:
+        await anyio.sleep(3600)  # killed here: after the effect, before the acknowledgement

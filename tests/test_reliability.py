@@ -1,0 +1,172 @@
+"""Leases, rescue, fencing, cancellation, poll-only mode and lost connections, in-process."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import pgworker
+from pgworker import db
+from pgworker.models import AttemptResult, JobStatus, Outcome
+
+from .helpers import all_finished, attempts, wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def fake_claim(conn, job_id: int, worker_id: str = "ghost", lease_s: float = -1) -> None:
+    """Make `job_id` look claimed by a worker that is gone, its lease ending `lease_s` from now."""
+    await conn.execute(
+        """UPDATE pgworker.jobs SET status = 'running', attempts = attempts + 1, worker_id = $2,
+               max_retries = coalesce(max_retries, 3), claimed_at = now(),
+               lease_expires_at = now() + make_interval(secs => $3)
+           WHERE id = $1""",
+        job_id,
+        worker_id,
+        lease_s,
+    )
+    await conn.execute(
+        """INSERT INTO pgworker.job_attempts
+               (job_id, attempt, type, queue, worker_id, correlation_id)
+           SELECT id, attempts, type, queue, worker_id, correlation_id FROM pgworker.jobs
+           WHERE id = $1""",
+        job_id,
+    )
+
+
+async def test_long_job_under_a_live_worker_is_never_rescued(dsn, conn):
+    registry = pgworker.Registry()
+
+    @registry.task("long")
+    async def long(ctx, payload):
+        await anyio.sleep(10)
+
+    r = await pgworker.enqueue(conn, "long", {})
+    async with pgworker.Worker(registry, dsn, lease=2.0):
+        await wait_for(lambda: all_finished(conn), timeout=30)
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.attempts, job.retry_count) == ("completed", 1, 0)
+    assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["completed"]
+
+
+async def test_expired_lease_is_rescued_and_the_job_runs_again(dsn, conn):
+    registry = pgworker.Registry()
+    runs = []
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        runs.append(ctx.attempt)
+
+    again = await pgworker.enqueue(conn, "t", {"n": 1})
+    out_of_retries = await pgworker.enqueue(conn, "t", {"n": 2}, max_retries=0)
+    await fake_claim(conn, again.job.id)
+    await fake_claim(conn, out_of_retries.job.id)
+    async with pgworker.Worker(registry, dsn, lease=1.0, poll_interval=0.1):
+        await wait_for(lambda: all_finished(conn))
+    job = await pgworker.get_job(conn, again.job.id)
+    assert (job.status, job.retry_count, job.attempts) == ("completed", 1, 2)
+    assert job.error.startswith("WorkerLost: worker ghost stopped renewing its lease")
+    assert [a["outcome"] for a in await attempts(conn, job.id)] == ["lost", "completed"]
+    job = await pgworker.get_job(conn, out_of_retries.job.id)
+    assert (job.status, job.retry_count) == ("failed", 0)
+    assert "WorkerLost" in job.error
+    assert runs == [2]
+
+
+async def test_a_late_outcome_is_fenced(conn):
+    r = await pgworker.enqueue(conn, "t", {})
+    await fake_claim(conn, r.job.id)
+    await fake_claim(conn, r.job.id)  # a second owner took over: attempt 2
+    late = AttemptResult(r.job.id, 1, JobStatus.COMPLETED, Outcome.COMPLETED, result='"late"')
+    assert await db.finish_many(conn, "pgworker", [late]) == set()
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.result, job.attempts) == ("running", None, 2)
+    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1)], 30.0) == {}
+    owner = AttemptResult(r.job.id, 2, JobStatus.COMPLETED, Outcome.COMPLETED, result='"mine"')
+    assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
+    assert (await pgworker.get_job(conn, r.job.id)).result == "mine"
+    assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["running", "completed"]
+
+
+@pytest.mark.parametrize("listen", [True, False])
+async def test_cancel_pending_running_and_finished_jobs(dsn, conn, listen):
+    registry = pgworker.Registry()
+    started = anyio.Event()
+    cancelled_at: list[float] = []
+
+    @registry.task("slow", max_retries=5)
+    async def slow(ctx, payload):
+        started.set()
+        try:
+            await anyio.sleep(60)
+        finally:
+            cancelled_at.append(time.monotonic())
+
+    @registry.task("quick")
+    async def quick(ctx, payload):
+        pass
+
+    pending = await pgworker.enqueue(conn, "quick", {}, delay=3600)
+    assert await pgworker.cancel(conn, pending.job.id) == "cancelled"
+    job = await pgworker.get_job(conn, pending.job.id)
+    assert job.status == "cancelled" and job.finished_at is not None
+
+    running = await pgworker.enqueue(conn, "slow", {})
+    # Without LISTEN the request reaches the worker with its next heartbeat (a third of the lease).
+    async with pgworker.Worker(registry, dsn, listen=listen, lease=1.5, poll_interval=0.1):
+        await started.wait()
+        asked = time.monotonic()
+        assert await pgworker.cancel(conn, running.job.id) == "cancelling"
+        await wait_for(lambda: all_finished(conn), timeout=5)
+        assert cancelled_at[0] - asked < 1.0
+    job = await pgworker.get_job(conn, running.job.id)
+    assert (job.status, job.retry_count) == ("cancelled", 0)
+    assert [a["outcome"] for a in await attempts(conn, job.id)] == ["cancelled"]
+    assert await pgworker.cancel(conn, running.job.id) == "already cancelled"
+    with pytest.raises(pgworker.ValidationError, match="no job"):
+        await pgworker.cancel(conn, 10**9)
+
+
+async def test_poll_only_mode_serves_jobs(dsn, conn):
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        return payload
+
+    await pgworker.enqueue_many(conn, [pgworker.JobSpec("t", {"n": n}) for n in range(20)])
+    async with pgworker.Worker(registry, dsn, listen=False, poll_interval=0.05):
+        await wait_for(lambda: all_finished(conn))
+    assert (
+        await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'") == 20
+    )
+
+
+async def test_terminated_backends_do_not_stop_the_worker(dsn, conn, pool):
+    registry = pgworker.Registry()
+    done: set[int] = set()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        await anyio.sleep(0.01)
+        done.add(payload["n"])
+
+    async with pgworker.Worker(registry, dsn, poll_interval=60.0, concurrency=4):
+        await pgworker.enqueue_many(pool, [pgworker.JobSpec("t", {"n": n}) for n in range(50)])
+        await wait_for(lambda: len(done) >= 10)
+        killed = await conn.fetchval(
+            """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+               WHERE application_name LIKE 'pgworker%' AND datname = current_database()"""
+        )
+        assert killed >= 3  # pool, listener and maintenance connections
+        await wait_for(lambda: all_finished(conn), timeout=30)
+        # The listener came back: a new job starts at once although the poll interval is 60 s.
+        t0 = time.monotonic()
+        await pgworker.enqueue(pool, "t", {"n": 1000})
+        await wait_for(lambda: 1000 in done, timeout=5)
+        assert time.monotonic() - t0 < 2.0
+    assert (
+        await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'") == 51
+    )
