@@ -66,6 +66,8 @@ class System:
     unfinished_sql: str = ""
     #: One row: epoch of the first start and of the last completion, both at or after $1.
     interval_sql: str = ""
+    #: How many jobs ended successfully (a sanity check of each drain).
+    done_sql: str = ""
 
     async def interval(self, conn: asyncpg.Connection, since: float) -> Interval:
         row = await conn.fetchrow(self.interval_sql, since)
@@ -97,6 +99,7 @@ class PgWorker(System):
                extract(epoch FROM max(finished_at))::float8
         FROM pgworker.job_attempts WHERE started_at >= to_timestamp($1)
     """
+    done_sql = "SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'"
 
     async def setup(self, dsn: str) -> None:
         proc = await asyncio.create_subprocess_exec(
@@ -165,6 +168,7 @@ class Procrastinate(System):
                extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded'))::float8
         FROM procrastinate_events WHERE at >= to_timestamp($1)
     """
+    done_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
 
     def _app(self, dsn: str) -> Any:
         from bench.apps import procrastinate_app
@@ -225,6 +229,7 @@ class PgQueuer(System):
                extract(epoch FROM max(created) FILTER (WHERE status = 'successful'))::float8
         FROM pgqueuer_log WHERE created >= to_timestamp($1)
     """
+    done_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
 
     async def setup(self, dsn: str) -> None:
         from pgqueuer import Queries
@@ -252,16 +257,9 @@ class PgQueuer(System):
     def worker_argv(self, dsn: str) -> list[str]:
         # pgqueuer has no per-worker concurrency setting of 10: its --max-concurrent-tasks must
         # be at least twice the batch. Like the reference figures, the batch (jobs claimed per
-        # dequeue) is capped at 10, the other systems' concurrency.
-        return [
-            str(BIN / "pgq"),
-            "run",
-            "bench.apps.pgqueuer_app:create",
-            "--batch-size",
-            str(CONCURRENCY),
-            "--log-level",
-            "WARNING",
-        ]
+        # dequeue) is capped at 10, the other systems' concurrency. The module runs what
+        # `pgq run … --batch-size 10` runs (see bench/apps/pgqueuer_app.py for why not the CLI).
+        return [sys.executable, "-m", "bench.apps.pgqueuer_app"]
 
     async def open_single(self, dsn: str) -> Any:
         from pgqueuer import Queries
@@ -293,6 +291,7 @@ class ChancySystem(System):
         SELECT extract(epoch FROM min(started_at))::float8, NULL::float8
         FROM chancy_jobs WHERE started_at >= to_timestamp($1)
     """
+    done_sql = "SELECT count(*) FROM chancy_jobs WHERE state = 'succeeded'"
 
     async def interval(self, conn: asyncpg.Connection, since: float) -> Interval:
         row = await conn.fetchrow(self.interval_sql, since)
@@ -368,6 +367,7 @@ class Floor(System):
                extract(epoch FROM max(finished_at))::float8
         FROM floor_jobs WHERE started_at >= to_timestamp($1)
     """
+    done_sql = "SELECT count(*) FROM floor_jobs WHERE status = 'done'"
 
     async def setup(self, dsn: str) -> None:
         from bench import floor

@@ -4,6 +4,7 @@ database is back. Outcomes whose attempt no longer holds the job are dropped, an
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 
@@ -85,6 +86,14 @@ class Completer:
                     retry_in_s=round(delay, 2),
                 )
                 await anyio.sleep(delay)
+        missing = [r for r in batch if r.job_id not in written]
+        if missing and failures:
+            # A try that failed on a lost connection may have committed before the loss.
+            with contextlib.suppress(*db.CONNECTION_ERRORS):
+                recorded = await db.attempt_outcomes(
+                    self._pool, self._schema, [(r.job_id, r.attempt) for r in missing]
+                )
+                written |= {r.job_id for r in missing if recorded.get(r.job_id) == r.outcome}
         self.written += len(written)
         for r in batch:
             if r.job_id in written:

@@ -196,6 +196,17 @@ async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResu
     return {r["id"] for r in rows}
 
 
+async def attempt_outcomes(
+    conn: Executor, schema: str, attempts: Sequence[tuple[int, int]]
+) -> dict[int, str]:
+    rows = await conn.fetch(
+        sql.queries(schema)["attempt_outcomes"],
+        [job_id for job_id, _ in attempts],
+        [attempt for _, attempt in attempts],
+    )
+    return {r["job_id"]: r["outcome"] for r in rows}
+
+
 async def register_worker(
     conn: Executor,
     schema: str,

@@ -153,7 +153,8 @@ async def test_terminated_backends_do_not_stop_the_worker(dsn, conn, pool):
         await anyio.sleep(0.01)
         done.add(payload["n"])
 
-    async with pgworker.Worker(registry, dsn, poll_interval=60.0, concurrency=4):
+    # A claim whose reply is lost with its connection is rescued when its lease expires.
+    async with pgworker.Worker(registry, dsn, poll_interval=60.0, concurrency=4, lease=2.0):
         await pgworker.enqueue_many(pool, [pgworker.JobSpec("t", {"n": n}) for n in range(50)])
         await wait_for(lambda: len(done) >= 10)
         killed = await conn.fetchval(

@@ -1,10 +1,16 @@
-"""pgqueuer handlers: `pgq run bench.apps.pgqueuer_app:create --batch-size 10`.
+"""pgqueuer handlers, and the worker: `python -m bench.apps.pgqueuer_app`.
 
-The factory is an async context manager (pgqueuer 1.x): one asyncpg connection, as `pgq run`'s
+That is what `pgq run bench.apps.pgqueuer_app:create --batch-size 10 --log-level WARNING` does
+(the same `pgqueuer.run` supervisor, on uvloop like the CLI), but pgqueuer 1.6.0's `pgq run`
+crashes before starting with the current typer (`setup_fancy_logger` gets the log level as a str:
+AttributeError: 'str' object has no attribute 'name'), so the bench calls it from Python.
+
+The factory is an async context manager (pgqueuer 1.x) over one asyncpg connection, as pgqueuer's
 own examples use."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +20,8 @@ from pgqueuer import PgQueuer
 from pgqueuer.models import Job
 
 from .common import record_latency
+
+BATCH_SIZE = 10
 
 
 @asynccontextmanager
@@ -33,3 +41,21 @@ async def create() -> AsyncIterator[PgQueuer]:
         yield pgq
     finally:
         await conn.close()
+
+
+def main() -> None:
+    import pgqueuer
+    from pgqueuer.core import logconfig
+
+    logconfig.setup_fancy_logger(logconfig.LogLevel.WARNING)
+    coro = pgqueuer.run(create, batch_size=BATCH_SIZE)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+if __name__ == "__main__":
+    main()
