@@ -24,6 +24,10 @@ test: $(STAMP)
 bench:
 	bash bench/run.sh
 
+## The long soak: 50,000 jobs, 4 workers, random SIGKILLs, backend terminations and cancels.
+chaos: $(STAMP)
+	$(PY) tests/soak.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples
 	$(VENV)/bin/ruff format --check pgworker tests examples

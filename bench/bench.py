@@ -168,6 +168,14 @@ class BenchError(RuntimeError):
 # --- W1: bulk enqueue, then one worker drains ---------------------------------------------------
 
 
+# Other work on the shared server during a drain (checked once a second): active backends of
+# databases that are not this benchmark's.
+OTHERS_SQL = """
+SELECT count(*) FROM pg_stat_activity
+WHERE state = 'active' AND backend_type = 'client backend' AND datname NOT LIKE 'bench\\_%'
+"""
+
+
 def interp(samples: list[tuple[float, float, float]], t: float, i: int) -> float:
     """Linear interpolation of column i of (time, worker_cpu, pg_cpu) samples at time t."""
     if t <= samples[0][0]:
@@ -199,6 +207,7 @@ async def drain(
         meter.root = proc.pid
         samples = [(time.time(), *meter.sample())]
         last_sample = samples[0][0]
+        last_noise, others = 0.0, 0
         deadline = time.monotonic() + timeout
         extra = None
         if on_started is not None:
@@ -211,6 +220,9 @@ async def drain(
                     )
                 unfinished = await poll.fetchval(system.unfinished_sql)
                 now = time.time()
+                if now - last_noise >= 1.0:
+                    others = max(others, await poll.fetchval(OTHERS_SQL))
+                    last_noise = now
                 if now - last_sample >= CPU_SAMPLE_S or not unfinished:
                     samples.append((now, *meter.sample()))
                     last_sample = now
@@ -243,6 +255,7 @@ async def drain(
         "worker_cpu_ms_per_1k": worker_cpu * 1e6 / n,
         "pg_cpu_ms_per_1k": pg_cpu * 1e6 / n,
         "interval_from": iv.how if system.end_from_db else "start: database; end: 20 ms poll",
+        "other_active_backends_max": others,
         "extra": extra_result,
     }
 
@@ -272,6 +285,21 @@ async def pgworker_check(dsn: str, n: int, after_id: int = 0) -> str:
     )
 
 
+async def pgworker_statements(dsn: str, after_id: int = 0) -> dict[str, int]:
+    """How many claim and outcome-write statements the drain took: each statement stamps its
+    rows with one now(), so distinct timestamps count statements."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(
+            "SELECT count(DISTINCT claimed_at) AS c, count(DISTINCT finished_at) AS f "
+            "FROM pgworker.jobs WHERE id > $1",
+            after_id,
+        )
+    finally:
+        await conn.close()
+    return {"claim_statements": row["c"], "finish_statements": row["f"]}
+
+
 async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str, tag: str) -> dict:
     enqueue_s = await system.enqueue_bulk(dsn, args.n, args.chunk)
     log(f"  {system.name}: enqueued {args.n} in {enqueue_s:.2f}s ({args.n / enqueue_s:,.0f}/s)")
@@ -282,6 +310,12 @@ async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     out.pop("extra", None)
     if system.name == "pgworker":
         out["check"] = await pgworker_check(dsn, args.n)
+        out.update(await pgworker_statements(dsn))
+        log(
+            f"  pgworker: {out['claim_statements']} claims ({args.n / out['claim_statements']:.1f}"
+            f" jobs each), {out['finish_statements']} outcome writes "
+            f"({args.n / out['finish_statements']:.1f} jobs each)"
+        )
     else:
         conn = await asyncpg.connect(dsn)
         try:
@@ -537,10 +571,28 @@ def summarise_raw(path: Path, top: int = 15) -> dict[str, Any]:
         for f in set(frames):
             cum[f] += c
 
-    def rows(counter: Counter[str]) -> list[tuple[str, float]]:
-        return [(f, 100.0 * c / total) for f, c in counter.most_common(top)]
+    def rows(counter: Counter[str], n: int = top) -> list[tuple[str, float]]:
+        return [(f, 100.0 * c / total) for f, c in counter.most_common(n)]
 
-    return {"samples": total, "own": rows(own), "cumulative": rows(cum)}
+    packages: Counter[str] = Counter()
+    for f, c in own.items():
+        packages[package_of(f)] += c
+    mine = Counter({f: c for f, c in cum.items() if "(pgworker/" in f})
+    return {
+        "samples": total,
+        "own": rows(own),
+        "cumulative": rows(cum),
+        "own_by_package": rows(packages, 12),
+        "pgworker_cumulative": rows(mine, 20),
+    }
+
+
+def package_of(frame: str) -> str:
+    """'func (asyncpg/connection.py)' -> 'asyncpg'; the standard library's modules by name."""
+    m = re.search(r"\(([^)]*)\)\s*$", frame)
+    path = m.group(1) if m else frame
+    head = path.split("/")[0]
+    return head.removesuffix(".py") if head else path
 
 
 async def profile(res: Resources, args: argparse.Namespace) -> dict[str, Any]:
@@ -719,6 +771,10 @@ def render(report: dict[str, Any]) -> str:
         ]
         for (f1, p1), (f2, p2) in zip(prof["own"], prof["cumulative"], strict=False):
             lines.append(f"| {p1:.1f} | `{f1}` | | {p2:.1f} | `{f2}` |")
+        lines += ["", "Own time by package (the leaf frame's):", ""]
+        lines += [f"- {pkg}: {p:.1f}%" for pkg, p in prof["own_by_package"]]
+        lines += ["", "pgworker's own frames, cumulative:", ""]
+        lines += [f"- {p:.1f}% `{f}`" for f, p in prof["pgworker_cumulative"]]
     return "\n".join(lines) + "\n"
 
 
@@ -896,6 +952,17 @@ async def amain(args: argparse.Namespace, res: Resources) -> int:
         "failures": failures,
     }
     text = render(report)
+    busy = [
+        f"run {r['run']} {name}: {out['other_active_backends_max']}"
+        for r in runs
+        for name, out in r["systems"].items()
+        if out.get("other_active_backends_max")
+    ]
+    if busy:
+        text += (
+            "\nNote: other databases on this server had active queries during some drains "
+            "(their PostgreSQL CPU is counted too): " + "; ".join(busy) + "\n"
+        )
     if failures:
         text += "\nFailures:\n" + "\n".join(f"- {f}" for f in failures) + "\n"
     print(text)
@@ -935,7 +1002,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env.get("BENCH_PROFILE") == "1",
         help="also py-spy one pgworker drain",
     )
-    p.add_argument("--profile-n", type=int, default=60000)
+    p.add_argument("--profile-n", type=int, default=None, help="jobs in the profiled drain (--n)")
     p.add_argument("--profile-seconds", type=int, default=10)
     p.add_argument("--results", type=Path, default=HERE / "results")
     p.add_argument("--keep-dbs", action="store_true", help="do not drop the databases (debug)")
@@ -948,6 +1015,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for w in args.workloads:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    if args.profile_n is None:
+        args.profile_n = args.n
     if args.n <= 0 or args.runs <= 0 or args.chunk <= 0:
         p.error("--n, --runs and --chunk must be > 0")
     return args

@@ -284,8 +284,15 @@ def _user_error(exc: BaseException) -> PgWorkerError | None:
     return exc if isinstance(exc, PgWorkerError) else None
 
 
+def _stopped_while_starting(signum: int, _frame: object) -> None:
+    """SIGTERM before the worker serves: nothing is claimed yet, so stopping is clean."""
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "run":
+        signal.signal(signal.SIGTERM, _stopped_while_starting)
     try:
         return anyio.run(COMMANDS[args.command], args)
     except KeyboardInterrupt:

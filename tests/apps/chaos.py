@@ -32,3 +32,8 @@ async def effect(ctx: pgworker.JobContext, payload: dict) -> None:
         await conn.close()
     if payload.get("hold") and ctx.attempt == 1:
         await anyio.sleep(3600)  # killed here: after the effect, before the acknowledgement
+
+
+@registry.task("refuse")
+async def refuse(ctx: pgworker.JobContext, payload: dict) -> None:
+    raise pgworker.PermanentError("refused")
