@@ -176,8 +176,20 @@ WHERE state = 'active' AND backend_type = 'client backend' AND datname NOT LIKE 
 """
 
 
-def interp(samples: list[tuple[float, float, float]], t: float, i: int) -> float:
-    """Linear interpolation of column i of (time, worker_cpu, pg_cpu) samples at time t."""
+def postmaster_of(conn: asyncpg.Connection) -> int | None:
+    """The postmaster of the server behind `conn` when it runs on this machine (the parent of
+    our backend), so that other PostgreSQL clusters on the machine are not counted."""
+    from bench.procstat import parent
+
+    pid = parent(conn.get_server_pid())
+    if pid is None or pid <= 1:
+        log("  note: the server is not a local process; counting every `postgres` process")
+        return None
+    return pid
+
+
+def interp(samples: list[tuple[float, ...]], t: float, i: int) -> float:
+    """Linear interpolation of column i of (time, worker, pg, self, machine) samples at t."""
     if t <= samples[0][0]:
         return samples[0][i]
     for a, b in zip(samples, samples[1:], strict=False):
@@ -201,7 +213,7 @@ async def drain(
     the processing rate and the CPU used between the first start and the last completion."""
     poll = await asyncpg.connect(dsn)
     try:
-        meter = CpuMeter(exclude={poll.get_server_pid()})
+        meter = CpuMeter(postmaster=postmaster_of(poll), exclude={poll.get_server_pid()})
         since = time.time()
         proc = launch(res, system.worker_argv(dsn), dsn, log_path, None)
         meter.root = proc.pid
@@ -246,8 +258,11 @@ async def drain(
         raise BenchError(f"{system.name}: no start timestamp found")
     end = iv.end if (system.end_from_db and iv.end is not None) else polled_end
     span = end - iv.start
-    worker_cpu = interp(samples, end, 1) - interp(samples, iv.start, 1)
-    pg_cpu = interp(samples, end, 2) - interp(samples, iv.start, 2)
+    worker_cpu, pg_cpu, self_cpu, busy = (
+        interp(samples, end, i) - interp(samples, iv.start, i) for i in (1, 2, 3, 4)
+    )
+    # What else kept the machine's cores busy meanwhile (other programs, other clusters).
+    other_cores = max(busy - worker_cpu - pg_cpu - self_cpu, 0.0) / span
     return {
         "processing_jps": n / span,
         "processing_s": span,
@@ -256,6 +271,8 @@ async def drain(
         "pg_cpu_ms_per_1k": pg_cpu * 1e6 / n,
         "interval_from": iv.how if system.end_from_db else "start: database; end: 20 ms poll",
         "other_active_backends_max": others,
+        "bench_cpu_ms_per_1k": self_cpu * 1e6 / n,
+        "other_cpu_cores": other_cores,
         "extra": extra_result,
     }
 
@@ -326,8 +343,8 @@ async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     log(
         f"  {system.name}: processed at {out['processing_jps']:,.0f}/s "
         f"(worker {out['worker_cpu_ms_per_1k']:.0f} ms/1k, "
-        f"PostgreSQL {out['pg_cpu_ms_per_1k']:.0f} ms/1k)"
-        + (f"; {out['check']}" if "check" in out else "")
+        f"PostgreSQL {out['pg_cpu_ms_per_1k']:.0f} ms/1k; other programs "
+        f"{out['other_cpu_cores']:.2f} cores)" + (f"; {out['check']}" if "check" in out else "")
     )
     return out
 
@@ -958,6 +975,19 @@ async def amain(args: argparse.Namespace, res: Resources) -> int:
         for name, out in r["systems"].items()
         if out.get("other_active_backends_max")
     ]
+    noisy = [
+        f"run {r['run']} {name}: {out['other_cpu_cores']:.2f}"
+        for r in runs
+        for name, out in r["systems"].items()
+        if out.get("other_cpu_cores", 0) > 0.1
+    ]
+    if noisy:
+        text += (
+            "\nNote: other programs kept the machine busy during some drains (cores used on "
+            "average, outside the worker, its PostgreSQL server and the benchmark): "
+            + "; ".join(noisy)
+            + "\n"
+        )
     if busy:
         text += (
             "\nNote: other databases on this server had active queries during some drains "

@@ -162,4 +162,8 @@ class Worker:
     ) -> bool | None:
         self.stop()
         assert self._tg is not None
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        # An error in the block still gets a graceful stop; the error then propagates.
+        await self._tg.__aexit__(None, None, None)
+        return None

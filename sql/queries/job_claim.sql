@@ -2,13 +2,20 @@
 -- attempt row for each, and write the task's max_retries ($6, aligned with $2) where the
 -- enqueuer gave none.
 WITH next AS MATERIALIZED (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE status = 'pending' AND queue = ANY($1::text[]) AND type = ANY($2::text[])
-      AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
+    -- One index scan of jobs_claim_idx per queue, each already in claim order.
+    SELECT c.id
+    FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at
+        FROM {schema}.jobs
+        WHERE status = 'pending' AND queue = q.name AND type = ANY($2::text[])
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_at, c.id
     LIMIT $3
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'running',
