@@ -371,3 +371,21 @@ async def test_graceful_stop_hands_back_what_outlives_the_grace_period(dsn, conn
     assert (job.status, job.retry_count) == ("pending", 0)
     assert [a["outcome"] for a in await attempts(conn, s.job.id)] == ["interrupted"]
     assert await conn.fetchval("SELECT count(*) FROM pgworker.workers") == 0
+
+
+async def test_an_error_in_the_worker_block_still_stops_gracefully(dsn, conn):
+    registry = pgworker.Registry()
+    started = anyio.Event()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        started.set()
+        await anyio.sleep(0.2)
+
+    r = await pgworker.enqueue(conn, "t", {})
+    with pytest.raises(RuntimeError, match="caller failed"):
+        async with pgworker.Worker(registry, dsn):
+            await started.wait()
+            raise RuntimeError("caller failed")
+    assert (await pgworker.get_job(conn, r.job.id)).status == "completed"
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.workers") == 0
