@@ -302,6 +302,27 @@ async def pgworker_check(dsn: str, n: int, after_id: int = 0) -> str:
     )
 
 
+async def wait_quiet(args: argparse.Namespace) -> None:
+    """Wait (at most --quiet-wait seconds) until the machine's cores are nearly idle over one
+    second, so that another program's burst does not land in a measurement."""
+    from bench.procstat import machine_busy
+
+    deadline = time.monotonic() + args.quiet_wait
+    said = False
+    while True:
+        b0, t0 = machine_busy(), time.monotonic()
+        await asyncio.sleep(1.0)
+        cores = (machine_busy() - b0) / (time.monotonic() - t0)
+        if cores <= args.quiet_cores:
+            return
+        if time.monotonic() > deadline:
+            log(f"  machine still busy ({cores:.2f} cores in use); measuring anyway")
+            return
+        if not said:
+            log(f"  machine busy ({cores:.2f} cores in use by others): waiting for it to calm down")
+            said = True
+
+
 async def pgworker_statements(dsn: str, after_id: int = 0) -> dict[str, int]:
     """How many claim and outcome-write statements the drain took: each statement stamps its
     rows with one now(), so distinct timestamps count statements."""
@@ -318,6 +339,7 @@ async def pgworker_statements(dsn: str, after_id: int = 0) -> dict[str, int]:
 
 
 async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str, tag: str) -> dict:
+    await wait_quiet(args)
     enqueue_s = await system.enqueue_bulk(dsn, args.n, args.chunk)
     log(f"  {system.name}: enqueued {args.n} in {enqueue_s:.2f}s ({args.n / enqueue_s:,.0f}/s)")
     out = await drain(
@@ -379,6 +401,7 @@ async def w2(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     log_path = args.results / "logs" / f"{tag}-w2.log"
+    await wait_quiet(args)
     proc = launch(res, system.worker_argv(dsn), dsn, log_path, {"BENCH_LATENCY_FILE": str(path)})
     handle = await system.open_single(dsn)
     try:
@@ -548,6 +571,7 @@ async def w4(res: Resources, args: argparse.Namespace, dsn: str, tag: str) -> di
     finally:
         await conn.close()
     log(f"  pgworker@{args.growth_rows:,}: prefilled in {prefill_s:.1f}s ({size})")
+    await wait_quiet(args)
     enqueue_s = await system.enqueue_bulk(dsn, args.n, args.chunk)
     explain = await explain_claim(dsn)
     out = await drain(
@@ -621,6 +645,7 @@ async def profile(res: Resources, args: argparse.Namespace) -> dict[str, Any]:
     try:
         await system.setup(dsn)
         await system.enqueue_bulk(dsn, args.profile_n, args.chunk)
+        await wait_quiet(args)
 
         async def record(proc: subprocess.Popen, dsn: str, exclude: set[int]) -> dict:
             # Attach once the worker is processing (imports and start-up left out).
@@ -1025,6 +1050,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=50.0, help="W2 enqueue rate, jobs/s")
     p.add_argument("--latency-count", type=int, default=500, help="W2 jobs")
     p.add_argument("--growth-rows", type=int, default=1_000_000, help="W4 finished jobs")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=float(env.get("BENCH_QUIET_WAIT", 180)),
+        help="before each measurement, wait up to this many seconds for other programs to "
+        "leave the cores idle (0: never wait)",
+    )
+    p.add_argument("--quiet-cores", type=float, default=0.3, help="what counts as idle")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one drain may take")
     p.add_argument(
         "--profile",

@@ -59,9 +59,23 @@ class Producer:
     def cancel(self, job_id: int) -> None:
         """An operator cancelled this job: stop its attempt if it runs here."""
         attempt = self.running.get(job_id)
-        if attempt is not None:
+        if attempt is not None and attempt.stopped_as is None:
             attempt.log.info("cancel requested: stopping the job")
             attempt.stop(Outcome.CANCELLED)
+
+    async def register(self) -> None:
+        """Record (or refresh) this worker in the `workers` table that `pgworker status` reads."""
+        s = self._settings
+        await db.register_worker(
+            self._pool,
+            s.schema,
+            s.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            s.queues,
+            self._types,
+            s.concurrency,
+        )
 
     async def heartbeat(self) -> None:
         """Every third of the lease: extend the leases of all running attempts in one statement,
@@ -73,16 +87,7 @@ class Producer:
             sent = [(a.job.id, a.job.attempts) for a in self.running.values()]
             try:
                 held = await db.heartbeat(self._pool, s.schema, sent, s.lease)
-                await db.register_worker(
-                    self._pool,
-                    s.schema,
-                    s.worker_id,
-                    socket.gethostname(),
-                    os.getpid(),
-                    s.queues,
-                    self._types,
-                    s.concurrency,
-                )
+                await self.register()
             except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 self._log.warning("heartbeat failed", error=str(exc))
                 continue

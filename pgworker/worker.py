@@ -3,8 +3,6 @@ group. `async with Worker(...)` serves in the background; leaving the block stop
 
 from __future__ import annotations
 
-import os
-import socket
 from types import TracebackType
 from typing import Any
 
@@ -93,17 +91,6 @@ class Worker:
     ) -> None:
         s = self.settings
         try:
-            types = [t.name for t in self.registry]
-            await db.register_worker(
-                pool,
-                s.schema,
-                s.worker_id,
-                socket.gethostname(),
-                os.getpid(),
-                s.queues,
-                types,
-                s.concurrency,
-            )
             completer = Completer(
                 pool,
                 s.schema,
@@ -112,6 +99,7 @@ class Worker:
                 give_up_after=max(s.shutdown_timeout, s.lease),
             )
             producer = Producer(pool, self.registry, s, completer, self._wakeup)
+            await producer.register()
             async with anyio.create_task_group() as tg:
                 if s.listen:
                     notifier = Notifier(
@@ -127,7 +115,7 @@ class Worker:
                 self._log.info(
                     "worker started",
                     queues=list(s.queues),
-                    tasks=types,
+                    tasks=[t.name for t in self.registry],
                     concurrency=s.concurrency,
                     listen=s.listen,
                 )
