@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 
 import asyncpg
@@ -51,10 +52,8 @@ async def slot(pool: asyncpg.Pool, batch: int, stop: asyncio.Event) -> None:
         while not stop.is_set():
             rows = await claim.fetch(batch)
             if not rows:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.01)
-                except TimeoutError:
-                    pass
                 continue
             for r in rows:
                 await handler(r["payload"])

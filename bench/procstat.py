@@ -97,7 +97,7 @@ class CpuMeter:
         else:
             server = {pid for pid, st in stats.items() if st[0] == "postgres"}
         for pid in server:
-            comm, _, ticks, start = stats[pid]
+            _, _, ticks, start = stats[pid]
             if pid not in self.exclude:
                 self._pg[(pid, start)] = ticks
         return (

@@ -6,65 +6,92 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import structlog
 
 from .errors import PermanentError, Retry
-from .logs import get_logger
+from .logs import base_logger, get_logger
 from .models import AttemptResult, Job, JobStatus, Outcome, current_correlation_id
 from .registry import Task
 
 _MESSAGE_LIMIT = 2000
 
 
-@dataclass(slots=True)
-class JobContext:
-    """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
-
-    job_id: int
-    attempt: int
-    correlation_id: str
-    worker_id: str
-    payload: Any
-    job: Job
-    log: Any
-
-    @property
-    def type(self) -> str:
-        return self.job.type
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
-
-
-@dataclass(slots=True)
 class Attempt:
     """A running attempt as the worker sees it; `stop(outcome)` cancels just this job."""
 
-    job: Job
-    keys: dict[str, Any]
-    log: Any
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    stopped_as: Outcome | None = None
+    __slots__ = ("_log", "job", "keys", "scope", "stopped_as")
 
-    @classmethod
-    def of(cls, job: Job, worker_id: str) -> Attempt:
-        keys = {
+    def __init__(self, job: Job, worker_id: str) -> None:
+        self.job = job
+        self.keys = {
             "job_id": job.id,
             "attempt": job.attempts,
             "correlation_id": job.correlation_id,
             "worker_id": worker_id,
         }
-        return cls(job, keys, get_logger(**keys))
+        self.scope = anyio.CancelScope()
+        self.stopped_as: Outcome | None = None
+        self._log: Any = None
+
+    @property
+    def log(self) -> Any:
+        """The logger bound to the job's keys, made when first needed."""
+        if self._log is None:
+            self._log = get_logger(**self.keys)
+        return self._log
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:
             self.stopped_as = outcome
         self.scope.cancel()
+
+
+class JobContext:
+    """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
+
+    __slots__ = ("_attempt", "worker_id")
+
+    def __init__(self, attempt: Attempt, worker_id: str) -> None:
+        self._attempt = attempt
+        self.worker_id = worker_id
+
+    @property
+    def job(self) -> Job:
+        return self._attempt.job
+
+    @property
+    def job_id(self) -> int:
+        return self._attempt.job.id
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt.job.attempts
+
+    @property
+    def correlation_id(self) -> str:
+        return self._attempt.job.correlation_id
+
+    @property
+    def payload(self) -> Any:
+        return self._attempt.job.payload
+
+    @property
+    def type(self) -> str:
+        return self._attempt.job.type
+
+    @property
+    def queue(self) -> str:
+        return self._attempt.job.queue
+
+    @property
+    def log(self) -> Any:
+        return self._attempt.log
+
+    def __repr__(self) -> str:
+        return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, type={self.type!r})"
 
 
 def _error(exc: BaseException) -> tuple[str, str]:
@@ -98,13 +125,13 @@ def _transient(task: Task, job: Job, outcome: Outcome, exc: BaseException | None
     )
 
 
-def _completed(job: Job, value: Any, log: Any) -> AttemptResult:
+def _completed(job: Job, value: Any, attempt: Attempt) -> AttemptResult:
     result = None
     if value is not None:
         try:
             result = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
-            log.warning("result not stored: not JSON-serialisable", error=str(exc))
+            attempt.log.warning("result not stored: not JSON-serialisable", error=str(exc))
     return AttemptResult(
         job.id, job.attempts, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
     )
@@ -116,17 +143,11 @@ async def execute(
     """Run one attempt to its outcome. Cancellation of this attempt's own scope (timeout,
     shutdown, operator cancel) is turned into an outcome; any other cancellation propagates."""
     job = attempt.job
-    keys = {
-        "job_id": job.id,
-        "attempt": job.attempts,
-        "correlation_id": job.correlation_id,
-        "worker_id": worker_id,
-    }
-    structlog.contextvars.bind_contextvars(**keys)
+    structlog.contextvars.bind_contextvars(**attempt.keys)
     current_correlation_id.set(job.correlation_id)
-    log = attempt.log = get_logger(**keys)
-    ctx = JobContext(job.id, job.attempts, job.correlation_id, worker_id, job.payload, job, log)
-    log.debug("job started", type=job.type, queue=job.queue)
+    ctx = JobContext(attempt, worker_id)
+    log = base_logger()
+    log.debug("job started", **attempt.keys, type=job.type, queue=job.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
     started = anyio.current_time()
@@ -145,10 +166,11 @@ async def execute(
         except Exception as exc:
             failure = exc
     elapsed = anyio.current_time() - started
-    result = _decide(attempt, task, job, value, failure, log)
+    result = _decide(attempt, task, job, value, failure)
     log_at = log.info if result.status is not JobStatus.FAILED else log.warning
     log_at(
         f"job {result.outcome.value}",
+        **attempt.keys,
         type=job.type,
         status=result.status.value,
         duration_ms=round(elapsed * 1000, 1),
@@ -159,7 +181,7 @@ async def execute(
 
 
 def _decide(
-    attempt: Attempt, task: Task, job: Job, value: Any, failure: BaseException | None, log: Any
+    attempt: Attempt, task: Task, job: Job, value: Any, failure: BaseException | None
 ) -> AttemptResult:
     if attempt.scope.cancelled_caught:
         if attempt.stopped_as is Outcome.INTERRUPTED:
@@ -177,7 +199,7 @@ def _decide(
             )
         return _transient(task, job, Outcome.TIMED_OUT, None)
     if failure is None:
-        return _completed(job, value, log)
+        return _completed(job, value, attempt)
     if isinstance(failure, PermanentError):
         error_type, message = _error(failure)
         return AttemptResult(
@@ -210,5 +232,5 @@ def _decide(
             error_type=error_type,
             error_message=f"{message} (max_retries {retries} exhausted)",
         )
-    log.debug("handler raised", exc_info=failure)
+    attempt.log.debug("handler raised", exc_info=failure)
     return _transient(task, job, Outcome.FAILED, failure)

@@ -42,7 +42,21 @@ def configure(fmt: LogFormat = "console", level: str = "info", stream: Any = Non
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=True,
     )
+    global _base
+    _base = None
+
+
+_base: Any = None
+
+
+def base_logger() -> Any:
+    """pgworker's logger, made once on first use (after the CLI has configured structlog): a
+    disabled level then costs a no-op call, and binding stays a dictionary copy."""
+    global _base
+    if _base is None:
+        _base = structlog.get_logger("pgworker").bind()
+    return _base
 
 
 def get_logger(**bound: Any) -> Any:
-    return structlog.get_logger("pgworker").bind(**bound)
+    return base_logger().bind(**bound)

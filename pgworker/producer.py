@@ -141,7 +141,7 @@ class Producer:
                         continue
                     self._saturated = len(records) == free
                     for record in records:
-                        attempt = Attempt.of(Job.from_record(record), s.worker_id)
+                        attempt = Attempt(Job.from_record(record), s.worker_id)
                         self.running[attempt.job.id] = attempt
                         attempts.start_soon(self._execute, attempt)
                 now = anyio.current_time()

@@ -1,6 +1,6 @@
-"""What the latency handlers share: append `enqueue_time start-enqueue` (epoch seconds and
-seconds) to the file named by $BENCH_LATENCY_FILE, one line per job, written as it happens (no buffering across jobs, so a
-worker that is killed loses nothing already recorded)."""
+"""What the latency handlers share: append `enqueued_at started-enqueued_at` (epoch seconds,
+seconds) to the file named by $BENCH_LATENCY_FILE, one line per job, written as it happens (no
+buffering across jobs, so a worker that is killed loses nothing already recorded)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ CREATE TABLE {schema}.jobs (
     -- NULL until a worker first claims the job and writes its task's default.
     max_retries      integer     CHECK (max_retries >= 0),
     attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    idempotency_key  text        UNIQUE,
+    idempotency_key  text,
     fingerprint      text,
     correlation_id   text        NOT NULL,
     run_at           timestamptz NOT NULL DEFAULT now(),
@@ -29,6 +29,9 @@ CREATE TABLE {schema}.jobs (
     finished_at      timestamptz
 ) WITH (fillfactor = 80);
 
+-- Idempotency keys are unique; jobs without one stay out of the index.
+CREATE UNIQUE INDEX jobs_idempotency_key_idx ON {schema}.jobs (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 -- The claim: pending jobs of a queue, highest priority first, then oldest run_at, then id.
 CREATE INDEX jobs_claim_idx ON {schema}.jobs (queue, priority DESC, run_at, id)
     WHERE status = 'pending';
@@ -41,7 +44,9 @@ CREATE INDEX jobs_finished_idx ON {schema}.jobs (finished_at)
 
 CREATE TABLE {schema}.job_attempts (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id         bigint      NOT NULL REFERENCES {schema}.jobs (id) ON DELETE CASCADE,
+    -- No foreign key: only pgworker's own statements write attempts, always for a job they hold,
+    -- and the check would cost a lookup per attempt. Pruning deletes a job's attempts with it.
+    job_id         bigint      NOT NULL,
     attempt        integer     NOT NULL CHECK (attempt >= 1),
     type           text        NOT NULL,
     queue          text        NOT NULL,
@@ -58,11 +63,10 @@ CREATE TABLE {schema}.job_attempts (
     UNIQUE (job_id, attempt)
 ) WITH (fillfactor = 80);
 
--- Dashboards: attempts over time, by type, by outcome; and attempts still open.
+-- Dashboards: attempts over a time range, overall or for one type. Outcome and finished_at stay
+-- unindexed so that closing an attempt is a HOT update; filter them within a time range.
 CREATE INDEX job_attempts_started_idx ON {schema}.job_attempts (started_at);
 CREATE INDEX job_attempts_type_started_idx ON {schema}.job_attempts (type, started_at);
-CREATE INDEX job_attempts_outcome_finished_idx ON {schema}.job_attempts (outcome, finished_at);
-CREATE INDEX job_attempts_open_idx ON {schema}.job_attempts (job_id) WHERE outcome = 'running';
 
 -- Live workers, so that operators can see which job types nobody serves.
 CREATE TABLE {schema}.workers (

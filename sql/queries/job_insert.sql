@@ -6,7 +6,7 @@ WITH ins AS (
     VALUES ($1, $2, $3::jsonb, $4, $5, $6::text,
             CASE WHEN $6::text IS NOT NULL THEN md5($1 || chr(31) || $3::jsonb::text) END,
             $7, coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))))
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {job_columns}
 )
 SELECT true AS created, true AS matches, ins.* FROM ins

@@ -15,7 +15,7 @@ WITH input AS MATERIALIZED (
            correlation_id, coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0)))
     FROM input
     ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {job_columns}
 )
 SELECT input.ord, true AS created, true AS matches, ins.*
