@@ -140,11 +140,14 @@ async def insert_jobs(conn: asyncpg.Connection, schema: str, *arrays: Any) -> li
         return await conn.fetch(sql.queries(schema)["job_insert_many"], *arrays)
 
 
-async def get_job_by_key(
-    conn: Executor, schema: str, key: str, type_: str, payload: str
-) -> asyncpg.Record | None:
+async def get_jobs_by_keys(
+    conn: Executor, schema: str, keys: Sequence[str], types: Sequence[str], payloads: Sequence[str]
+) -> dict[str, asyncpg.Record]:
+    """The jobs holding `keys`, keyed by key, each with `matches`: created with that type and
+    payload or not."""
     with _schema_errors(schema):
-        return await conn.fetchrow(sql.queries(schema)["job_get_by_key"], key, type_, payload)
+        rows = await conn.fetch(sql.queries(schema)["job_get_by_keys"], keys, types, payloads)
+    return {r["requested_key"]: r for r in rows}
 
 
 async def get_job(conn: Executor, schema: str, job_id: int) -> asyncpg.Record | None:

@@ -18,6 +18,7 @@ from .models import (
     EnqueueResult,
     Job,
     JobSpec,
+    JobStatus,
     current_correlation_id,
 )
 
@@ -151,7 +152,8 @@ async def enqueue(
     row = await db.insert_job(conn, schema, *args)
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
-        row = await db.get_job_by_key(conn, schema, args[5], args[0], args[2])
+        found = await db.get_jobs_by_keys(conn, schema, [args[5]], [args[0]], [args[2]])
+        row = found.get(args[5])
         if row is None:
             raise PgWorkerError(
                 f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
@@ -167,6 +169,7 @@ async def enqueue_many(
     results come in the order of `specs`. Any invalid spec or idempotency conflict raises before
     anything is kept."""
     prepared = []
+    specs_of: list[JobSpec] = []
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, spec in enumerate(specs):
@@ -182,22 +185,31 @@ async def enqueue_many(
             continue
         if key is not None:
             first_of_key[key] = len(prepared)
+        specs_of.append(spec)
         prepared.append(args)
     if not prepared:
         return []
     columns = [list(col) for col in zip(*prepared, strict=True)]
     async with db.transaction(conn) as c:
-        rows = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, *columns)}
+        inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, *columns)}
+        taken = [args for i, args in enumerate(prepared) if i not in inserted]
+        existing = {}
+        if taken:
+            existing = await db.get_jobs_by_keys(
+                c, schema, [a[5] for a in taken], [a[0] for a in taken], [a[2] for a in taken]
+            )
         unique_results = []
         for i, args in enumerate(prepared):
-            row = rows.get(i)
+            row = inserted.get(i)
+            if row is not None:
+                unique_results.append(EnqueueResult(_new_job(args, specs_of[i], row), True))
+                continue
+            row = existing.get(args[5])
             if row is None:
-                row = await db.get_job_by_key(c, schema, args[5], args[0], args[2])
-                if row is None:
-                    raise PgWorkerError(
-                        f"specs: idempotency_key {args[5]!r}: the job holding it vanished during "
-                        "the enqueue; try again"
-                    )
+                raise PgWorkerError(
+                    f"specs: idempotency_key {args[5]!r}: the job holding it vanished during "
+                    "the enqueue; try again"
+                )
             unique_results.append(_result(row, args[5]))
     results: list[EnqueueResult] = []
     u = iter(unique_results)
@@ -207,3 +219,31 @@ async def enqueue_many(
         else:
             results.append(next(u))
     return results
+
+
+def _new_job(args: tuple[Any, ...], spec: JobSpec, row: Any) -> Job:
+    """The row just inserted, from the values sent and the few the database chose."""
+    type_, queue, _payload, priority, max_retries, key, correlation, _run_at, _delay = args
+    return Job(
+        id=row["id"],
+        type=type_,
+        queue=queue,
+        payload=spec.payload,
+        priority=priority,
+        status=JobStatus.PENDING,
+        retry_count=0,
+        max_retries=max_retries,
+        attempts=0,
+        idempotency_key=key,
+        correlation_id=correlation,
+        run_at=row["run_at"],
+        claimed_at=None,
+        worker_id=None,
+        lease_expires_at=None,
+        error=None,
+        progress=None,
+        result=None,
+        created_at=row["created_at"],
+        updated_at=row["created_at"],
+        finished_at=None,
+    )

@@ -1,5 +1,5 @@
--- Many jobs in one statement, in input order (`ord`). Ids are drawn before the insert so that each
--- input row maps to its job; rows whose idempotency key exists come back with created = false.
+-- Many jobs in one statement. Ids are drawn before the insert so that each input row (`ord`)
+-- maps to its job; rows whose idempotency key already exists are not inserted and not returned.
 WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS id, u.*
     FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::integer[], $6::text[],
@@ -16,14 +16,7 @@ WITH input AS MATERIALIZED (
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING {job_columns}
+    RETURNING j.id, j.run_at, j.created_at
 )
-SELECT input.ord, true AS created, true AS matches, ins.*
+SELECT input.ord, ins.id, ins.run_at, ins.created_at
 FROM input JOIN ins ON ins.id = input.id
-UNION ALL
-SELECT input.ord, false,
-       j.fingerprint IS NOT DISTINCT FROM md5(input.type || chr(31) || input.payload::jsonb::text),
-       {job_columns}
-FROM input JOIN {schema}.jobs AS j ON j.idempotency_key = input.idempotency_key
-WHERE NOT EXISTS (SELECT FROM ins WHERE ins.id = input.id)
-ORDER BY ord
