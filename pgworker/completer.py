@@ -28,6 +28,7 @@ class Completer:
     ) -> None:
         self.give_up_after = give_up_after
         self._pool = pool
+        self._conn = db.HeldConnection(pool)
         self._on_requeued = on_requeued
         self._schema = schema
         self._max_batch = max_batch
@@ -57,6 +58,7 @@ class Completer:
                 del self._buffer[: self._max_batch]
                 await self._write(batch)
             if self._closing:
+                await self._conn.drop()
                 self.finished.set()
                 return
 
@@ -65,9 +67,10 @@ class Completer:
         give_up_at = float("inf")
         while True:
             try:
-                written = await db.finish_many(self._pool, self._schema, batch)
+                written = await db.finish_many(await self._conn.get(), self._schema, batch)
                 break
             except (*db.CONNECTION_ERRORS, asyncpg.exceptions.TransactionRollbackError) as exc:
+                await self._conn.drop()
                 if self._closing:
                     give_up_at = min(give_up_at, anyio.current_time() + self.give_up_after)
                 if anyio.current_time() > give_up_at:

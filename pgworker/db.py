@@ -44,6 +44,11 @@ async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
         raise _describe(dsn, exc) from exc
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The worker's pooled connections never change session state (no LISTEN, no session locks,
+    no SET), so releasing one needs no reset query: that would cost a round trip per statement."""
+
+
 async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -> asyncpg.Pool:
     try:
         return await asyncpg.create_pool(
@@ -51,10 +56,33 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
             min_size=1,
             max_size=size,
             timeout=10,
+            reset=_keep_session,
             server_settings={"application_name": application_name},
         )
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc
+
+
+class HeldConnection:
+    """One pooled connection kept across statements by a hot loop (the claim, the outcome writes),
+    sparing the pool's acquire and release per statement; replaced after a connection error."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._conn: asyncpg.Connection | None = None
+
+    async def get(self) -> asyncpg.Connection:
+        if self._conn is None:
+            self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def drop(self) -> None:
+        """Give the connection back (after an error, or when done); the next `get` takes another."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # A connection that died was already handed back by the pool: nothing left to do.
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._pool.release(conn)
 
 
 @contextlib.asynccontextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from typing import Any
 
@@ -12,7 +13,7 @@ import anyio
 import structlog
 
 from .errors import PermanentError, Retry
-from .logs import base_logger, get_logger
+from .logs import base_logger, enabled, get_logger
 from .models import AttemptResult, Job, JobStatus, Outcome, current_correlation_id
 from .registry import Task
 
@@ -147,7 +148,8 @@ async def execute(
     current_correlation_id.set(job.correlation_id)
     ctx = JobContext(attempt, worker_id)
     log = base_logger()
-    log.debug("job started", **attempt.keys, type=job.type, queue=job.queue)
+    if enabled(log, logging.DEBUG):
+        log.debug("job started", **attempt.keys, type=job.type, queue=job.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
     started = anyio.current_time()
@@ -165,18 +167,24 @@ async def execute(
                 )
         except Exception as exc:
             failure = exc
-    elapsed = anyio.current_time() - started
     result = _decide(attempt, task, job, value, failure)
-    log_at = log.info if result.status is not JobStatus.FAILED else log.warning
-    log_at(
-        f"job {result.outcome.value}",
-        **attempt.keys,
-        type=job.type,
-        status=result.status.value,
-        duration_ms=round(elapsed * 1000, 1),
-        **({"error": f"{result.error_type}: {result.error_message}"} if result.error_type else {}),
-        **({"retry_in_s": round(result.delay, 3)} if result.status is JobStatus.PENDING else {}),
-    )
+    failed = result.status is JobStatus.FAILED
+    if enabled(log, logging.WARNING if failed else logging.INFO):
+        (log.warning if failed else log.info)(
+            f"job {result.outcome.value}",
+            **attempt.keys,
+            type=job.type,
+            status=result.status.value,
+            duration_ms=round((anyio.current_time() - started) * 1000, 1),
+            **(
+                {"error": f"{result.error_type}: {result.error_message}"}
+                if result.error_type
+                else {}
+            ),
+            **(
+                {"retry_in_s": round(result.delay, 3)} if result.status is JobStatus.PENDING else {}
+            ),
+        )
     return result
 
 

@@ -58,5 +58,11 @@ def base_logger() -> Any:
     return _base
 
 
+def enabled(logger: Any, level: int) -> bool:
+    """Whether `logger` emits at `level`: lets hot paths skip building a line nobody reads."""
+    check = getattr(logger, "is_enabled_for", None)
+    return True if check is None else check(level)
+
+
 def get_logger(**bound: Any) -> Any:
     return base_logger().bind(**bound)

@@ -10,6 +10,8 @@ import socket
 
 import anyio
 import asyncpg
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import db
 from .completer import Completer
@@ -31,6 +33,7 @@ class Producer:
         wakeup: Wakeup,
     ) -> None:
         self._pool = pool
+        self._conn = db.HeldConnection(pool)
         self._registry = registry
         self._settings = settings
         self._completer = completer
@@ -110,57 +113,92 @@ class Producer:
             self._wakeup.set()
 
     async def run(self) -> None:
+        """Claim until stopped, feeding the attempts to `concurrency` slot tasks; then give running
+        attempts the grace period, and interrupt what still runs after it."""
         s = self._settings
-        async with anyio.create_task_group() as attempts:
-            failures = 0
-            while not self._stopping.is_set():
-                self._wakeup.clear()
-                free = s.concurrency - len(self.running)
-                if free > 0:
-                    try:
-                        records = await db.claim(
-                            self._pool,
-                            s.schema,
-                            queues=s.queues,
-                            types=self._types,
-                            default_max_retries=self._default_max_retries,
-                            limit=free,
-                            worker_id=s.worker_id,
-                            lease=s.lease,
-                            code_version=s.code_version,
-                        )
-                        failures = 0
-                    except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                        failures += 1
-                        delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
-                        self._log.warning(
-                            "claim failed; retrying", error=str(exc), retry_in_s=round(delay, 2)
-                        )
-                        with anyio.move_on_after(delay):
-                            await self._stopping.wait()
-                        continue
-                    self._saturated = len(records) == free
-                    for record in records:
-                        attempt = Attempt(Job.from_record(record), s.worker_id)
-                        self.running[attempt.job.id] = attempt
-                        attempts.start_soon(self._execute, attempt)
-                now = anyio.current_time()
-                if self._next_due <= now:
-                    self._next_due = float("inf")
-                await self._wakeup.wait(min(s.poll_interval, max(self._next_due - now, 0.0)))
-            if self.running:
-                self._log.info(
-                    "stopping: waiting for running jobs",
-                    jobs=len(self.running),
-                    grace_s=s.shutdown_timeout,
-                )
-                with anyio.move_on_after(s.shutdown_timeout):
-                    await self._drained.wait()
-                if self.running:
-                    self._log.warning(
-                        "grace period over: interrupting jobs", jobs=len(self.running)
+        send, receive = anyio.create_memory_object_stream[Attempt](s.concurrency)
+        async with anyio.create_task_group() as slots:
+            for _ in range(s.concurrency):
+                slots.start_soon(self._slot, receive.clone())
+            receive.close()
+            async with send:
+                try:
+                    await self._claim_until_stopped(send)
+                finally:
+                    await self._conn.drop()
+                await self._drain()
+
+    async def _claim_until_stopped(self, send: MemoryObjectSendStream[Attempt]) -> None:
+        s = self._settings
+        failures = 0
+        while not self._stopping.is_set():
+            self._wakeup.clear()
+            free = s.concurrency - len(self.running)
+            if free > 0:
+                try:
+                    records = await db.claim(
+                        await self._conn.get(),
+                        s.schema,
+                        queues=s.queues,
+                        types=self._types,
+                        default_max_retries=self._default_max_retries,
+                        limit=free,
+                        worker_id=s.worker_id,
+                        lease=s.lease,
+                        code_version=s.code_version,
                     )
-                    self.interrupt()
+                    failures = 0
+                except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                    await self._conn.drop()
+                    failures += 1
+                    delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
+                    self._log.warning(
+                        "claim failed; retrying", error=str(exc), retry_in_s=round(delay, 2)
+                    )
+                    with anyio.move_on_after(delay):
+                        await self._stopping.wait()
+                    continue
+                self._saturated = len(records) == free
+                for record in records:
+                    attempt = Attempt(Job.from_record(record), s.worker_id)
+                    self.running[attempt.job.id] = attempt
+                    send.send_nowait(attempt)
+            now = anyio.current_time()
+            if self._next_due <= now:
+                self._next_due = float("inf")
+            await self._wakeup.wait(min(s.poll_interval, max(self._next_due - now, 0.0)))
+
+    async def _drain(self) -> None:
+        s = self._settings
+        if not self.running:
+            return
+        self._log.info(
+            "stopping: waiting for running jobs", jobs=len(self.running), grace_s=s.shutdown_timeout
+        )
+        with anyio.move_on_after(s.shutdown_timeout):
+            await self._drained.wait()
+        if self.running:
+            self._log.warning("grace period over: interrupting jobs", jobs=len(self.running))
+            self.interrupt()
+
+    async def _slot(self, receive: MemoryObjectReceiveStream[Attempt]) -> None:
+        """One of `concurrency` long-lived tasks, each running one attempt at a time: cheaper than
+        a task per job, and the bound on concurrency by construction."""
+        inherited = structlog.contextvars.get_contextvars()
+        async with receive:
+            while True:
+                try:
+                    attempt = receive.receive_nowait()  # no checkpoint when work is waiting
+                except anyio.WouldBlock:
+                    try:
+                        attempt = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    return
+                structlog.contextvars.clear_contextvars()
+                structlog.contextvars.bind_contextvars(**inherited)
+                await self._execute(attempt)
 
     async def _execute(self, attempt: Attempt) -> None:
         job = attempt.job

@@ -38,12 +38,10 @@ CREATE INDEX jobs_claim_idx ON {schema}.jobs (queue, priority DESC, run_at, id)
 -- Rescue of expired leases and the status command's view of running jobs.
 CREATE INDEX jobs_running_lease_idx ON {schema}.jobs (lease_expires_at)
     WHERE status = 'running';
--- Retention pruning and "recently finished" listings.
-CREATE INDEX jobs_finished_idx ON {schema}.jobs (finished_at)
-    WHERE finished_at IS NOT NULL;
 
 CREATE TABLE {schema}.job_attempts (
-    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- Numbered in insertion order; (job_id, attempt) is the key, and id stays unindexed.
+    id             bigint GENERATED ALWAYS AS IDENTITY,
     -- No foreign key: only pgworker's own statements write attempts, always for a job they hold,
     -- and the check would cost a lookup per attempt. Pruning deletes a job's attempts with it.
     job_id         bigint      NOT NULL,
@@ -60,12 +58,13 @@ CREATE TABLE {schema}.job_attempts (
     error_type     text,
     error_message  text,
     code_version   text,
-    UNIQUE (job_id, attempt)
+    PRIMARY KEY (job_id, attempt)
 ) WITH (fillfactor = 80);
 
--- Dashboards: attempts over a time range, overall or for one type. Outcome and finished_at stay
--- unindexed so that closing an attempt is a HOT update; filter them within a time range.
-CREATE INDEX job_attempts_started_idx ON {schema}.job_attempts (started_at);
+-- Dashboards: attempts over a time range, overall (BRIN: rows arrive in time order, so a tiny
+-- index serves ranges) or for one type. Outcome and finished_at stay unindexed so that closing
+-- an attempt is a HOT update; filter them within a time range.
+CREATE INDEX job_attempts_started_idx ON {schema}.job_attempts USING brin (started_at);
 CREATE INDEX job_attempts_type_started_idx ON {schema}.job_attempts (type, started_at);
 
 -- Live workers, so that operators can see which job types nobody serves.
