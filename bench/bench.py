@@ -891,15 +891,9 @@ async def versions(dsn: str) -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
-    with contextlib.suppress(Exception):
-        rev = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        if rev:
-            out["pgworker"] += f" (git {rev})"
+    rev = git_rev()
+    if rev:
+        out["pgworker"] += f" (git {rev})"
     try:
         import psycopg
 
@@ -939,10 +933,35 @@ async def measure(
             return out
         finally:
             await res.drop_db(db)
-    except BenchError as exc:
-        log(f"  {name}: FAILED: {exc}")
-        failures.append(f"run {run} {name}: {exc}")
-        return {"error": str(exc)}
+    except (BenchError, asyncpg.PostgresError, OSError, RuntimeError) as exc:
+        what = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+        log(f"  {name}: FAILED: {what}")
+        failures.append(f"run {run} {name}: {what}")
+        return {"error": what}
+
+
+LOCK_KEY = 0x7067_6265_6E63  # one benchmark at a time per server
+
+
+async def hold_lock(dsn: str) -> asyncpg.Connection:
+    """Two benchmarks on one server would drop each other's databases and share its CPU: take
+    a session advisory lock for the whole run, waiting for another run to finish."""
+    conn = await asyncpg.connect(dsn)
+    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
+        log("another benchmark is running on this server: waiting for it to finish")
+        await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+    return conn
+
+
+def git_rev() -> str:
+    with contextlib.suppress(Exception):
+        return subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    return ""
 
 
 async def amain(args: argparse.Namespace, res: Resources) -> int:
@@ -950,6 +969,15 @@ async def amain(args: argparse.Namespace, res: Resources) -> int:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
     args.results.mkdir(parents=True, exist_ok=True)
+    lock = await hold_lock(args.dsn)
+    try:
+        return await run_all(args, res)
+    finally:
+        await lock.close()
+
+
+async def run_all(args: argparse.Namespace, res: Resources) -> int:
+    rev_at_start = git_rev()
     vers = await versions(args.dsn)
     log("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     runs: list[dict[str, Any]] = []
@@ -1045,6 +1073,12 @@ async def amain(args: argparse.Namespace, res: Resources) -> int:
         text += (
             "\nNote: other databases on this server had active queries during some drains "
             "(their PostgreSQL CPU is counted too): " + "; ".join(busy) + "\n"
+        )
+    rev_at_end = git_rev()
+    if rev_at_end != rev_at_start:
+        text += (
+            f"\nNote: the repository moved from {rev_at_start} to {rev_at_end} during the run; "
+            "workers started later ran the newer pgworker code.\n"
         )
     if failures:
         text += "\nFailures:\n" + "\n".join(f"- {f}" for f in failures) + "\n"

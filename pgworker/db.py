@@ -186,34 +186,8 @@ async def get_job(conn: Executor, schema: str, job_id: int) -> asyncpg.Record | 
 # --- worker -------------------------------------------------------------------------------
 
 
-async def claim(
-    conn: Executor,
-    schema: str,
-    *,
-    queues: Sequence[str],
-    types: Sequence[str],
-    default_max_retries: Sequence[int],
-    limit: int,
-    worker_id: str,
-    lease: float,
-    code_version: str,
-) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        sql.queries(schema)["job_claim"],
-        queues,
-        types,
-        limit,
-        worker_id,
-        lease,
-        default_max_retries,
-        code_version,
-    )
-
-
-async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:
-    """Write outcomes in one statement; returns the job ids written (the others were fenced)."""
-    rows = await conn.fetch(
-        sql.queries(schema)["job_finish_many"],
+def _outcome_arrays(results: Sequence[AttemptResult]) -> list[list[Any]]:
+    return [
         [r.job_id for r in results],
         [r.attempt for r in results],
         [r.status.value for r in results],
@@ -223,7 +197,43 @@ async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResu
         [r.error_message for r in results],
         [r.delay for r in results],
         [r.retried for r in results],
+    ]
+
+
+async def claim(
+    conn: Executor,
+    schema: str,
+    *,
+    finished: Sequence[AttemptResult],
+    queues: Sequence[str],
+    types: Sequence[str],
+    default_max_retries: Sequence[int],
+    limit: int,
+    worker_id: str,
+    lease: float,
+    code_version: str | None,
+) -> tuple[list[asyncpg.Record], set[int]]:
+    """Write the outcomes `finished` and claim up to `limit` jobs, in one statement: one round
+    trip and one commit per cycle. Returns the claimed rows and the ids whose outcome was written
+    (the others were fenced)."""
+    rows = await conn.fetch(
+        sql.queries(schema)["job_claim"],
+        *_outcome_arrays(finished),
+        queues,
+        types,
+        limit,
+        worker_id,
+        lease,
+        default_max_retries,
+        code_version,
     )
+    written = set(rows[0]["written"] or ()) if rows else set()
+    return [r for r in rows if r["id"] is not None], written
+
+
+async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:
+    """Write outcomes in one statement; returns the job ids written (the others were fenced)."""
+    rows = await conn.fetch(sql.queries(schema)["job_finish_many"], *_outcome_arrays(results))
     return {r["id"] for r in rows}
 
 

@@ -135,10 +135,12 @@ class Producer:
             self._wakeup.clear()
             free = s.concurrency - len(self.running)
             if free > 0:
+                finished = self._completer.take()
                 try:
-                    records = await db.claim(
+                    records, written = await db.claim(
                         await self._conn.get(),
                         s.schema,
+                        finished=finished,
                         queues=s.queues,
                         types=self._types,
                         default_max_retries=self._default_max_retries,
@@ -149,6 +151,7 @@ class Producer:
                     )
                     failures = 0
                 except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                    self._completer.give_back(finished)
                     await self._conn.drop()
                     failures += 1
                     delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
@@ -158,6 +161,8 @@ class Producer:
                     with anyio.move_on_after(delay):
                         await self._stopping.wait()
                     continue
+                if finished:
+                    await self._completer.settle(finished, written)
                 self._saturated = len(records) == free
                 for record in records:
                     attempt = Attempt(Job.from_record(record), s.worker_id)

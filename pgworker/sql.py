@@ -1,7 +1,8 @@
 """The named SQL files, loaded once.
 
 The files live in `sql/` at the repository root; a wheel carries them as `pgworker/sql`.
-`{schema}` is the only identifier substituted, always as a quoted identifier.
+`{schema}` is the only identifier substituted, always as a quoted identifier; `{name}` includes
+the fragment `_name.sql` (shared column lists and CTEs).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ def quote_schema(schema: str) -> str:
     return f'"{schema}"'
 
 
-def _render(text: str, schema: str, job_columns: str) -> str:
-    return text.replace("{job_columns}", job_columns).replace("{schema}", quote_schema(schema))
+def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
+    for name, fragment in fragments.items():
+        text = text.replace("{" + name + "}", fragment)
+    return text.replace("{schema}", quote_schema(schema))
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +43,9 @@ class Migration:
 def queries(schema: str) -> dict[str, str]:
     """Every query of `sql/queries`, keyed by file stem, rendered for `schema`."""
     folder = sql_dir() / "queries"
-    job_columns = (folder / "_job_columns.sql").read_text().strip()
+    fragments = {p.stem[1:]: p.read_text().strip() for p in sorted(folder.glob("_*.sql"))}
     return {
-        p.stem: _render(p.read_text(), schema, job_columns)
+        p.stem: _render(p.read_text(), schema, fragments)
         for p in sorted(folder.glob("*.sql"))
         if not p.stem.startswith("_")
     }
@@ -54,7 +57,7 @@ def migrations(schema: str) -> tuple[Migration, ...]:
     found = []
     for p in sorted((sql_dir() / "migrations").glob("*.sql")):
         number, _, name = p.stem.partition("_")
-        found.append(Migration(int(number), name, _render(p.read_text(), schema, "")))
+        found.append(Migration(int(number), name, _render(p.read_text(), schema, {})))
     return tuple(found)
 
 

@@ -1,32 +1,35 @@
--- Claim up to $3 due jobs of the worker's queues ($1) and types ($2) in one statement, open an
--- attempt row for each, and write the task's max_retries ($6, aligned with $2) where the
--- enqueuer gave none.
-WITH next AS MATERIALIZED (
+-- Write the outcomes of the attempts that just ended ($1-$9, see _job_finish.sql) and claim up to
+-- $12 due jobs of the worker's queues ($10) and types ($11), in one statement and one commit.
+-- Each claimed job gets an attempt row, and the task's max_retries ($15, aligned with $11) where
+-- the enqueuer gave none. Every row carries `written`, the ids of the outcomes written; with
+-- nothing to claim, one row has it and NULL job columns.
+WITH {job_finish},
+next AS MATERIALIZED (
     -- One index scan of jobs_claim_idx per queue, each already in claim order.
     SELECT c.id
-    FROM unnest($1::text[]) AS q(name)
+    FROM unnest($10::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at
         FROM {schema}.jobs
-        WHERE status = 'pending' AND queue = q.name AND type = ANY($2::text[])
+        WHERE status = 'pending' AND queue = q.name AND type = ANY($11::text[])
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
-        LIMIT $3
+        LIMIT $12
         FOR UPDATE SKIP LOCKED
     ) AS c
     ORDER BY c.priority DESC, c.run_at, c.id
-    LIMIT $3
+    LIMIT $12
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'running',
         attempts = j.attempts + 1,
         max_retries = coalesce(j.max_retries,
                                (SELECT d.max_retries
-                                FROM unnest($2::text[], $6::integer[]) AS d(type, max_retries)
+                                FROM unnest($11::text[], $15::integer[]) AS d(type, max_retries)
                                 WHERE d.type = j.type)),
         claimed_at = now(),
-        worker_id = $4,
-        lease_expires_at = now() + make_interval(secs => $5::float8),
+        worker_id = $13,
+        lease_expires_at = now() + make_interval(secs => $14::float8),
         heartbeat_at = now(),
         updated_at = now()
     FROM next
@@ -35,6 +38,9 @@ WITH next AS MATERIALIZED (
 ), opened AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
                                        code_version)
-    SELECT id, attempts, type, queue, $4, correlation_id, $7 FROM claimed
+    SELECT id, attempts, type, queue, $13, correlation_id, $16 FROM claimed
 )
-SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+SELECT w.written, c.*
+FROM (SELECT array_agg(id) AS written FROM done) AS w
+LEFT JOIN claimed AS c ON true
+ORDER BY c.priority DESC, c.run_at, c.id
