@@ -57,7 +57,12 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
             max_size=size,
             timeout=10,
             reset=_keep_session,
-            server_settings={"application_name": application_name},
+            # The worker's statements are few, prepared once, and their plans do not depend on
+            # the values: planning them again on each execution would double their cost.
+            server_settings={
+                "application_name": application_name,
+                "plan_cache_mode": "force_generic_plan",
+            },
         )
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc

@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections import deque
 
 import anyio
 import asyncpg
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from . import db
 from .completer import Completer
@@ -21,6 +21,35 @@ from .models import Job, Outcome
 from .notifier import Wakeup
 from .registry import Registry
 from .settings import Settings
+
+
+class _Handoff:
+    """Claimed attempts on their way to idle slots: a queue without a checkpoint per item."""
+
+    def __init__(self) -> None:
+        self._items: deque[Attempt] = deque()
+        self._idle: deque[anyio.Event] = deque()
+        self._closed = False
+
+    def put(self, attempt: Attempt) -> None:
+        self._items.append(attempt)
+        if self._idle:
+            self._idle.popleft().set()
+
+    def close(self) -> None:
+        self._closed = True
+        while self._idle:
+            self._idle.popleft().set()
+
+    async def get(self) -> Attempt | None:
+        """The next attempt, or None once closed."""
+        while not self._items:
+            if self._closed:
+                return None
+            idle = anyio.Event()
+            self._idle.append(idle)
+            await idle.wait()
+        return self._items.popleft()
 
 
 class Producer:
@@ -116,19 +145,18 @@ class Producer:
         """Claim until stopped, feeding the attempts to `concurrency` slot tasks; then give running
         attempts the grace period, and interrupt what still runs after it."""
         s = self._settings
-        send, receive = anyio.create_memory_object_stream[Attempt](s.concurrency)
+        handoff = _Handoff()
         async with anyio.create_task_group() as slots:
             for _ in range(s.concurrency):
-                slots.start_soon(self._slot, receive.clone())
-            receive.close()
-            async with send:
-                try:
-                    await self._claim_until_stopped(send)
-                finally:
-                    await self._conn.drop()
-                await self._drain()
+                slots.start_soon(self._slot, handoff)
+            try:
+                await self._claim_until_stopped(handoff)
+            finally:
+                await self._conn.drop()
+            await self._drain()
+            handoff.close()
 
-    async def _claim_until_stopped(self, send: MemoryObjectSendStream[Attempt]) -> None:
+    async def _claim_until_stopped(self, handoff: _Handoff) -> None:
         s = self._settings
         failures = 0
         while not self._stopping.is_set():
@@ -167,7 +195,7 @@ class Producer:
                 for record in records:
                     attempt = Attempt(Job.from_record(record), s.worker_id)
                     self.running[attempt.job.id] = attempt
-                    send.send_nowait(attempt)
+                    handoff.put(attempt)
             now = anyio.current_time()
             if self._next_due <= now:
                 self._next_due = float("inf")
@@ -186,24 +214,14 @@ class Producer:
             self._log.warning("grace period over: interrupting jobs", jobs=len(self.running))
             self.interrupt()
 
-    async def _slot(self, receive: MemoryObjectReceiveStream[Attempt]) -> None:
+    async def _slot(self, handoff: _Handoff) -> None:
         """One of `concurrency` long-lived tasks, each running one attempt at a time: cheaper than
         a task per job, and the bound on concurrency by construction."""
         inherited = structlog.contextvars.get_contextvars()
-        async with receive:
-            while True:
-                try:
-                    attempt = receive.receive_nowait()  # no checkpoint when work is waiting
-                except anyio.WouldBlock:
-                    try:
-                        attempt = await receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                except anyio.EndOfStream:
-                    return
-                structlog.contextvars.clear_contextvars()
-                structlog.contextvars.bind_contextvars(**inherited)
-                await self._execute(attempt)
+        while (attempt := await handoff.get()) is not None:
+            structlog.contextvars.clear_contextvars()
+            structlog.contextvars.bind_contextvars(**inherited)
+            await self._execute(attempt)
 
     async def _execute(self, attempt: Attempt) -> None:
         job = attempt.job
