@@ -168,9 +168,10 @@ async def insert_job(conn: Executor, schema: str, *args: Any) -> asyncpg.Record 
         return await conn.fetchrow(sql.queries(schema)["job_insert"], *args)
 
 
-async def insert_jobs(conn: asyncpg.Connection, schema: str, *arrays: Any) -> list[asyncpg.Record]:
+async def insert_jobs(conn: asyncpg.Connection, schema: str, batch: str) -> list[asyncpg.Record]:
+    """Insert the jobs of `batch`, a JSON array (see job_insert_many.sql)."""
     with _schema_errors(schema):
-        return await conn.fetch(sql.queries(schema)["job_insert_many"], *arrays)
+        return await conn.fetch(sql.queries(schema)["job_insert_many"], batch)
 
 
 async def get_jobs_by_keys(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -91,23 +90,30 @@ def _schedule(prefix: str, run_at: Any, delay: Any) -> tuple[datetime | None, fl
     return None, seconds
 
 
-def _prepare(spec: JobSpec, prefix: str = "") -> tuple[Any, ...]:
-    """Validate one spec into the column values of `jobs`, in the order the queries take them."""
+def _fields(spec: JobSpec, prefix: str) -> tuple[Any, ...]:
+    """Validate a spec's fields but its payload: type, queue, priority, max_retries, key,
+    correlation id (None: inherited below, else the database makes one), run_at, delay."""
     run_at, delay = _schedule(prefix, spec.run_at, spec.delay)
     correlation = spec.correlation_id
     if correlation is None:
-        correlation = current_correlation_id.get() or str(uuid.uuid4())
+        correlation = current_correlation_id.get()
     return (
         _text(f"{prefix}type", spec.type, required=True),
         _text(f"{prefix}queue", spec.queue, required=False) or DEFAULT_QUEUE,
-        _payload(f"{prefix}payload", spec.payload),
         _priority(f"{prefix}priority", spec.priority),
         _max_retries(f"{prefix}max_retries", spec.max_retries),
         _text(f"{prefix}idempotency_key", spec.idempotency_key, required=False),
-        _text(f"{prefix}correlation_id", correlation, required=True),
+        _text(f"{prefix}correlation_id", correlation, required=correlation is not None),
         run_at,
         delay,
     )
+
+
+def _prepare(spec: JobSpec) -> tuple[Any, ...]:
+    """Validate one spec into the parameters of job_insert.sql."""
+    type_, queue, priority, max_retries, key, correlation, run_at, delay = _fields(spec, "")
+    payload = _payload("payload", spec.payload)
+    return type_, queue, payload, priority, max_retries, key, correlation, run_at, delay
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:
@@ -168,49 +174,67 @@ async def enqueue_many(
     """Insert many jobs in one statement and one transaction (a savepoint inside the caller's);
     results come in the order of `specs`. Any invalid spec or idempotency conflict raises before
     anything is kept."""
-    prepared = []
-    specs_of: list[JobSpec] = []
+    rows: list[dict[str, Any]] = []
+    unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
-        args = _prepare(spec, f"specs[{i}].")
-        key = args[5]
+        fields = _fields(spec, f"specs[{i}].")
+        type_, queue, priority, max_retries, key, correlation, run_at, delay = fields
         if key is not None and key in first_of_key:
-            first = prepared[first_of_key[key]]
-            if (first[0], first[2]) != (args[0], args[2]):
+            j = first_of_key[key]
+            first = specs[unique[j][0]]
+            same_payload = _canonical(first.payload, i) == _canonical(spec.payload, i)
+            if first.type != type_ or not same_payload:
                 raise IdempotencyConflict(key, None)
-            repeats[i] = first_of_key[key]
+            repeats[i] = j
             continue
         if key is not None:
-            first_of_key[key] = len(prepared)
-        specs_of.append(spec)
-        prepared.append(args)
-    if not prepared:
+            first_of_key[key] = len(unique)
+        unique.append((i, fields))
+        rows.append(
+            {
+                "t": type_,
+                "q": queue,
+                "p": spec.payload,
+                "pr": priority,
+                "m": max_retries,
+                "k": key,
+                "c": correlation,
+                "r": run_at.isoformat() if run_at else None,
+                "d": delay,
+            }
+        )
+    if not rows:
         return []
-    columns = [list(col) for col in zip(*prepared, strict=True)]
+    batch = _batch_json(rows, [i for i, _ in unique])
     async with db.transaction(conn) as c:
-        inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, *columns)}
-        taken = [args for i, args in enumerate(prepared) if i not in inserted]
+        inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
+        taken = [(i, f) for n, (i, f) in enumerate(unique) if n not in inserted]
         existing = {}
         if taken:
             existing = await db.get_jobs_by_keys(
-                c, schema, [a[5] for a in taken], [a[0] for a in taken], [a[2] for a in taken]
+                c,
+                schema,
+                [f[4] for _, f in taken],
+                [f[0] for _, f in taken],
+                [_payload(f"specs[{i}].payload", specs[i].payload) for i, _ in taken],
             )
         unique_results = []
-        for i, args in enumerate(prepared):
-            row = inserted.get(i)
+        for n, (i, fields) in enumerate(unique):
+            row = inserted.get(n)
             if row is not None:
-                unique_results.append(EnqueueResult(_new_job(args, specs_of[i], row), True))
+                unique_results.append(EnqueueResult(_new_job(fields, specs[i], row), True))
                 continue
-            row = existing.get(args[5])
+            row = existing.get(fields[4])
             if row is None:
                 raise PgWorkerError(
-                    f"specs: idempotency_key {args[5]!r}: the job holding it vanished during "
-                    "the enqueue; try again"
+                    f"specs[{i}]: idempotency_key {fields[4]!r}: the job holding it vanished "
+                    "during the enqueue; try again"
                 )
-            unique_results.append(_result(row, args[5]))
+            unique_results.append(_result(row, fields[4]))
     results: list[EnqueueResult] = []
     u = iter(unique_results)
     for i in range(len(specs)):
@@ -221,9 +245,32 @@ async def enqueue_many(
     return results
 
 
-def _new_job(args: tuple[Any, ...], spec: JobSpec, row: Any) -> Job:
+_BATCH_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def _batch_json(rows: list[dict[str, Any]], positions: list[int]) -> str:
+    """The whole batch as one JSON text; a payload that cannot be stored is found and named."""
+    try:
+        text = _BATCH_ENCODER.encode(rows)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or "\\u0000" in text:
+        for row, i in zip(rows, positions, strict=True):
+            _payload(f"specs[{i}].payload", row["p"])
+    assert text is not None
+    return text
+
+
+def _canonical(payload: Any, i: int) -> str:
+    try:
+        return json.dumps(payload, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"specs[{i}].payload", f"must be JSON-serialisable ({exc})") from exc
+
+
+def _new_job(fields: tuple[Any, ...], spec: JobSpec, row: Any) -> Job:
     """The row just inserted, from the values sent and the few the database chose."""
-    type_, queue, _payload, priority, max_retries, key, correlation, _run_at, _delay = args
+    type_, queue, priority, max_retries, key, _correlation, _run_at, _delay = fields
     return Job(
         id=row["id"],
         type=type_,
@@ -235,7 +282,7 @@ def _new_job(args: tuple[Any, ...], spec: JobSpec, row: Any) -> Job:
         max_retries=max_retries,
         attempts=0,
         idempotency_key=key,
-        correlation_id=correlation,
+        correlation_id=row["correlation_id"],
         run_at=row["run_at"],
         claimed_at=None,
         worker_id=None,

@@ -193,3 +193,22 @@ async def test_enqueue_without_schema_says_to_migrate(empty_dsn):
             await pgworker.enqueue(c, "t", {})
     finally:
         await c.close()
+
+
+@pytest.mark.parametrize(
+    "bad", [{"x": float("nan")}, {"x": "nul\x00"}, {"when": datetime.now(UTC)}, {1, 2}]
+)
+async def test_enqueue_many_names_the_payload_that_cannot_be_stored(conn, bad):
+    with pytest.raises(ValidationError) as info:
+        await pgworker.enqueue_many(conn, [JobSpec("t", {"ok": 1}), JobSpec("t", bad)])
+    assert info.value.field == "specs[1].payload"
+    assert await count_jobs(conn) == 0
+
+
+async def test_enqueue_many_keeps_json_null_payloads_and_generates_correlation_ids(conn):
+    results = await pgworker.enqueue_many(conn, [JobSpec("t", None), JobSpec("t", [1, "a"])])
+    jobs = [await pgworker.get_job(conn, r.job.id) for r in results]
+    assert [j.payload for j in jobs] == [None, [1, "a"]]
+    assert all(j.correlation_id for j in jobs)
+    assert [r.job.correlation_id for r in results] == [j.correlation_id for j in jobs]
+    assert results[0].job.correlation_id != results[1].job.correlation_id

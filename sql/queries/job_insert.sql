@@ -5,7 +5,8 @@ WITH ins AS (
                                     fingerprint, correlation_id, run_at)
     VALUES ($1, $2, $3::jsonb, $4, $5, $6::text,
             CASE WHEN $6::text IS NOT NULL THEN md5($1 || chr(31) || $3::jsonb::text) END,
-            $7, coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))))
+            coalesce($7, gen_random_uuid()::text),
+            coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {job_columns}
 )

@@ -1,22 +1,28 @@
--- Many jobs in one statement. Ids are drawn before the insert so that each input row (`ord`)
--- maps to its job; rows whose idempotency key already exists are not inserted and not returned.
+-- Many jobs in one statement, from one JSON array ($1) of {t: type, q: queue, p: payload,
+-- pr: priority, m: max_retries, k: idempotency_key, c: correlation_id, r: run_at, d: delay}.
+-- Ids are drawn before the insert so that each input row (`ord`) maps to its job; rows whose
+-- idempotency key already exists are not inserted and not returned.
 WITH input AS MATERIALIZED (
     SELECT nextval(pg_get_serial_sequence('{schema}.jobs', 'id')) AS id, u.*
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::integer[], $6::text[],
-                $7::text[], $8::timestamptz[], $9::float8[])
-         WITH ORDINALITY AS u(type, queue, payload, priority, max_retries, idempotency_key,
-                              correlation_id, run_at, delay, ord)
+    FROM ROWS FROM (
+        jsonb_to_recordset($1::jsonb)
+            AS (t text, q text, p jsonb, pr integer, m integer, k text, c text,
+                r timestamptz, d float8)
+    ) WITH ORDINALITY AS u(type, queue, payload, priority, max_retries, idempotency_key,
+                           correlation_id, run_at, delay, ord)
 ), ins AS (
     INSERT INTO {schema}.jobs AS j (id, type, queue, payload, priority, max_retries,
                                     idempotency_key, fingerprint, correlation_id, run_at)
     OVERRIDING SYSTEM VALUE
-    SELECT id, type, queue, payload::jsonb, priority, max_retries, idempotency_key,
-           CASE WHEN idempotency_key IS NOT NULL THEN md5(type || chr(31) || payload::jsonb::text) END,
-           correlation_id, coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0)))
+    SELECT id, type, queue, coalesce(payload, 'null'), priority, max_retries, idempotency_key,
+           CASE WHEN idempotency_key IS NOT NULL
+                THEN md5(type || chr(31) || coalesce(payload, 'null')::text) END,
+           coalesce(correlation_id, gen_random_uuid()::text),
+           coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0)))
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING j.id, j.run_at, j.created_at
+    RETURNING j.id, j.correlation_id, j.run_at, j.created_at
 )
-SELECT input.ord, ins.id, ins.run_at, ins.created_at
+SELECT input.ord, ins.id, ins.correlation_id, ins.run_at, ins.created_at
 FROM input JOIN ins ON ins.id = input.id
