@@ -174,6 +174,23 @@ async def insert_jobs(conn: asyncpg.Connection, schema: str, batch: str) -> list
         return await conn.fetch(sql.queries(schema)["job_insert_many"], batch)
 
 
+async def copy_jobs(
+    conn: asyncpg.Connection, schema: str, columns: list[str], rows: list[tuple[Any, ...]]
+) -> tuple[list[int], Any]:
+    """Write `rows` (without ids) with COPY, the fastest path into `jobs`; returns their new ids,
+    in order, and the time they were created at. Run it inside a transaction."""
+    with _schema_errors(schema):
+        reserved = await conn.fetchrow(sql.queries(schema)["job_ids_reserve"], len(rows))
+        ids = reserved["ids"]
+        await conn.copy_records_to_table(
+            "jobs",
+            schema_name=schema,
+            columns=["id", *columns],
+            records=[(job_id, *row) for job_id, row in zip(ids, rows, strict=True)],
+        )
+    return ids, reserved["now"]
+
+
 async def get_jobs_by_keys(
     conn: Executor, schema: str, keys: Sequence[str], types: Sequence[str], payloads: Sequence[str]
 ) -> dict[str, asyncpg.Record]:

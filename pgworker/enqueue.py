@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,9 +57,12 @@ def _max_retries(field: str, value: Any) -> int | None:
     return value
 
 
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def _payload(field: str, value: Any) -> str:
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise ValidationError(field, f"must be JSON-serialisable ({exc})") from exc
     if "\\u0000" in text:
@@ -209,6 +213,8 @@ async def enqueue_many(
         )
     if not rows:
         return []
+    if not first_of_key and not any(r["r"] or r["d"] is not None for r in rows):
+        return await _copy_many(conn, schema, specs, unique, rows)
     batch = _batch_json(rows, [i for i, _ in unique])
     async with db.transaction(conn) as c:
         inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
@@ -245,13 +251,50 @@ async def enqueue_many(
     return results
 
 
-_BATCH_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+def _random_ids(n: int) -> list[str]:
+    """n random UUID-shaped correlation ids, from one read of the random source."""
+    h = os.urandom(16 * n).hex()
+    return [
+        f"{h[k : k + 8]}-{h[k + 8 : k + 12]}-{h[k + 12 : k + 16]}-{h[k + 16 : k + 20]}-"
+        f"{h[k + 20 : k + 32]}"
+        for k in range(0, 32 * n, 32)
+    ]
+
+
+async def _copy_many(
+    conn: db.Executor,
+    schema: str,
+    specs: Sequence[JobSpec],
+    unique: list[tuple[int, tuple[Any, ...]]],
+    rows: list[dict[str, Any]],
+) -> list[EnqueueResult]:
+    """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
+    INSERT."""
+    fresh = _random_ids(len(rows))
+    records = [
+        (r["t"], r["q"], _payload(f"specs[{i}].payload", r["p"]), r["pr"], r["m"], r["c"] or new)
+        for r, (i, _), new in zip(rows, unique, fresh, strict=True)
+    ]
+    columns = ["type", "queue", "payload", "priority", "max_retries", "correlation_id"]
+    async with db.transaction(conn) as c:
+        ids, now = await db.copy_jobs(c, schema, columns, records)
+    return [
+        EnqueueResult(
+            _new_job(
+                fields,
+                specs[i],
+                {"id": job_id, "correlation_id": record[5], "run_at": now, "created_at": now},
+            ),
+            True,
+        )
+        for (i, fields), job_id, record in zip(unique, ids, records, strict=True)
+    ]
 
 
 def _batch_json(rows: list[dict[str, Any]], positions: list[int]) -> str:
     """The whole batch as one JSON text; a payload that cannot be stored is found and named."""
     try:
-        text = _BATCH_ENCODER.encode(rows)
+        text = _ENCODER.encode(rows)
     except (TypeError, ValueError):
         text = None
     if text is None or "\\u0000" in text:

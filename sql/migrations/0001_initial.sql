@@ -15,7 +15,7 @@ CREATE TABLE {schema}.jobs (
     attempts         integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     idempotency_key  text,
     fingerprint      text,
-    correlation_id   text        NOT NULL,
+    correlation_id   text        NOT NULL DEFAULT gen_random_uuid()::text,
     run_at           timestamptz NOT NULL DEFAULT now(),
     claimed_at       timestamptz,
     worker_id        text,
