@@ -22,12 +22,13 @@ o AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM o
-    WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.status = 'running'
+      AND j.attempts = o.attempt
     RETURNING j.id, j.attempts
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = o.outcome, finished_at = now(), error_type = o.error_type,
         error_message = o.error_message
     FROM o JOIN done ON done.id = o.id
-    WHERE a.job_id = o.id AND a.attempt = o.attempt
+    WHERE a.job_id = ANY($1::bigint[]) AND a.job_id = o.id AND a.attempt = o.attempt
 )

@@ -32,8 +32,8 @@ next AS MATERIALIZED (
         lease_expires_at = now() + make_interval(secs => $14::float8),
         heartbeat_at = now(),
         updated_at = now()
-    FROM next
-    WHERE j.id = next.id
+    -- = ANY(array), not a join: an index scan even in a generic plan that cannot know the limit.
+    WHERE j.id = ANY(ARRAY(SELECT id FROM next))
     RETURNING {job_columns}
 ), opened AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
