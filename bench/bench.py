@@ -170,10 +170,13 @@ class BenchError(RuntimeError):
 
 
 # Other work on the shared server during a drain (checked once a second): active backends of
-# databases that are not this benchmark's.
+# databases that are not this benchmark's, not counting those waiting on a lock or a client
+# (e.g. a second benchmark waiting for this one's advisory lock), which use no CPU.
 OTHERS_SQL = """
 SELECT count(*) FROM pg_stat_activity
 WHERE state = 'active' AND backend_type = 'client backend' AND datname NOT LIKE 'bench\\_%'
+  AND pid <> pg_backend_pid() AND wait_event_type IS DISTINCT FROM 'Lock'
+  AND wait_event_type IS DISTINCT FROM 'Client'
 """
 
 
