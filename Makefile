@@ -29,12 +29,12 @@ chaos: $(STAMP)
 	$(PY) tests/soak.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pgworker tests examples
-	$(VENV)/bin/ruff format --check pgworker tests examples
+	$(VENV)/bin/ruff check pgworker tests examples bench
+	$(VENV)/bin/ruff format --check pgworker tests examples bench
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format pgworker tests examples
-	$(VENV)/bin/ruff check --fix pgworker tests examples
+	$(VENV)/bin/ruff format pgworker tests examples bench
+	$(VENV)/bin/ruff check --fix pgworker tests examples bench
 
 clean:
 	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache

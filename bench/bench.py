@@ -531,12 +531,17 @@ async def explain_claim(dsn: str) -> dict[str, Any]:
     from pgworker import sql
 
     q = sql.queries("pgworker")["job_claim"]
-    params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL"
+    # $1-$9: the outcomes carried by the claim (none here); $10-$16: the claim itself.
+    params = (
+        "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
+        "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL"
+    )
     conn = await asyncpg.connect(dsn)
     out: dict[str, Any] = {}
     try:
         await conn.execute(
-            f"PREPARE bench_claim(text[], text[], int, text, float8, int[], text) AS {q}"
+            "PREPARE bench_claim(bigint[], int[], text[], text[], text[], text[], text[], "
+            f"float8[], int[], text[], text[], int, text, float8, int[], text) AS {q}"
         )
         for mode in ("auto", "force_generic_plan"):
             tr = conn.transaction()
@@ -781,8 +786,9 @@ def render(report: dict[str, Any]) -> str:
             f"{fmt(m['latency_p99_ms'], 1)}"
         )
         proc = fmt(m["processing_jps"])
-        if name == "pgworker@growth" and med.get("pgworker", {}).get("processing_jps"):
-            proc += f" ({m['processing_jps'] / med['pgworker']['processing_jps']:.2f}× W1)"
+        w1 = med.get("pgworker", {}).get("processing_jps")
+        if name == "pgworker@growth" and w1 and m.get("processing_jps"):
+            proc += f" ({m['processing_jps'] / w1:.2f}× W1)"
         lines.append(
             f"| {labels.get(name, name)} | {fmt(m['enqueue_jps'])} | {proc} | "
             f"{fmt(m['worker_cpu_ms_per_1k'])} | {fmt(m['pg_cpu_ms_per_1k'])} | {lat} | "

@@ -327,6 +327,16 @@ async def prune_workers(conn: Executor, schema: str, unseen_for: float) -> None:
     await conn.execute(sql.queries(schema)["workers_prune"], unseen_for)
 
 
+async def end_session_when_idle(conn: asyncpg.Connection, schema: str, seconds: float) -> None:
+    """Have the server close this session after `seconds` idle, releasing its session locks."""
+    with contextlib.suppress(asyncpg.PostgresError):  # PostgreSQL < 14 lacks the setting
+        await conn.execute(sql.queries(schema)["session_idle_timeout"], str(int(seconds * 1000)))
+
+
+async def notify(conn: asyncpg.Connection, schema: str, channel: str, payload: str) -> None:
+    await conn.execute(sql.queries(schema)["notify"], channel, payload)
+
+
 def channel(schema: str) -> str:
     """The NOTIFY channel that announces new jobs; the payload is the queue."""
     return f"{schema}_jobs"

@@ -7,7 +7,6 @@ stalled VM) loses its session, and with it the lock, within a lease; another wor
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import anyio
@@ -37,8 +36,7 @@ class Maintenance:
         conn = await db.connect(
             s.dsn, server_settings={"application_name": f"pgworker-maintenance:{s.worker_id}"}
         )
-        with contextlib.suppress(asyncpg.PostgresError):  # PostgreSQL < 14 lacks it
-            await conn.execute(f"SET idle_session_timeout = {int(s.lease * 1000)}")
+        await db.end_session_when_idle(conn, s.schema, s.lease)
         return conn
 
     async def run(self) -> None:

@@ -50,6 +50,7 @@ class Notifier:
         worker_id: str,
     ) -> None:
         self._dsn = dsn
+        self._schema = schema
         self._jobs_channel = db.channel(schema)
         self._cancel_channel = db.cancel_channel(schema)
         self._ping_channel = f"{schema}_ping_{uuid.uuid4().hex[:12]}"
@@ -88,7 +89,7 @@ class Notifier:
     async def _healthy(self, conn: asyncpg.Connection) -> bool:
         self._pong = anyio.Event()
         with anyio.move_on_after(CHECK_TIMEOUT):
-            await conn.execute("SELECT pg_notify($1, 'ping')", self._ping_channel)
+            await db.notify(conn, self._schema, self._ping_channel, "ping")
             await self._pong.wait()
         return self._pong.is_set()
 

@@ -1,5 +1,6 @@
-"""Claim as many due jobs as there are free slots, in one statement, and run each in its own
-executor task. Stopping has two steps: stop claiming at once; after the grace period, stop the
+"""Claim as many due jobs as there are free slots, in one statement that also writes the outcomes
+waiting in the completer, and hand them to `concurrency` slot tasks. Keep the leases of running
+attempts. Stopping has two steps: stop claiming at once; after the grace period, stop the
 attempts still running (they go back to pending as `interrupted`)."""
 
 from __future__ import annotations

@@ -212,3 +212,37 @@ async def test_enqueue_many_keeps_json_null_payloads_and_generates_correlation_i
     assert all(j.correlation_id for j in jobs)
     assert [r.job.correlation_id for r in results] == [j.correlation_id for j in jobs]
     assert results[0].job.correlation_id != results[1].job.correlation_id
+
+
+async def test_enqueue_many_both_paths_store_every_field(conn):
+    at = datetime.now(UTC) + timedelta(hours=2)
+    plain = await pgworker.enqueue_many(  # no keys, due now: COPY
+        conn,
+        [
+            JobSpec(
+                "a", {"n": 1}, queue="mail", priority="high", max_retries=2, correlation_id="req-1"
+            ),
+            JobSpec("b", {"n": 2}),
+        ],
+    )
+    scheduled = await pgworker.enqueue_many(  # a schedule: one INSERT fed by a JSON array
+        conn, [JobSpec("c", {"n": 3}, run_at=at), JobSpec("d", {"n": 4}, delay=60)]
+    )
+    for r in plain + scheduled:
+        stored = await pgworker.get_job(conn, r.job.id)
+        assert stored.status == "pending" and r.created
+        assert (stored.type, stored.queue, stored.payload, stored.priority, stored.max_retries) == (
+            r.job.type,
+            r.job.queue,
+            r.job.payload,
+            r.job.priority,
+            r.job.max_retries,
+        )
+        assert stored.correlation_id == r.job.correlation_id
+        assert stored.run_at == r.job.run_at
+    a = await pgworker.get_job(conn, plain[0].job.id)
+    assert (a.queue, a.priority, a.max_retries, a.correlation_id) == ("mail", 20, 2, "req-1")
+    assert plain[1].job.correlation_id and plain[1].job.correlation_id != "req-1"
+    assert scheduled[0].job.run_at == at
+    d = await pgworker.get_job(conn, scheduled[1].job.id)
+    assert (d.run_at - d.created_at).total_seconds() == pytest.approx(60, abs=1)
