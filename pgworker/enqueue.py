@@ -175,9 +175,9 @@ async def enqueue(
 async def enqueue_many(
     conn: db.Executor, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
-    """Insert many jobs in one statement and one transaction (a savepoint inside the caller's);
-    results come in the order of `specs`. Any invalid spec or idempotency conflict raises before
-    anything is kept."""
+    """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
+    has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
+    Any invalid spec or idempotency conflict raises before anything is kept."""
     rows: list[dict[str, Any]] = []
     unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
     first_of_key: dict[str, int] = {}
