@@ -74,30 +74,31 @@ async def template_db(server_dsn: str) -> AsyncIterator[str]:
 _counter = itertools.count()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A migrated database of this test's own."""
-    name = f"{template_db}_{next(_counter)}"
+@contextlib.asynccontextmanager
+async def scratch_database(server_dsn: str, name: str, template: str | None = None):
+    """A database made for one test and dropped after it, whatever its connections."""
     admin = await asyncpg.connect(server_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    like = f' TEMPLATE "{template}"' if template else ""
+    await admin.execute(f'CREATE DATABASE "{name}"{like}')
     try:
         yield with_database(server_dsn, name)
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A migrated database of this test's own."""
+    async with scratch_database(server_dsn, f"{template_db}_{next(_counter)}", template_db) as d:
+        yield d
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def empty_dsn(server_dsn: str) -> AsyncIterator[str]:
     """A database without the pgworker schema."""
-    name = f"pgworker_empty_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(server_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(server_dsn, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with scratch_database(server_dsn, f"pgworker_empty_{uuid.uuid4().hex[:8]}") as d:
+        yield d
 
 
 @pytest_asyncio.fixture(loop_scope="session")
