@@ -8,7 +8,7 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .errors import ConfigError
@@ -83,9 +83,6 @@ class Settings:
             values[f.name] = _parse(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
-
-    def with_(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
 
 
 def _parse(name: str, raw: str) -> Any:
