@@ -1,5 +1,6 @@
-"""The Worker: a pool, the listener, the producer, the completer and the heartbeat in one task
-group. `async with Worker(...)` serves in the background; leaving the block stops gracefully."""
+"""The Worker: a pool, the listener, the producer (with its slots and heartbeat), the completer
+and maintenance in one task group. `async with Worker(...)` serves in the background; leaving
+the block stops gracefully."""
 
 from __future__ import annotations
 
