@@ -26,7 +26,7 @@ bench:
 
 ## The long soak: 50,000 jobs, 4 workers, random SIGKILLs, backend terminations and cancels.
 chaos: $(STAMP)
-	$(PY) tests/soak.py
+	$(PY) -m tests.soak
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples bench

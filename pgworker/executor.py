@@ -99,11 +99,17 @@ def _error(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, str(exc)[:_MESSAGE_LIMIT]
 
 
-def _transient(task: Task, job: Job, outcome: Outcome, exc: BaseException | None) -> AttemptResult:
-    if exc is None:
-        error_type, message = "TimeoutError", f"timed out after {task.timeout:g}s"
-    else:
-        error_type, message = _error(exc)
+def _retry_or_fail(
+    task: Task,
+    job: Job,
+    outcome: Outcome,
+    error: tuple[str, str],
+    delay: float,
+    why_final: str = "",
+) -> AttemptResult:
+    """Back to pending after `delay` seconds, counted as a retry, while retries remain; else
+    failed. `outcome` is the attempt's when final (`failed` becomes `retried` when retried)."""
+    error_type, message = error
     retries = job.max_retries if job.max_retries is not None else task.retry.max_retries
     if job.retry_count < retries:
         return AttemptResult(
@@ -113,7 +119,7 @@ def _transient(task: Task, job: Job, outcome: Outcome, exc: BaseException | None
             Outcome.RETRIED if outcome is Outcome.FAILED else outcome,
             error_type=error_type,
             error_message=message,
-            delay=task.retry.delay(job.retry_count + 1),
+            delay=delay,
             retried=1,
         )
     return AttemptResult(
@@ -122,7 +128,7 @@ def _transient(task: Task, job: Job, outcome: Outcome, exc: BaseException | None
         JobStatus.FAILED,
         outcome,
         error_type=error_type,
-        error_message=message,
+        error_message=message + why_final.format(retries=retries),
     )
 
 
@@ -205,7 +211,10 @@ def _decide(
                 error_type="Cancelled",
                 error_message="cancelled by an operator",
             )
-        return _transient(task, job, Outcome.TIMED_OUT, None)
+        timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s")
+        return _retry_or_fail(
+            task, job, Outcome.TIMED_OUT, timed_out, task.retry.delay(job.retry_count + 1)
+        )
     if failure is None:
         return _completed(job, value, attempt)
     if isinstance(failure, PermanentError):
@@ -219,26 +228,11 @@ def _decide(
             error_message=message,
         )
     if isinstance(failure, Retry):
-        error_type, message = _error(failure)
-        retries = job.max_retries if job.max_retries is not None else task.retry.max_retries
-        if job.retry_count < retries:
-            return AttemptResult(
-                job.id,
-                job.attempts,
-                JobStatus.PENDING,
-                Outcome.RETRIED,
-                error_type=error_type,
-                error_message=message,
-                delay=failure.after if math.isfinite(failure.after) else 0.0,
-                retried=1,
-            )
-        return AttemptResult(
-            job.id,
-            job.attempts,
-            JobStatus.FAILED,
-            Outcome.FAILED,
-            error_type=error_type,
-            error_message=f"{message} (max_retries {retries} exhausted)",
+        delay = failure.after if math.isfinite(failure.after) else 0.0
+        return _retry_or_fail(
+            task, job, Outcome.FAILED, _error(failure), delay, " (max_retries {retries} exhausted)"
         )
     attempt.log.debug("handler raised", exc_info=failure)
-    return _transient(task, job, Outcome.FAILED, failure)
+    return _retry_or_fail(
+        task, job, Outcome.FAILED, _error(failure), task.retry.delay(job.retry_count + 1)
+    )

@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_worker(
+    module: str, dsn: str, log: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A real `pgworker run MODULE` process serving `dsn`, its output in `log`."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
+    environment.update(PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgworker", "run", module, *args, "--dsn", dsn],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        env=environment,
+        cwd=ROOT,
+    )
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:

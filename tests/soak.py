@@ -24,7 +24,8 @@ import asyncpg
 import pgworker
 from pgworker import JobSpec, devdb
 
-ROOT = Path(__file__).resolve().parent.parent
+from .helpers import spawn_worker
+
 JOBS = int(os.environ.get("SOAK_JOBS", "50000"))
 WORKERS = int(os.environ.get("SOAK_WORKERS", "4"))
 SECONDS = float(os.environ.get("SOAK_SECONDS", "900"))
@@ -42,30 +43,21 @@ class Fleet:
         self.started += 1
         name = f"w{slot}-{self.started}"
         self.names[slot] = name
-        self.procs[slot] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pgworker",
-                "run",
-                "tests.apps.chaos",
-                "--worker-id",
-                name,
-                "--lease",
-                "2",
-                "--concurrency",
-                "10",
-                "--log-format",
-                "json",
-                "--log-level",
-                "warning",
-                "--dsn",
-                self.dsn,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(self.logs / f"{name}.log").open("wb"),
-            env={**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_DSN": self.dsn},
-            cwd=ROOT,
+        self.procs[slot] = spawn_worker(
+            "tests.apps.chaos",
+            self.dsn,
+            self.logs / f"{name}.log",
+            "--worker-id",
+            name,
+            "--lease",
+            "2",
+            "--concurrency",
+            "10",
+            "--log-format",
+            "json",
+            "--log-level",
+            "warning",
+            env={"CHAOS_DSN": self.dsn},
         )
 
     async def serving(self, conn: asyncpg.Connection, timeout: float = 30) -> None:

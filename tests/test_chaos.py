@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +15,9 @@ import pytest
 import pgworker
 from pgworker import JobSpec, devdb
 
-from .helpers import attempts, wait_for
+from .helpers import attempts, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class Workers:
@@ -33,26 +29,10 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_DSN": self.dsn}
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pgworker",
-                "run",
-                "tests.apps.chaos",
-                "--worker-id",
-                name,
-                "--log-format",
-                "json",
-                *args,
-                "--dsn",
-                self.dsn,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(self.logs / f"{name}.log").open("wb"),
-            env=env,
-            cwd=ROOT,
+        log = self.logs / f"{name}.log"
+        chaos = ("--worker-id", name, "--log-format", "json")
+        proc = spawn_worker(
+            "tests.apps.chaos", self.dsn, log, *chaos, *args, env={"CHAOS_DSN": self.dsn}
         )
         self.procs.append(proc)
         return proc

@@ -13,11 +13,9 @@ import pytest
 
 import pgworker
 
-from .helpers import attempts, wait_for
+from .helpers import ROOT, attempts, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli_env() -> dict[str, str]:
@@ -38,13 +36,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def start_worker(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgworker", "run", "tests.apps.basic", *args, "--dsn", dsn],
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-        env=cli_env(),
-        cwd=ROOT,
-    )
+    return spawn_worker("tests.apps.basic", dsn, log, *args)
 
 
 def json_lines(log: Path) -> list[dict]:
