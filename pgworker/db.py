@@ -4,7 +4,7 @@ errors become pgworker's typed errors."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -174,21 +174,22 @@ async def insert_jobs(conn: asyncpg.Connection, schema: str, batch: str) -> list
         return await conn.fetch(sql.queries(schema)["job_insert_many"], batch)
 
 
-async def copy_jobs(
-    conn: asyncpg.Connection, schema: str, columns: list[str], rows: list[tuple[Any, ...]]
-) -> tuple[list[int], Any]:
-    """Write `rows` (without ids) with COPY, the fastest path into `jobs`; returns their new ids,
-    in order, and the time they were created at. Run it inside a transaction."""
+async def reserve_job_ids(conn: asyncpg.Connection, schema: str, n: int) -> tuple[list[int], Any]:
+    """`n` new job ids for a batch that COPY writes, and the transaction's time."""
     with _schema_errors(schema):
-        reserved = await conn.fetchrow(sql.queries(schema)["job_ids_reserve"], len(rows))
-        ids = reserved["ids"]
-        await conn.copy_records_to_table(
-            "jobs",
-            schema_name=schema,
-            columns=["id", *columns],
-            records=[(job_id, *row) for job_id, row in zip(ids, rows, strict=True)],
+        reserved = await conn.fetchrow(sql.queries(schema)["job_ids_reserve"], n)
+    return reserved["ids"], reserved["now"]
+
+
+async def copy_jobs(
+    conn: asyncpg.Connection, schema: str, columns: list[str], chunks: AsyncIterable[bytes]
+) -> None:
+    """Write rows into `jobs` with COPY (text format), the fastest path in; each chunk is sent as
+    soon as it is made."""
+    with _schema_errors(schema):
+        await conn.copy_to_table(
+            "jobs", schema_name=schema, columns=columns, source=chunks, format="text"
         )
-    return ids, reserved["now"]
 
 
 async def get_jobs_by_keys(

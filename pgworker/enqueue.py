@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
+from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any
 
 from . import db
@@ -26,88 +27,104 @@ DEFAULT_SCHEMA = "pgworker"
 _INT32 = 2**31 - 1
 
 
-def _text(field: str, value: Any, *, required: bool) -> str | None:
+def _name(at: int | None, field: str) -> str:
+    """The field's name in an error: `payload` for enqueue, `specs[3].payload` for a batch."""
+    return field if at is None else f"specs[{at}].{field}"
+
+
+def _text(at: int | None, field: str, value: Any, *, required: bool) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise ValidationError(field, f"must be a non-empty string, got {value!r}")
+        raise ValidationError(_name(at, field), f"must be a non-empty string, got {value!r}")
     if "\x00" in value:
-        raise ValidationError(field, "must not contain NUL characters")
+        raise ValidationError(_name(at, field), "must not contain NUL characters")
     return value
 
 
-def _priority(field: str, value: Any) -> int:
+def _priority(at: int | None, value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, str):
         if value in PRIORITY_LABELS:
             return PRIORITY_LABELS[value]
         labels = ", ".join(PRIORITY_LABELS)
-        raise ValidationError(field, f"unknown label {value!r}; use an int or one of {labels}")
+        raise ValidationError(
+            _name(at, "priority"), f"unknown label {value!r}; use an int or one of {labels}"
+        )
     if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _INT32:
-        raise ValidationError(field, f"must be an int or a label, got {value!r}")
+        raise ValidationError(_name(at, "priority"), f"must be an int or a label, got {value!r}")
     return value
 
 
-def _max_retries(field: str, value: Any) -> int | None:
+def _max_retries(at: int | None, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT32:
-        raise ValidationError(field, f"must be an int >= 0, got {value!r}")
+        raise ValidationError(_name(at, "max_retries"), f"must be an int >= 0, got {value!r}")
     return value
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+def _not_serialisable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _payload(field: str, value: Any) -> str:
+# The C encoder that json.dumps builds on every call, built once: compact, no NaN, UTF-8 kept.
+_encode = c_make_encoder(
+    None, _not_serialisable, c_encode_basestring, None, ":", ",", False, False, False
+)
+
+
+def _payload(at: int | None, value: Any) -> str:
     try:
-        text = _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(field, f"must be JSON-serialisable ({exc})") from exc
+        text = "".join(_encode(value, 0))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValidationError(_name(at, "payload"), f"must be JSON-serialisable ({exc})") from exc
     if "\\u0000" in text:
-        raise ValidationError(field, "must not contain NUL characters (jsonb cannot store them)")
+        raise ValidationError(
+            _name(at, "payload"), "must not contain NUL characters (jsonb cannot store them)"
+        )
     return text
 
 
-def _schedule(prefix: str, run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
+def _schedule(at: int | None, run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
+    if run_at is None and delay is None:
+        return None, None
     if run_at is not None and delay is not None:
-        raise ValidationError(f"{prefix}run_at", "give run_at or delay, not both")
+        raise ValidationError(_name(at, "run_at"), "give run_at or delay, not both")
     if run_at is not None:
         if not isinstance(run_at, datetime):
-            raise ValidationError(f"{prefix}run_at", f"must be a datetime, got {run_at!r}")
+            raise ValidationError(_name(at, "run_at"), f"must be a datetime, got {run_at!r}")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise ValidationError(
-                f"{prefix}run_at", "must be timezone-aware, e.g. datetime.now(timezone.utc)"
+                _name(at, "run_at"), "must be timezone-aware, e.g. datetime.now(timezone.utc)"
             )
         return run_at, None
-    if delay is None:
-        return None, None
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
         seconds = float(delay)
     else:
-        raise ValidationError(f"{prefix}delay", f"must be a timedelta or seconds, got {delay!r}")
+        raise ValidationError(_name(at, "delay"), f"must be a timedelta or seconds, got {delay!r}")
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValidationError(f"{prefix}delay", f"must be >= 0 seconds, got {delay!r}")
+        raise ValidationError(_name(at, "delay"), f"must be >= 0 seconds, got {delay!r}")
     return None, seconds
 
 
-def _fields(spec: JobSpec, prefix: str) -> tuple[Any, ...]:
+def _fields(spec: JobSpec, at: int | None) -> tuple[Any, ...]:
     """Validate a spec's fields but its payload: type, queue, priority, max_retries, key,
     correlation id (None: inherited below, else the database makes one), run_at, delay."""
-    run_at, delay = _schedule(prefix, spec.run_at, spec.delay)
+    run_at, delay = _schedule(at, spec.run_at, spec.delay)
     correlation = spec.correlation_id
     if correlation is None:
         correlation = current_correlation_id.get()
     return (
-        _text(f"{prefix}type", spec.type, required=True),
-        _text(f"{prefix}queue", spec.queue, required=False) or DEFAULT_QUEUE,
-        _priority(f"{prefix}priority", spec.priority),
-        _max_retries(f"{prefix}max_retries", spec.max_retries),
-        _text(f"{prefix}idempotency_key", spec.idempotency_key, required=False),
-        _text(f"{prefix}correlation_id", correlation, required=correlation is not None),
+        _text(at, "type", spec.type, required=True),
+        _text(at, "queue", spec.queue, required=False) or DEFAULT_QUEUE,
+        _priority(at, spec.priority),
+        _max_retries(at, spec.max_retries),
+        _text(at, "idempotency_key", spec.idempotency_key, required=False),
+        _text(at, "correlation_id", correlation, required=correlation is not None),
         run_at,
         delay,
     )
@@ -115,15 +132,15 @@ def _fields(spec: JobSpec, prefix: str) -> tuple[Any, ...]:
 
 def _prepare(spec: JobSpec) -> tuple[Any, ...]:
     """Validate one spec into the parameters of job_insert.sql."""
-    type_, queue, priority, max_retries, key, correlation, run_at, delay = _fields(spec, "")
-    payload = _payload("payload", spec.payload)
+    type_, queue, priority, max_retries, key, correlation, run_at, delay = _fields(spec, None)
+    payload = _payload(None, spec.payload)
     return type_, queue, payload, priority, max_retries, key, correlation, run_at, delay
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:
     if not row["matches"]:
         raise IdempotencyConflict(key or "", row["id"])
-    return EnqueueResult(job=Job.from_record(row), created=row["created"])
+    return EnqueueResult(Job.from_record(row), row["created"])
 
 
 async def enqueue(
@@ -178,44 +195,33 @@ async def enqueue_many(
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept."""
-    rows: list[dict[str, Any]] = []
     unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
+    scheduled = False
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
-        fields = _fields(spec, f"specs[{i}].")
-        type_, queue, priority, max_retries, key, correlation, run_at, delay = fields
-        if key is not None and key in first_of_key:
-            j = first_of_key[key]
-            first = specs[unique[j][0]]
-            same_payload = _canonical(first.payload, i) == _canonical(spec.payload, i)
-            if first.type != type_ or not same_payload:
-                raise IdempotencyConflict(key, None)
-            repeats[i] = j
-            continue
+        fields = _fields(spec, i)
+        key = fields[4]
         if key is not None:
+            if key in first_of_key:
+                j = first_of_key[key]
+                first = specs[unique[j][0]]
+                same_payload = _canonical(first.payload, i) == _canonical(spec.payload, i)
+                if first.type != fields[0] or not same_payload:
+                    raise IdempotencyConflict(key, None)
+                repeats[i] = j
+                continue
             first_of_key[key] = len(unique)
+        if fields[6] is not None or fields[7] is not None:
+            scheduled = True
         unique.append((i, fields))
-        rows.append(
-            {
-                "t": type_,
-                "q": queue,
-                "p": spec.payload,
-                "pr": priority,
-                "m": max_retries,
-                "k": key,
-                "c": correlation,
-                "r": run_at.isoformat() if run_at else None,
-                "d": delay,
-            }
-        )
-    if not rows:
+    if not unique:
         return []
-    if not first_of_key and not any(r["r"] or r["d"] is not None for r in rows):
-        return await _copy_many(conn, schema, specs, unique, rows)
-    batch = _batch_json(rows, [i for i, _ in unique])
+    if not first_of_key and not scheduled:
+        return await _copy_many(conn, schema, specs, unique)
+    batch = _batch_json(specs, unique)
     async with db.transaction(conn) as c:
         inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
         taken = [(i, f) for n, (i, f) in enumerate(unique) if n not in inserted]
@@ -226,13 +232,25 @@ async def enqueue_many(
                 schema,
                 [f[4] for _, f in taken],
                 [f[0] for _, f in taken],
-                [_payload(f"specs[{i}].payload", specs[i].payload) for i, _ in taken],
+                [_payload(i, specs[i].payload) for i, _ in taken],
             )
         unique_results = []
         for n, (i, fields) in enumerate(unique):
             row = inserted.get(n)
             if row is not None:
-                unique_results.append(EnqueueResult(_new_job(fields, specs[i], row), True))
+                unique_results.append(
+                    EnqueueResult.of_fields(
+                        _new_job(
+                            fields,
+                            specs[i].payload,
+                            row["id"],
+                            row["correlation_id"],
+                            row["run_at"],
+                            row["created_at"],
+                        ),
+                        True,
+                    )
+                )
                 continue
             row = existing.get(fields[4])
             if row is None:
@@ -245,7 +263,7 @@ async def enqueue_many(
     u = iter(unique_results)
     for i in range(len(specs)):
         if i in repeats:
-            results.append(EnqueueResult(job=unique_results[repeats[i]].job, created=False))
+            results.append(EnqueueResult(unique_results[repeats[i]].job, False))
         else:
             results.append(next(u))
     return results
@@ -261,45 +279,94 @@ def _random_ids(n: int) -> list[str]:
     ]
 
 
+_COPY_COLUMNS = ["id", "type", "queue", "payload", "priority", "max_retries", "correlation_id"]
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_COPY_CHUNK = 500
+
+
+def _copy_text(value: str) -> str:
+    """`value` as a field of COPY's text format."""
+    return value.translate(_COPY_ESCAPES)
+
+
 async def _copy_many(
     conn: db.Executor,
     schema: str,
     specs: Sequence[JobSpec],
     unique: list[tuple[int, tuple[Any, ...]]],
-    rows: list[dict[str, Any]],
 ) -> list[EnqueueResult]:
     """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
-    INSERT."""
-    fresh = _random_ids(len(rows))
-    records = [
-        (r["t"], r["q"], _payload(f"specs[{i}].payload", r["p"]), r["pr"], r["m"], r["c"] or new)
-        for r, (i, _), new in zip(rows, unique, fresh, strict=True)
-    ]
-    columns = ["type", "queue", "payload", "priority", "max_retries", "correlation_id"]
+    INSERT. Ids are taken from the sequence first, so that the results can carry them. Rows are
+    encoded a chunk at a time while the server writes the chunk before: the two overlap."""
+    results: list[EnqueueResult] = []
+    escaped: dict[str, str] = {}
+
+    def text(value: str) -> str:
+        if value not in escaped:
+            escaped[value] = _copy_text(value)
+        return escaped[value]
+
+    # Every payload is checked before COPY starts: a failure inside it would abort COPY with a
+    # cancel request, where this way nothing has been sent.
+    payloads = [_payload(i, specs[i].payload) for i, _ in unique]
+
+    async def chunks(ids: list[int], now: datetime) -> AsyncIterator[bytes]:
+        fresh = _random_ids(len(unique))
+        for start in range(0, len(unique), _COPY_CHUNK):
+            lines = []
+            for n in range(start, min(start + _COPY_CHUNK, len(unique))):
+                i, f = unique[n]
+                encoded = payloads[n]
+                if "\\" in encoded:
+                    encoded = encoded.replace("\\", "\\\\")
+                correlation = f[5]
+                if correlation is None:
+                    correlation = fresh[n]
+                    field = correlation
+                else:
+                    field = _copy_text(correlation)
+                max_retries = r"\N" if f[3] is None else f[3]
+                lines.append(
+                    f"{ids[n]}\t{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t"
+                    f"{max_retries}\t{field}\n"
+                )
+                results.append(
+                    EnqueueResult.of_fields(
+                        _new_job(f, specs[i].payload, ids[n], correlation, now, now), True
+                    )
+                )
+            yield "".join(lines).encode()
+
     async with db.transaction(conn) as c:
-        ids, now = await db.copy_jobs(c, schema, columns, records)
-    return [
-        EnqueueResult(
-            _new_job(
-                fields,
-                specs[i],
-                {"id": job_id, "correlation_id": record[5], "run_at": now, "created_at": now},
-            ),
-            True,
-        )
-        for (i, fields), job_id, record in zip(unique, ids, records, strict=True)
+        ids, now = await db.reserve_job_ids(c, schema, len(unique))
+        await db.copy_jobs(c, schema, _COPY_COLUMNS, chunks(ids, now))
+    return results
+
+
+def _batch_json(specs: Sequence[JobSpec], unique: list[tuple[int, tuple[Any, ...]]]) -> str:
+    """The whole batch as one JSON text (see job_insert_many.sql); a payload that cannot be
+    stored is found and named."""
+    rows = [
+        {
+            "t": f[0],
+            "q": f[1],
+            "p": specs[i].payload,
+            "pr": f[2],
+            "m": f[3],
+            "k": f[4],
+            "c": f[5],
+            "r": f[6].isoformat() if f[6] else None,
+            "d": f[7],
+        }
+        for i, f in unique
     ]
-
-
-def _batch_json(rows: list[dict[str, Any]], positions: list[int]) -> str:
-    """The whole batch as one JSON text; a payload that cannot be stored is found and named."""
     try:
-        text = _ENCODER.encode(rows)
-    except (TypeError, ValueError):
+        text = "".join(_encode(rows, 0))
+    except (TypeError, ValueError, RecursionError):
         text = None
     if text is None or "\\u0000" in text:
-        for row, i in zip(rows, positions, strict=True):
-            _payload(f"specs[{i}].payload", row["p"])
+        for i, _ in unique:
+            _payload(i, specs[i].payload)
     assert text is not None
     return text
 
@@ -311,29 +378,37 @@ def _canonical(payload: Any, i: int) -> str:
         raise ValidationError(f"specs[{i}].payload", f"must be JSON-serialisable ({exc})") from exc
 
 
-def _new_job(fields: tuple[Any, ...], spec: JobSpec, row: Any) -> Job:
-    """The row just inserted, from the values sent and the few the database chose."""
+def _new_job(
+    fields: tuple[Any, ...],
+    payload: Any,
+    job_id: int,
+    correlation_id: str,
+    run_at: datetime,
+    created_at: datetime,
+) -> tuple[Any, ...]:
+    """The fields of a Job just inserted, from the values sent and the few the database chose,
+    in Job's order."""
     type_, queue, priority, max_retries, key, _correlation, _run_at, _delay = fields
-    return Job(
-        id=row["id"],
-        type=type_,
-        queue=queue,
-        payload=spec.payload,
-        priority=priority,
-        status=JobStatus.PENDING,
-        retry_count=0,
-        max_retries=max_retries,
-        attempts=0,
-        idempotency_key=key,
-        correlation_id=row["correlation_id"],
-        run_at=row["run_at"],
-        claimed_at=None,
-        worker_id=None,
-        lease_expires_at=None,
-        error=None,
-        progress=None,
-        result=None,
-        created_at=row["created_at"],
-        updated_at=row["created_at"],
-        finished_at=None,
+    return (
+        job_id,
+        type_,
+        queue,
+        payload,
+        priority,
+        JobStatus.PENDING,
+        0,
+        max_retries,
+        0,
+        key,
+        correlation_id,
+        run_at,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        created_at,
+        created_at,
+        None,
     )

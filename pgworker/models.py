@@ -109,10 +109,43 @@ class JobSpec:
     delay: timedelta | float | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class EnqueueResult:
-    job: Job
-    created: bool
+    """What an enqueue gave: the job, and whether this call created it (False: an earlier job
+    holds the same idempotency key). `enqueue_many` builds each `job` when it is first read, so
+    a batch of thousands costs no objects that nobody looks at."""
+
+    __slots__ = ("_created", "_fields", "_job")
+
+    def __init__(self, job: Job | None, created: bool, fields: tuple[Any, ...] = ()) -> None:
+        self._job = job
+        self._fields = fields
+        self._created = created
+
+    @classmethod
+    def of_fields(cls, fields: tuple[Any, ...], created: bool) -> EnqueueResult:
+        """A result whose job is made from `fields` (Job's, in order) when first read."""
+        return cls(None, created, fields)
+
+    @property
+    def created(self) -> bool:
+        return self._created
+
+    @property
+    def job(self) -> Job:
+        if self._job is None:
+            self._job = Job(*self._fields)
+            self._fields = ()
+        return self._job
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EnqueueResult):
+            return NotImplemented
+        return self.created == other.created and self.job == other.job
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EnqueueResult(job={self.job!r}, created={self.created!r})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,3 +246,20 @@ async def test_enqueue_many_both_paths_store_every_field(conn):
     assert scheduled[0].job.run_at == at
     d = await pgworker.get_job(conn, scheduled[1].job.id)
     assert (d.run_at - d.created_at).total_seconds() == pytest.approx(60, abs=1)
+
+
+async def test_enqueue_many_copy_path_keeps_text_that_copy_would_read_as_escapes(conn):
+    odd = "tab\there\nnew\\line\r\\N"
+    payload = {"s": odd, "path": "C:\\dir\\x00", "uni": "café ☕ \u2028", odd: [odd]}
+    specs = [
+        JobSpec(odd, payload, queue=odd, correlation_id=odd),
+        JobSpec("plain", {"k": "\\"}, max_retries=0),
+    ] * 3
+    results = await pgworker.enqueue_many(conn, specs)
+    assert len({r.job.id for r in results}) == 6
+    for r, spec in zip(results, specs, strict=True):
+        stored = await pgworker.get_job(conn, r.job.id)
+        assert (stored.type, stored.queue, stored.payload) == (spec.type, r.job.queue, spec.payload)
+        assert stored.correlation_id == r.job.correlation_id
+        assert stored.max_retries == spec.max_retries
+    assert results[0].job.queue == odd and results[0].job.correlation_id == odd
