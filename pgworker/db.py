@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -58,10 +59,14 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
             timeout=10,
             reset=_keep_session,
             # The worker's statements are few, prepared once, and their plans do not depend on
-            # the values: planning them again on each execution would double their cost.
+            # the values: planning them again on each execution would double their cost. They
+            # all reach a handful of rows by key, where a bitmap plan only ever loses: it would
+            # AND in the partial index of running jobs, whose dead entries pile up between
+            # vacuums, and read all of them on every outcome write.
             server_settings={
                 "application_name": application_name,
                 "plan_cache_mode": "force_generic_plan",
+                "enable_bitmapscan": "off",
             },
         )
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
@@ -236,10 +241,11 @@ async def claim(
     worker_id: str,
     lease: float,
     code_version: str | None,
-) -> tuple[list[asyncpg.Record], set[int]]:
+) -> tuple[list[asyncpg.Record], set[int], datetime]:
     """Write the outcomes `finished` and claim up to `limit` jobs, in one statement: one round
-    trip and one commit per cycle. Returns the claimed rows and the ids whose outcome was written
-    (the others were fenced)."""
+    trip and one commit per cycle. Returns the claimed rows (the columns the claim did not set,
+    see job_claim.sql), the ids whose outcome was written (the others were fenced), and the
+    claim's time."""
     rows = await conn.fetch(
         sql.queries(schema)["job_claim"],
         *_outcome_arrays(finished),
@@ -251,8 +257,8 @@ async def claim(
         default_max_retries,
         code_version,
     )
-    written = set(rows[0]["written"] or ()) if rows else set()
-    return [r for r in rows if r["id"] is not None], written
+    header = rows[0]
+    return rows[1:], set(header["written"] or ()), header["now"]
 
 
 async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:

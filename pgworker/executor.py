@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -14,28 +15,68 @@ import structlog
 
 from .errors import PermanentError, Retry
 from .logs import base_logger, enabled, get_logger
-from .models import AttemptResult, Job, JobStatus, Outcome, current_correlation_id
+from .models import AttemptResult, Job, JobStatus, Outcome, claimed_job, current_correlation_id
 from .registry import Task
 
 _MESSAGE_LIMIT = 2000
 
 
 class Attempt:
-    """A running attempt as the worker sees it; `stop(outcome)` cancels just this job."""
+    """A running attempt as the worker sees it; `stop(outcome)` cancels just this job. It reads
+    the few fields the worker needs from the claimed row; the full Job is built when first asked
+    for, which most handlers never do."""
 
-    __slots__ = ("_log", "job", "keys", "scope", "stopped_as")
+    __slots__ = (
+        "_claim",
+        "_job",
+        "_log",
+        "_record",
+        "correlation_id",
+        "id",
+        "keys",
+        "max_retries",
+        "number",
+        "payload",
+        "queue",
+        "retry_count",
+        "scope",
+        "stopped_as",
+        "type",
+    )
 
-    def __init__(self, job: Job, worker_id: str) -> None:
-        self.job = job
+    def __init__(self, record: Any, claim: tuple[datetime, str, datetime]) -> None:
+        """`record` is a row of job_claim.sql; `claim` its time, the worker's id and the lease's
+        end."""
+        self._record = record
+        self._claim = claim
+        self._job: Job | None = None
+        self.id: int = record["id"]
+        self.number: int = record["attempts"]
+        self.type: str = record["type"]
+        self.queue: str = record["queue"]
+        self.payload: Any = json.loads(record["payload"])
+        self.retry_count: int = record["retry_count"]
+        self.max_retries: int | None = record["max_retries"]
+        self.correlation_id: str = record["correlation_id"]
         self.keys = {
-            "job_id": job.id,
-            "attempt": job.attempts,
-            "correlation_id": job.correlation_id,
-            "worker_id": worker_id,
+            "job_id": self.id,
+            "attempt": self.number,
+            "correlation_id": self.correlation_id,
+            "worker_id": claim[1],
         }
         self.scope = anyio.CancelScope()
         self.stopped_as: Outcome | None = None
         self._log: Any = None
+
+    @property
+    def job(self) -> Job:
+        """The job as the claim left it."""
+        if self._job is None:
+            claimed_at, worker_id, lease_expires_at = self._claim
+            self._job = claimed_job(
+                self._record, claimed_at, worker_id, lease_expires_at, self.payload
+            )
+        return self._job
 
     @property
     def log(self) -> Any:
@@ -65,27 +106,27 @@ class JobContext:
 
     @property
     def job_id(self) -> int:
-        return self._attempt.job.id
+        return self._attempt.id
 
     @property
     def attempt(self) -> int:
-        return self._attempt.job.attempts
+        return self._attempt.number
 
     @property
     def correlation_id(self) -> str:
-        return self._attempt.job.correlation_id
+        return self._attempt.correlation_id
 
     @property
     def payload(self) -> Any:
-        return self._attempt.job.payload
+        return self._attempt.payload
 
     @property
     def type(self) -> str:
-        return self._attempt.job.type
+        return self._attempt.type
 
     @property
     def queue(self) -> str:
-        return self._attempt.job.queue
+        return self._attempt.queue
 
     @property
     def log(self) -> Any:
@@ -101,7 +142,7 @@ def _error(exc: BaseException) -> tuple[str, str]:
 
 def _retry_or_fail(
     task: Task,
-    job: Job,
+    attempt: Attempt,
     outcome: Outcome,
     error: tuple[str, str],
     delay: float,
@@ -110,11 +151,11 @@ def _retry_or_fail(
     """Back to pending after `delay` seconds, counted as a retry, while retries remain; else
     failed. `outcome` is the attempt's when final (`failed` becomes `retried` when retried)."""
     error_type, message = error
-    retries = job.max_retries if job.max_retries is not None else task.retry.max_retries
-    if job.retry_count < retries:
+    retries = attempt.max_retries if attempt.max_retries is not None else task.retry.max_retries
+    if attempt.retry_count < retries:
         return AttemptResult(
-            job.id,
-            job.attempts,
+            attempt.id,
+            attempt.number,
             JobStatus.PENDING,
             Outcome.RETRIED if outcome is Outcome.FAILED else outcome,
             error_type=error_type,
@@ -123,8 +164,8 @@ def _retry_or_fail(
             retried=1,
         )
     return AttemptResult(
-        job.id,
-        job.attempts,
+        attempt.id,
+        attempt.number,
         JobStatus.FAILED,
         outcome,
         error_type=error_type,
@@ -132,7 +173,7 @@ def _retry_or_fail(
     )
 
 
-def _completed(job: Job, value: Any, attempt: Attempt) -> AttemptResult:
+def _completed(attempt: Attempt, value: Any) -> AttemptResult:
     result = None
     if value is not None:
         try:
@@ -140,7 +181,7 @@ def _completed(job: Job, value: Any, attempt: Attempt) -> AttemptResult:
         except (TypeError, ValueError) as exc:
             attempt.log.warning("result not stored: not JSON-serialisable", error=str(exc))
     return AttemptResult(
-        job.id, job.attempts, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
+        attempt.id, attempt.number, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
     )
 
 
@@ -149,13 +190,12 @@ async def execute(
 ) -> AttemptResult:
     """Run one attempt to its outcome. Cancellation of this attempt's own scope (timeout,
     shutdown, operator cancel) is turned into an outcome; any other cancellation propagates."""
-    job = attempt.job
     structlog.contextvars.bind_contextvars(**attempt.keys)
-    current_correlation_id.set(job.correlation_id)
+    current_correlation_id.set(attempt.correlation_id)
     ctx = JobContext(attempt, worker_id)
     log = base_logger()
     if enabled(log, logging.DEBUG):
-        log.debug("job started", **attempt.keys, type=job.type, queue=job.queue)
+        log.debug("job started", **attempt.keys, type=attempt.type, queue=attempt.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
     started = anyio.current_time()
@@ -164,22 +204,22 @@ async def execute(
     with attempt.scope:
         try:
             if task.is_async:
-                value = await task.fn(ctx, job.payload)
+                value = await task.fn(ctx, attempt.payload)
             else:
                 value = await anyio.to_thread.run_sync(
-                    functools.partial(task.fn, ctx, job.payload),
+                    functools.partial(task.fn, ctx, attempt.payload),
                     abandon_on_cancel=True,
                     limiter=limiter,
                 )
         except Exception as exc:
             failure = exc
-    result = _decide(attempt, task, job, value, failure)
+    result = _decide(attempt, task, value, failure)
     failed = result.status is JobStatus.FAILED
     if enabled(log, logging.WARNING if failed else logging.INFO):
         (log.warning if failed else log.info)(
             f"job {result.outcome.value}",
             **attempt.keys,
-            type=job.type,
+            type=attempt.type,
             status=result.status.value,
             duration_ms=round((anyio.current_time() - started) * 1000, 1),
             **(
@@ -195,17 +235,17 @@ async def execute(
 
 
 def _decide(
-    attempt: Attempt, task: Task, job: Job, value: Any, failure: BaseException | None
+    attempt: Attempt, task: Task, value: Any, failure: BaseException | None
 ) -> AttemptResult:
     if attempt.scope.cancelled_caught:
         if attempt.stopped_as is Outcome.INTERRUPTED:
-            return AttemptResult(job.id, job.attempts, JobStatus.PENDING, Outcome.INTERRUPTED)
+            return AttemptResult(attempt.id, attempt.number, JobStatus.PENDING, Outcome.INTERRUPTED)
         if attempt.stopped_as is Outcome.LOST:
-            return AttemptResult(job.id, job.attempts, JobStatus.PENDING, Outcome.LOST)
+            return AttemptResult(attempt.id, attempt.number, JobStatus.PENDING, Outcome.LOST)
         if attempt.stopped_as is Outcome.CANCELLED:
             return AttemptResult(
-                job.id,
-                job.attempts,
+                attempt.id,
+                attempt.number,
                 JobStatus.CANCELLED,
                 Outcome.CANCELLED,
                 error_type="Cancelled",
@@ -213,15 +253,15 @@ def _decide(
             )
         timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s")
         return _retry_or_fail(
-            task, job, Outcome.TIMED_OUT, timed_out, task.retry.delay(job.retry_count + 1)
+            task, attempt, Outcome.TIMED_OUT, timed_out, task.retry.delay(attempt.retry_count + 1)
         )
     if failure is None:
-        return _completed(job, value, attempt)
+        return _completed(attempt, value)
     if isinstance(failure, PermanentError):
         error_type, message = _error(failure)
         return AttemptResult(
-            job.id,
-            job.attempts,
+            attempt.id,
+            attempt.number,
             JobStatus.FAILED,
             Outcome.FAILED,
             error_type=error_type,
@@ -230,9 +270,14 @@ def _decide(
     if isinstance(failure, Retry):
         delay = failure.after if math.isfinite(failure.after) else 0.0
         return _retry_or_fail(
-            task, job, Outcome.FAILED, _error(failure), delay, " (max_retries {retries} exhausted)"
+            task,
+            attempt,
+            Outcome.FAILED,
+            _error(failure),
+            delay,
+            " (max_retries {retries} exhausted)",
         )
     attempt.log.debug("handler raised", exc_info=failure)
     return _retry_or_fail(
-        task, job, Outcome.FAILED, _error(failure), task.retry.delay(job.retry_count + 1)
+        task, attempt, Outcome.FAILED, _error(failure), task.retry.delay(attempt.retry_count + 1)
     )

@@ -94,6 +94,36 @@ class Job:
         )
 
 
+def claimed_job(
+    r: Any, claimed_at: datetime, worker_id: str, lease_expires_at: datetime, payload: Any
+) -> Job:
+    """A job as its claim left it, from the columns the claim returns (see job_claim.sql) and
+    the ones it set."""
+    return Job(
+        r["id"],
+        r["type"],
+        r["queue"],
+        payload,
+        r["priority"],
+        JobStatus.RUNNING,
+        r["retry_count"],
+        r["max_retries"],
+        r["attempts"],
+        r["idempotency_key"],
+        r["correlation_id"],
+        r["run_at"],
+        claimed_at,
+        worker_id,
+        lease_expires_at,
+        r["error"],
+        _json(r["progress"]),
+        None,
+        r["created_at"],
+        claimed_at,
+        None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """One job to enqueue with `enqueue_many`; the fields mirror `enqueue`'s arguments."""

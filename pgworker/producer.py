@@ -9,6 +9,7 @@ import os
 import random
 import socket
 from collections import deque
+from datetime import timedelta
 
 import anyio
 import asyncpg
@@ -18,7 +19,7 @@ from . import db
 from .completer import Completer
 from .executor import Attempt, execute
 from .logs import get_logger
-from .models import Job, Outcome
+from .models import Outcome
 from .notifier import Wakeup
 from .registry import Registry
 from .settings import Settings
@@ -117,7 +118,7 @@ class Producer:
         s = self._settings
         while True:
             await anyio.sleep(s.lease / 3)
-            sent = [(a.job.id, a.job.attempts) for a in self.running.values()]
+            sent = [(a.id, a.number) for a in self.running.values()]
             try:
                 held = await db.heartbeat(self._pool, s.schema, sent, s.lease)
                 await self.register()
@@ -126,7 +127,7 @@ class Producer:
                 continue
             for job_id, attempt_number in sent:
                 attempt = self.running.get(job_id)
-                if attempt is None or attempt.job.attempts != attempt_number:
+                if attempt is None or attempt.number != attempt_number:
                     continue
                 if job_id not in held:
                     attempt.log.warning("lease lost: stopping the attempt")
@@ -159,6 +160,7 @@ class Producer:
 
     async def _claim_until_stopped(self, handoff: _Handoff) -> None:
         s = self._settings
+        lease = timedelta(seconds=s.lease)
         failures = 0
         while not self._stopping.is_set():
             self._wakeup.clear()
@@ -166,7 +168,7 @@ class Producer:
             if free > 0:
                 finished = self._completer.take()
                 try:
-                    records, written = await db.claim(
+                    records, written, now = await db.claim(
                         await self._conn.get(),
                         s.schema,
                         finished=finished,
@@ -193,9 +195,10 @@ class Producer:
                 if finished:
                     await self._completer.settle(finished, written)
                 self._saturated = len(records) == free
+                claim = (now, s.worker_id, now + lease)
                 for record in records:
-                    attempt = Attempt(Job.from_record(record), s.worker_id)
-                    self.running[attempt.job.id] = attempt
+                    attempt = Attempt(record, claim)
+                    self.running[attempt.id] = attempt
                     handoff.put(attempt)
             now = anyio.current_time()
             if self._next_due <= now:
@@ -225,14 +228,13 @@ class Producer:
             await self._execute(attempt)
 
     async def _execute(self, attempt: Attempt) -> None:
-        job = attempt.job
         try:
             result = await execute(
-                attempt, self._registry[job.type], self._settings.worker_id, self._limiter
+                attempt, self._registry[attempt.type], self._settings.worker_id, self._limiter
             )
             self._completer.submit(result)
         finally:
-            del self.running[job.id]
+            del self.running[attempt.id]
             if self._saturated:
                 self._wakeup.set()
             if self._stopping.is_set() and not self.running:

@@ -389,3 +389,35 @@ async def test_an_error_in_the_worker_block_still_stops_gracefully(dsn, conn):
             raise RuntimeError("caller failed")
     assert (await pgworker.get_job(conn, r.job.id)).status == "completed"
     assert await conn.fetchval("SELECT count(*) FROM pgworker.workers") == 0
+
+
+async def test_ctx_job_is_the_row_as_the_claim_left_it(dsn, conn):
+    registry = pgworker.Registry()
+    seen: dict[str, object] = {}
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        seen["job"] = ctx.job
+        seen["stored"] = await pgworker.get_job(conn, ctx.job_id)
+
+    first = await pgworker.enqueue(
+        conn, "t", {"n": [1, "x"]}, priority="high", idempotency_key="k-1", correlation_id="c-1"
+    )
+    await conn.execute(
+        "UPDATE pgworker.jobs SET progress = $2, error = 'Boom: earlier' WHERE id = $1",
+        first.job.id,
+        '{"step": 2}',
+    )
+    async with pgworker.Worker(registry, dsn, lease=30) as worker:
+        await wait_for(lambda: "stored" in seen)
+    job, stored = seen["job"], seen["stored"]
+    assert job == stored
+    assert (job.status, job.worker_id, job.attempts, job.payload) == (
+        "running",
+        worker.worker_id,
+        1,
+        {"n": [1, "x"]},
+    )
+    assert (job.progress, job.error, job.priority) == ({"step": 2}, "Boom: earlier", 20)
+    assert (job.idempotency_key, job.correlation_id) == ("k-1", "c-1")
+    assert job.lease_expires_at - job.claimed_at == timedelta(seconds=30)

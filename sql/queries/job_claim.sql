@@ -1,8 +1,9 @@
 -- Write the outcomes of the attempts that just ended ($1-$9, see _job_finish.sql) and claim up to
 -- $12 due jobs of the worker's queues ($10) and types ($11), in one statement and one commit.
 -- Each claimed job gets an attempt row, and the task's max_retries ($15, aligned with $11) where
--- the enqueuer gave none. Every row carries `written`, the ids of the outcomes written; with
--- nothing to claim, one row has it and NULL job columns.
+-- the enqueuer gave none. The first row is a header: `written`, the ids of the outcomes written,
+-- and `now`, the claim's time; the claimed jobs follow, with only the columns the claim did not
+-- set itself (the worker knows the others: running, its own id, claimed now, the lease).
 WITH {job_finish},
 next AS MATERIALIZED (
     -- One index scan of jobs_claim_idx per queue, each already in claim order.
@@ -34,13 +35,22 @@ next AS MATERIALIZED (
         updated_at = now()
     -- = ANY(array), not a join: an index scan even in a generic plan that cannot know the limit.
     WHERE j.id = ANY(ARRAY(SELECT id FROM next))
-    RETURNING {job_columns}
+    RETURNING j.id, j.type, j.queue, j.payload, j.priority, j.retry_count, j.max_retries,
+              j.attempts, j.idempotency_key, j.correlation_id, j.run_at, j.error, j.progress,
+              j.created_at
 ), opened AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
                                        code_version)
     SELECT id, attempts, type, queue, $13, correlation_id, $16 FROM claimed
 )
-SELECT w.written, c.*
-FROM (SELECT array_agg(id) AS written FROM done) AS w
-LEFT JOIN claimed AS c ON true
-ORDER BY c.priority DESC, c.run_at, c.id
+SELECT (SELECT array_agg(id) FROM done) AS written, now() AS now, NULL::bigint AS id,
+       NULL AS type, NULL AS queue, NULL AS payload, NULL::integer AS priority,
+       NULL::integer AS retry_count, NULL::integer AS max_retries, NULL::integer AS attempts,
+       NULL AS idempotency_key, NULL AS correlation_id, NULL::timestamptz AS run_at, NULL AS error,
+       NULL AS progress, NULL::timestamptz AS created_at
+UNION ALL
+SELECT NULL, NULL, c.id, c.type, c.queue, c.payload::text, c.priority, c.retry_count,
+       c.max_retries, c.attempts, c.idempotency_key, c.correlation_id, c.run_at, c.error,
+       c.progress::text, c.created_at
+FROM claimed AS c
+ORDER BY priority DESC NULLS FIRST, run_at, id
