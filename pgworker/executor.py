@@ -7,11 +7,11 @@ import functools
 import json
 import logging
 import math
+import time
 from datetime import datetime
 from typing import Any
 
 import anyio
-import structlog
 
 from .errors import PermanentError, Retry
 from .logs import base_logger, enabled, get_logger
@@ -188,9 +188,9 @@ def _completed(attempt: Attempt, value: Any) -> AttemptResult:
 async def execute(
     attempt: Attempt, task: Task, worker_id: str, limiter: anyio.CapacityLimiter
 ) -> AttemptResult:
-    """Run one attempt to its outcome. Cancellation of this attempt's own scope (timeout,
-    shutdown, operator cancel) is turned into an outcome; any other cancellation propagates."""
-    structlog.contextvars.bind_contextvars(**attempt.keys)
+    """Run one attempt to its outcome, in a structlog context bound to `attempt.keys` (the
+    producer's slot binds them). Cancellation of this attempt's own scope (timeout, shutdown,
+    operator cancel) is turned into an outcome; any other cancellation propagates."""
     current_correlation_id.set(attempt.correlation_id)
     ctx = JobContext(attempt, worker_id)
     log = base_logger()
@@ -198,7 +198,7 @@ async def execute(
         log.debug("job started", **attempt.keys, type=attempt.type, queue=attempt.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
-    started = anyio.current_time()
+    started = time.monotonic()
     value: Any = None
     failure: BaseException | None = None
     with attempt.scope:
@@ -221,7 +221,7 @@ async def execute(
             **attempt.keys,
             type=attempt.type,
             status=result.status.value,
-            duration_ms=round((anyio.current_time() - started) * 1000, 1),
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
             **(
                 {"error": f"{result.error_type}: {result.error_message}"}
                 if result.error_type

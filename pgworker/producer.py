@@ -220,11 +220,13 @@ class Producer:
 
     async def _slot(self, handoff: _Handoff) -> None:
         """One of `concurrency` long-lived tasks, each running one attempt at a time: cheaper than
-        a task per job, and the bound on concurrency by construction."""
+        a task per job, and the bound on concurrency by construction. Each attempt starts from
+        the slot's own structlog context plus the job's keys, so that nothing a handler binds
+        reaches the next job."""
         inherited = structlog.contextvars.get_contextvars()
         while (attempt := await handoff.get()) is not None:
             structlog.contextvars.clear_contextvars()
-            structlog.contextvars.bind_contextvars(**inherited)
+            structlog.contextvars.bind_contextvars(**inherited, **attempt.keys)
             await self._execute(attempt)
 
     async def _execute(self, attempt: Attempt) -> None:
