@@ -199,9 +199,23 @@ async def enqueue_many(
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     scheduled = False
+    bare: dict[str, tuple[Any, ...]] = {}  # type → fields of a spec with only type and payload
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
+        if (
+            type(spec.type) is str
+            and spec.queue is None
+            and spec.priority is None
+            and spec.max_retries is None
+            and spec.idempotency_key is None
+            and spec.correlation_id is None
+            and spec.run_at is None
+            and spec.delay is None
+        ):
+            fields = bare.get(spec.type) or bare.setdefault(spec.type, _fields(spec, i))
+            unique.append((i, fields))
+            continue
         fields = _fields(spec, i)
         key = fields[4]
         if key is not None:
@@ -239,16 +253,14 @@ async def enqueue_many(
             row = inserted.get(n)
             if row is not None:
                 unique_results.append(
-                    EnqueueResult.of_fields(
-                        _new_job(
-                            fields,
-                            specs[i].payload,
-                            row["id"],
-                            row["correlation_id"],
-                            row["run_at"],
-                            row["created_at"],
-                        ),
-                        True,
+                    EnqueueResult.later(
+                        _new_job,
+                        fields,
+                        specs[i].payload,
+                        row["id"],
+                        row["correlation_id"],
+                        row["run_at"],
+                        row["created_at"],
                     )
                 )
                 continue
@@ -311,17 +323,18 @@ async def _copy_many(
     payloads = [_payload(i, specs[i].payload) for i, _ in unique]
 
     async def chunks(ids: list[int], now: datetime) -> AsyncIterator[bytes]:
-        fresh = _random_ids(len(unique))
         for start in range(0, len(unique), _COPY_CHUNK):
             lines = []
-            for n in range(start, min(start + _COPY_CHUNK, len(unique))):
+            end = min(start + _COPY_CHUNK, len(unique))
+            fresh = _random_ids(end - start)
+            for n in range(start, end):
                 i, f = unique[n]
                 encoded = payloads[n]
                 if "\\" in encoded:
                     encoded = encoded.replace("\\", "\\\\")
                 correlation = f[5]
                 if correlation is None:
-                    correlation = fresh[n]
+                    correlation = fresh[n - start]
                     field = correlation
                 else:
                     field = _copy_text(correlation)
@@ -331,8 +344,8 @@ async def _copy_many(
                     f"{max_retries}\t{field}\n"
                 )
                 results.append(
-                    EnqueueResult.of_fields(
-                        _new_job(f, specs[i].payload, ids[n], correlation, now, now), True
+                    EnqueueResult.later(
+                        _new_job, f, specs[i].payload, ids[n], correlation, now, now
                     )
                 )
             yield "".join(lines).encode()
@@ -385,11 +398,10 @@ def _new_job(
     correlation_id: str,
     run_at: datetime,
     created_at: datetime,
-) -> tuple[Any, ...]:
-    """The fields of a Job just inserted, from the values sent and the few the database chose,
-    in Job's order."""
+) -> Job:
+    """A job just inserted, from the values sent and the few the database chose."""
     type_, queue, priority, max_retries, key, _correlation, _run_at, _delay = fields
-    return (
+    return Job(
         job_id,
         type_,
         queue,

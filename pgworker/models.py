@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -144,17 +145,24 @@ class EnqueueResult:
     holds the same idempotency key). `enqueue_many` builds each `job` when it is first read, so
     a batch of thousands costs no objects that nobody looks at."""
 
-    __slots__ = ("_created", "_fields", "_job")
+    __slots__ = ("_args", "_created", "_job", "_make")
 
-    def __init__(self, job: Job | None, created: bool, fields: tuple[Any, ...] = ()) -> None:
+    def __init__(
+        self,
+        job: Job | None,
+        created: bool,
+        make: Callable[..., Job] | None = None,
+        args: tuple[Any, ...] = (),
+    ) -> None:
         self._job = job
-        self._fields = fields
         self._created = created
+        self._make = make
+        self._args = args
 
     @classmethod
-    def of_fields(cls, fields: tuple[Any, ...], created: bool) -> EnqueueResult:
-        """A result whose job is made from `fields` (Job's, in order) when first read."""
-        return cls(None, created, fields)
+    def later(cls, make: Callable[..., Job], *args: Any) -> EnqueueResult:
+        """A created job that `make(*args)` builds when first read."""
+        return cls(None, True, make, args)
 
     @property
     def created(self) -> bool:
@@ -163,8 +171,9 @@ class EnqueueResult:
     @property
     def job(self) -> Job:
         if self._job is None:
-            self._job = Job(*self._fields)
-            self._fields = ()
+            assert self._make is not None
+            self._job = self._make(*self._args)
+            self._make, self._args = None, ()
         return self._job
 
     def __eq__(self, other: object) -> bool:
