@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -233,7 +232,6 @@ async def claim(
     conn: Executor,
     schema: str,
     *,
-    finished: Sequence[AttemptResult],
     queues: Sequence[str],
     types: Sequence[str],
     default_max_retries: Sequence[int],
@@ -241,14 +239,11 @@ async def claim(
     worker_id: str,
     lease: float,
     code_version: str | None,
-) -> tuple[list[asyncpg.Record], set[int], datetime]:
-    """Write the outcomes `finished` and claim up to `limit` jobs, in one statement: one round
-    trip and one commit per cycle. Returns the claimed rows (the columns the claim did not set,
-    see job_claim.sql), the ids whose outcome was written (the others were fenced), and the
-    claim's time."""
-    rows = await conn.fetch(
+) -> list[asyncpg.Record]:
+    """Claim up to `limit` jobs in one statement; the rows carry the columns the claim did not
+    set itself (see job_claim.sql)."""
+    return await conn.fetch(
         sql.queries(schema)["job_claim"],
-        *_outcome_arrays(finished),
         queues,
         types,
         limit,
@@ -257,8 +252,6 @@ async def claim(
         default_max_retries,
         code_version,
     )
-    header = rows[0]
-    return rows[1:], set(header["written"] or ()), header["now"]
 
 
 async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:

@@ -1,7 +1,8 @@
-"""Claim as many due jobs as there are free slots, in one statement that also writes the outcomes
-waiting in the completer, and hand them to `concurrency` slot tasks. Keep the leases of running
-attempts. Stopping has two steps: stop claiming at once; after the grace period, stop the
-attempts still running (they go back to pending as `interrupted`)."""
+"""Claim as many due jobs as there are free slots, in one statement, and hand them to
+`concurrency` slot tasks; their outcomes go to the completer, which writes them on a connection of
+its own while the next claim runs. Keep the leases of running attempts. Stopping has two steps:
+stop claiming at once; after the grace period, stop the attempts still running (they go back to
+pending as `interrupted`)."""
 
 from __future__ import annotations
 
@@ -166,12 +167,10 @@ class Producer:
             self._wakeup.clear()
             free = s.concurrency - len(self.running)
             if free > 0:
-                finished = self._completer.take()
                 try:
-                    records, written, now = await db.claim(
+                    records = await db.claim(
                         await self._conn.get(),
                         s.schema,
-                        finished=finished,
                         queues=s.queues,
                         types=self._types,
                         default_max_retries=self._default_max_retries,
@@ -182,7 +181,6 @@ class Producer:
                     )
                     failures = 0
                 except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                    self._completer.give_back(finished)
                     await self._conn.drop()
                     failures += 1
                     delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
@@ -192,14 +190,14 @@ class Producer:
                     with anyio.move_on_after(delay):
                         await self._stopping.wait()
                     continue
-                if finished:
-                    await self._completer.settle(finished, written)
                 self._saturated = len(records) == free
-                claim = (now, s.worker_id, now + lease)
-                for record in records:
-                    attempt = Attempt(record, claim)
-                    self.running[attempt.id] = attempt
-                    handoff.put(attempt)
+                if records:
+                    claimed_at = records[0]["claimed_at"]
+                    claim = (claimed_at, s.worker_id, claimed_at + lease)
+                    for record in records:
+                        attempt = Attempt(record, claim)
+                        self.running[attempt.id] = attempt
+                        handoff.put(attempt)
             now = anyio.current_time()
             if self._next_due <= now:
                 self._next_due = float("inf")

@@ -1,3 +1,35 @@
--- Write a batch of attempt outcomes (see _job_finish.sql); returns the ids written.
-WITH {job_finish}
+-- Write a batch of attempt outcomes ($1-$9, one array per field, aligned); returns the ids
+-- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
+-- that attempt, and its attempt row is closed in the same statement. A job whose cancellation was
+-- asked for is never requeued. An outcome missing from the result was dropped.
+WITH o AS (
+    SELECT *
+    FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::float8[], $9::integer[])
+         AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried)
+), done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NOT NULL
+                      THEN 'cancelled' ELSE o.status END,
+        result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
+        error = CASE WHEN o.error_type IS NULL THEN j.error
+                     ELSE o.error_type || coalesce(': ' || nullif(o.error_message, ''), '') END,
+        retry_count = j.retry_count + o.retried,
+        run_at = CASE WHEN o.status = 'pending' THEN now() + make_interval(secs => o.delay)
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NULL THEN NULL
+                           ELSE now() END,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM o
+    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.status = 'running'
+      AND j.attempts = o.attempt
+    RETURNING j.id, j.attempts
+), closed AS (
+    UPDATE {schema}.job_attempts AS a
+    SET outcome = o.outcome, finished_at = now(), error_type = o.error_type,
+        error_message = o.error_message
+    FROM o JOIN done ON done.id = o.id
+    WHERE a.job_id = ANY($1::bigint[]) AND a.job_id = o.id AND a.attempt = o.attempt
+)
 SELECT id FROM done
