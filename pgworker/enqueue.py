@@ -195,27 +195,20 @@ async def enqueue_many(
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept."""
-    unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
-    first_of_key: dict[str, int] = {}
-    repeats: dict[int, int] = {}
-    scheduled = False
-    bare: dict[str, tuple[Any, ...]] = {}  # type → fields of a spec with only type and payload
+    plain = True
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
-        if (
-            type(spec.type) is str
-            and spec.queue is None
-            and spec.priority is None
-            and spec.max_retries is None
-            and spec.idempotency_key is None
-            and spec.correlation_id is None
-            and spec.run_at is None
-            and spec.delay is None
-        ):
-            fields = bare.get(spec.type) or bare.setdefault(spec.type, _fields(spec, i))
-            unique.append((i, fields))
-            continue
+        if spec.idempotency_key is not None or spec.run_at is not None or spec.delay is not None:
+            plain = False
+    if not specs:
+        return []
+    if plain:
+        return await _copy_many(conn, schema, specs)
+    unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
+    first_of_key: dict[str, int] = {}
+    repeats: dict[int, int] = {}
+    for i, spec in enumerate(specs):
         fields = _fields(spec, i)
         key = fields[4]
         if key is not None:
@@ -228,13 +221,7 @@ async def enqueue_many(
                 repeats[i] = j
                 continue
             first_of_key[key] = len(unique)
-        if fields[6] is not None or fields[7] is not None:
-            scheduled = True
         unique.append((i, fields))
-    if not unique:
-        return []
-    if not first_of_key and not scheduled:
-        return await _copy_many(conn, schema, specs, unique)
     batch = _batch_json(specs, unique)
     async with db.transaction(conn) as c:
         inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
@@ -302,57 +289,76 @@ def _copy_text(value: str) -> str:
 
 
 async def _copy_many(
-    conn: db.Executor,
-    schema: str,
-    specs: Sequence[JobSpec],
-    unique: list[tuple[int, tuple[Any, ...]]],
+    conn: db.Executor, schema: str, specs: Sequence[JobSpec]
 ) -> list[EnqueueResult]:
     """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
-    INSERT. Ids are taken from the sequence first, so that the results can carry them. Rows are
-    encoded a chunk at a time while the server writes the chunk before: the two overlap."""
+    INSERT. Ids are taken from the sequence first, so that the results can carry them. Specs are
+    checked and encoded a chunk at a time while the server writes the chunk before: the two
+    overlap. An invalid spec ends the COPY early and its error is raised inside the transaction,
+    which rolls back what was written."""
     results: list[EnqueueResult] = []
+    invalid: list[ValidationError] = []
     escaped: dict[str, str] = {}
+    bare: dict[str, tuple[Any, ...]] = {}  # type → fields of a spec with only type and payload
 
     def text(value: str) -> str:
         if value not in escaped:
             escaped[value] = _copy_text(value)
         return escaped[value]
 
-    # Every payload is checked before COPY starts: a failure inside it would abort COPY with a
-    # cancel request, where this way nothing has been sent.
-    payloads = [_payload(i, specs[i].payload) for i, _ in unique]
+    def fields_of(spec: JobSpec, i: int) -> tuple[Any, ...]:
+        if (
+            type(spec.type) is str
+            and spec.queue is None
+            and spec.priority is None
+            and spec.max_retries is None
+            and spec.correlation_id is None
+        ):
+            if spec.type not in bare:
+                bare[spec.type] = _fields(spec, i)
+            return bare[spec.type]
+        return _fields(spec, i)
+
+    def chunk(start: int, end: int, ids: list[int], now: datetime) -> bytes:
+        lines = []
+        fresh = _random_ids(end - start)
+        for i in range(start, end):
+            spec = specs[i]
+            f = fields_of(spec, i)
+            encoded = _payload(i, spec.payload)
+            if "\\" in encoded:
+                encoded = encoded.replace("\\", "\\\\")
+            correlation = f[5]
+            if correlation is None:
+                correlation = fresh[i - start]
+                field = correlation
+            else:
+                field = _copy_text(correlation)
+            max_retries = r"\N" if f[3] is None else f[3]
+            lines.append(
+                f"{ids[i]}\t{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t{max_retries}\t{field}\n"
+            )
+            results.append(
+                EnqueueResult.later(_new_job, f, spec.payload, ids[i], correlation, now, now)
+            )
+        return "".join(lines).encode()
 
     async def chunks(ids: list[int], now: datetime) -> AsyncIterator[bytes]:
-        for start in range(0, len(unique), _COPY_CHUNK):
-            lines = []
-            end = min(start + _COPY_CHUNK, len(unique))
-            fresh = _random_ids(end - start)
-            for n in range(start, end):
-                i, f = unique[n]
-                encoded = payloads[n]
-                if "\\" in encoded:
-                    encoded = encoded.replace("\\", "\\\\")
-                correlation = f[5]
-                if correlation is None:
-                    correlation = fresh[n - start]
-                    field = correlation
-                else:
-                    field = _copy_text(correlation)
-                max_retries = r"\N" if f[3] is None else f[3]
-                lines.append(
-                    f"{ids[n]}\t{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t"
-                    f"{max_retries}\t{field}\n"
-                )
-                results.append(
-                    EnqueueResult.later(
-                        _new_job, f, specs[i].payload, ids[n], correlation, now, now
-                    )
-                )
-            yield "".join(lines).encode()
+        for start in range(0, len(specs), _COPY_CHUNK):
+            try:
+                data = chunk(start, min(start + _COPY_CHUNK, len(specs)), ids, now)
+            except ValidationError as exc:
+                # Raising here would make asyncpg abort COPY with a cancel request that could
+                # reach a later statement: end the COPY cleanly and raise after it.
+                invalid.append(exc)
+                return
+            yield data
 
     async with db.transaction(conn) as c:
-        ids, now = await db.reserve_job_ids(c, schema, len(unique))
+        ids, now = await db.reserve_job_ids(c, schema, len(specs))
         await db.copy_jobs(c, schema, _COPY_COLUMNS, chunks(ids, now))
+        if invalid:
+            raise invalid[0]
     return results
 
 
