@@ -263,3 +263,17 @@ async def test_enqueue_many_copy_path_keeps_text_that_copy_would_read_as_escapes
         assert stored.correlation_id == r.job.correlation_id
         assert stored.max_retries == spec.max_retries
     assert results[0].job.queue == odd and results[0].job.correlation_id == odd
+
+
+async def test_enqueue_many_copy_path_rolls_back_when_a_late_chunk_is_invalid(conn):
+    specs = [JobSpec("t", {"n": i}) for i in range(1200)]
+    specs[1100] = JobSpec("t", {"bad": float("inf")})
+    async with conn.transaction():
+        await pgworker.enqueue(conn, "before", {})
+        with pytest.raises(ValidationError) as info:
+            await pgworker.enqueue_many(conn, specs)
+        assert info.value.field == "specs[1100].payload"
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 't'") == 0
+        after = await pgworker.enqueue_many(conn, specs[:1100])
+    assert len(after) == 1100
+    assert await count_jobs(conn) == 1101
