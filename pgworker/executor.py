@@ -137,7 +137,9 @@ class JobContext:
 
 
 def _error(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, str(exc)[:_MESSAGE_LIMIT]
+    """The error's type and message as stored; PostgreSQL text cannot hold NUL, so it is shown
+    as `\\x00` rather than making the outcome unwritable."""
+    return type(exc).__name__, str(exc)[:_MESSAGE_LIMIT].replace("\x00", "\\x00")
 
 
 def _retry_or_fail(
@@ -180,6 +182,9 @@ def _completed(attempt: Attempt, value: Any) -> AttemptResult:
             result = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             attempt.log.warning("result not stored: not JSON-serialisable", error=str(exc))
+        if result is not None and "\\u0000" in result:
+            attempt.log.warning("result not stored: jsonb cannot hold NUL characters")
+            result = None
     return AttemptResult(
         attempt.id, attempt.number, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
     )

@@ -421,3 +421,24 @@ async def test_ctx_job_is_the_row_as_the_claim_left_it(dsn, conn):
     assert (job.progress, job.error, job.priority) == ({"step": 2}, "Boom: earlier", 20)
     assert (job.idempotency_key, job.correlation_id) == ("k-1", "c-1")
     assert job.lease_expires_at - job.claimed_at == timedelta(seconds=30)
+
+
+async def test_nul_characters_in_errors_and_results_do_not_block_outcomes(dsn, conn):
+    registry = pgworker.Registry()
+
+    @registry.task("fails", max_retries=0)
+    async def fails(ctx, payload):
+        raise pgworker.PermanentError("bad\x00byte")
+
+    @registry.task("returns")
+    async def returns(ctx, payload):
+        return {"s": "a\x00b"}
+
+    failed = await pgworker.enqueue(conn, "fails", {})
+    returned = await pgworker.enqueue(conn, "returns", {})
+    async with pgworker.Worker(registry, dsn):
+        await wait_for(lambda: all_finished(conn))
+    job = await pgworker.get_job(conn, failed.job.id)
+    assert (job.status, job.error) == ("failed", "PermanentError: bad\\x00byte")
+    job = await pgworker.get_job(conn, returned.job.id)
+    assert (job.status, job.result) == ("completed", None)
