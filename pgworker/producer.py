@@ -27,31 +27,30 @@ from .settings import Settings
 
 
 class _Handoff:
-    """Claimed attempts on their way to idle slots: a queue without a checkpoint per item."""
+    """Claimed attempts on their way to idle slots: a queue without a checkpoint per item, and one
+    event per batch rather than one per waiting slot."""
 
     def __init__(self) -> None:
         self._items: deque[Attempt] = deque()
-        self._idle: deque[anyio.Event] = deque()
+        self._ready = anyio.Event()
         self._closed = False
 
     def put(self, attempt: Attempt) -> None:
         self._items.append(attempt)
-        if self._idle:
-            self._idle.popleft().set()
+        self._ready.set()
 
     def close(self) -> None:
         self._closed = True
-        while self._idle:
-            self._idle.popleft().set()
+        self._ready.set()
 
     async def get(self) -> Attempt | None:
         """The next attempt, or None once closed."""
         while not self._items:
             if self._closed:
                 return None
-            idle = anyio.Event()
-            self._idle.append(idle)
-            await idle.wait()
+            if self._ready.is_set():
+                self._ready = anyio.Event()
+            await self._ready.wait()
         return self._items.popleft()
 
 
