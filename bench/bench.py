@@ -531,23 +531,20 @@ async def explain_claim(dsn: str) -> dict[str, Any]:
     from pgworker import sql
 
     q = sql.queries("pgworker")["job_claim"]
-    # $1-$9: the outcomes carried by the claim (none here); $10-$16: the claim itself.
-    params = (
-        "'{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', "
-        "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL"
-    )
+    # queues, types, limit, worker id, lease, the types' max_retries, code version.
+    params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL"
     conn = await asyncpg.connect(dsn)
     out: dict[str, Any] = {}
     try:
         await conn.execute(
-            "PREPARE bench_claim(bigint[], int[], text[], text[], text[], text[], text[], "
-            f"float8[], int[], text[], text[], int, text, float8, int[], text) AS {q}"
+            f"PREPARE bench_claim(text[], text[], int, text, float8, int[], text) AS {q}"
         )
         for mode in ("auto", "force_generic_plan"):
             tr = conn.transaction()
             await tr.start()
             try:
                 await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                await conn.execute("SET LOCAL enable_bitmapscan = off")  # as the worker does
                 rows = await conn.fetch(
                     f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({params})"
                 )
