@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
-from typing import Any
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
 
 from . import db
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
@@ -24,6 +27,8 @@ from .models import (
 )
 
 DEFAULT_SCHEMA = "pgworker"
+T = TypeVar("T")
+U = TypeVar("U")
 _INT32 = 2**31 - 1
 
 
@@ -319,8 +324,10 @@ async def _copy_many(
             return bare[spec.type]
         return _fields(spec, i)
 
-    def chunk(start: int, end: int, ids: list[int], now: datetime) -> bytes:
-        lines = []
+    def encode(start: int, end: int) -> list[tuple[str, tuple[Any, ...], str]]:
+        """Check and encode specs[start:end]: each row's COPY line but its id, fields and
+        correlation id."""
+        rows = []
         fresh = _random_ids(end - start)
         for i in range(start, end):
             spec = specs[i]
@@ -335,31 +342,68 @@ async def _copy_many(
             else:
                 field = _copy_text(correlation)
             max_retries = r"\N" if f[3] is None else f[3]
-            lines.append(
-                f"{ids[i]}\t{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t{max_retries}\t{field}\n"
-            )
+            line = f"{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t{max_retries}\t{field}\n"
+            rows.append((line, f, correlation))
+        return rows
+
+    def numbered(start: int, rows: list[Any], ids: list[int], now: datetime) -> bytes:
+        lines = []
+        for n, (line, f, correlation) in enumerate(rows, start):
+            lines.append(f"{ids[n]}\t{line}")
             results.append(
-                EnqueueResult.later(_new_job, f, spec.payload, ids[i], correlation, now, now)
+                EnqueueResult.later(_new_job, f, specs[n].payload, ids[n], correlation, now, now)
             )
         return "".join(lines).encode()
 
-    async def chunks(ids: list[int], now: datetime) -> AsyncIterator[bytes]:
-        for start in range(0, len(specs), _COPY_CHUNK):
+    def first_chunk() -> list[Any]:
+        try:
+            return encode(0, min(_COPY_CHUNK, len(specs)))
+        except ValidationError as exc:
+            invalid.append(exc)
+            return []
+
+    async def chunks(first: list[Any], ids: list[int], now: datetime) -> AsyncIterator[bytes]:
+        yield numbered(0, first, ids, now)
+        for start in range(_COPY_CHUNK, len(specs), _COPY_CHUNK):
             try:
-                data = chunk(start, min(start + _COPY_CHUNK, len(specs)), ids, now)
+                rows = encode(start, min(start + _COPY_CHUNK, len(specs)))
             except ValidationError as exc:
                 # Raising here would make asyncpg abort COPY with a cancel request that could
                 # reach a later statement: end the COPY cleanly and raise after it.
                 invalid.append(exc)
                 return
-            yield data
+            yield numbered(start, rows, ids, now)
 
     async with db.transaction(conn) as c:
-        ids, now = await db.reserve_job_ids(c, schema, len(specs))
-        await db.copy_jobs(c, schema, _COPY_COLUMNS, chunks(ids, now))
+        # The ids are asked for first; the first chunk is encoded while the server makes them.
+        (ids, now), first = await _concurrently(
+            db.reserve_job_ids(c, schema, len(specs)), first_chunk
+        )
+        if invalid:
+            raise invalid[0]
+        await db.copy_jobs(c, schema, _COPY_COLUMNS, chunks(first, ids, now))
         if invalid:
             raise invalid[0]
     return results
+
+
+async def _concurrently(query: Awaitable[T], work: Callable[[], U]) -> tuple[T, U]:
+    """Run `work` (plain code) while `query` waits on the server: the query is sent first."""
+    answer: list[T] = []
+
+    async def ask() -> None:
+        answer.append(await query)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await anyio.lowlevel.checkpoint()  # `ask` runs until its query is sent
+            done = work()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    return answer[0], done
 
 
 def _batch_json(specs: Sequence[JobSpec], unique: list[tuple[int, tuple[Any, ...]]]) -> str:

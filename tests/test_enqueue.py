@@ -191,6 +191,9 @@ async def test_enqueue_without_schema_says_to_migrate(empty_dsn):
     try:
         with pytest.raises(pgworker.SchemaError, match="pgworker migrate"):
             await pgworker.enqueue(c, "t", {})
+        for specs in ([JobSpec("t", {})], [JobSpec("t", {}, idempotency_key="k")]):
+            with pytest.raises(pgworker.SchemaError, match="pgworker migrate"):
+                await pgworker.enqueue_many(c, specs)
     finally:
         await c.close()
 
