@@ -333,7 +333,7 @@ async def _copy_many(
             spec = specs[i]
             f = fields_of(spec, i)
             encoded = _payload(i, spec.payload)
-            if "\\" in encoded:
+            if "\\" in encoded:  # JSON text escapes tabs and newlines itself
                 encoded = encoded.replace("\\", "\\\\")
             correlation = f[5]
             if correlation is None:
