@@ -90,6 +90,57 @@ async def test_a_late_outcome_is_fenced(conn):
     assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["running", "completed"]
 
 
+async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
+    """A completer that fell behind writes hundreds of outcomes at once: each one is fenced on its
+    own, and the worker's generic plan probes both tables by key per outcome, not a scan of the
+    running jobs joined by filter (quadratic in the batch), with a few jobs running or many."""
+    specs = [pgworker.JobSpec("t", {"n": i}) for i in range(5000)]
+    ids = [r.job.id for r in await pgworker.enqueue_many(conn, specs)][:300]
+    await conn.execute(
+        "UPDATE pgworker.jobs SET status = 'completed' WHERE NOT id = ANY($1::bigint[])", ids
+    )
+    await conn.execute("ANALYZE pgworker.jobs")
+    for job_id in ids:
+        await fake_claim(conn, job_id)
+    stale = set(ids[::7])
+    batch = [
+        AttemptResult(
+            job_id, 0 if job_id in stale else 1, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"'
+        )
+        for job_id in ids
+    ]
+    assert await db.finish_many(conn, "pgworker", batch) == set(ids) - stale
+    rows = await conn.fetch(
+        """SELECT j.status, a.outcome, count(*) FROM pgworker.jobs j
+           JOIN pgworker.job_attempts a ON a.job_id = j.id GROUP BY 1, 2 ORDER BY 1"""
+    )
+    assert [tuple(r) for r in rows] == [
+        ("completed", "completed", len(ids) - len(stale)),
+        ("running", "running", len(stale)),
+    ]
+
+    pool = await db.create_pool(dsn, size=1)
+    try:
+        async with pool.acquire() as c:
+            await c.execute(
+                "PREPARE w(bigint[], integer[], text[], text[], text[], text[], text[], "
+                "float8[], integer[]) AS " + pgworker.sql.queries("pgworker")["job_finish_many"]
+            )
+            plan = "\n".join(
+                r[0]
+                for r in await c.fetch(
+                    "EXPLAIN (COSTS OFF) EXECUTE w('{1}', '{1}', '{completed}', '{completed}', "
+                    "'{null}', '{null}', '{null}', '{0}', '{0}')"
+                )
+            )
+            await c.execute("DEALLOCATE w")
+    finally:
+        await pool.close()
+    assert "Index Cond: (id = o.id)" in plan
+    assert "Index Cond: ((job_id = d.id) AND (attempt = d.attempts))" in plan
+    assert "Join Filter" not in plan and "ANY" not in plan
+
+
 @pytest.mark.parametrize("listen", [True, False])
 async def test_cancel_pending_running_and_finished_jobs(dsn, conn, listen):
     registry = pgworker.Registry()

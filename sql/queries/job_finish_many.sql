@@ -2,12 +2,11 @@
 -- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, and its attempt row is closed in the same statement. A job whose cancellation was
 -- asked for is never requeued. An outcome missing from the result was dropped.
-WITH o AS (
-    SELECT *
-    FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::float8[], $9::integer[])
-         AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried)
-), done AS (
+--
+-- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
+-- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
+-- fell behind writes batches of hundreds.
+WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NOT NULL
                       THEN 'cancelled' ELSE o.status END,
@@ -21,15 +20,16 @@ WITH o AS (
                            ELSE now() END,
         lease_expires_at = NULL,
         updated_at = now()
-    FROM o
-    WHERE j.id = ANY($1::bigint[]) AND j.id = o.id AND j.status = 'running'
-      AND j.attempts = o.attempt
-    RETURNING j.id, j.attempts
+    FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::float8[], $9::integer[])
+         AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried)
+    WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
+    RETURNING j.id, j.attempts, o.outcome, o.error_type, o.error_message
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
-    SET outcome = o.outcome, finished_at = now(), error_type = o.error_type,
-        error_message = o.error_message
-    FROM o JOIN done ON done.id = o.id
-    WHERE a.job_id = ANY($1::bigint[]) AND a.job_id = o.id AND a.attempt = o.attempt
+    SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
+        error_message = d.error_message
+    FROM done AS d
+    WHERE a.job_id = d.id AND a.attempt = d.attempts
 )
 SELECT id FROM done
