@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
         const=False,
         help="poll only (behind a transaction-pooling proxy)",
     )
+    run.add_argument(
+        "--durable-claims",
+        action="store_const",
+        const=True,
+        help="claims wait for their WAL flush (see the README, Fast claims)",
+    )
     run.add_argument("--log-format", choices=["json", "console"], default="console")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
 
@@ -115,6 +121,7 @@ async def _run(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         lease=args.lease,
         listen=args.listen,
+        durable_claims=args.durable_claims,
         schema=args.schema,
     )
     worker = Worker(registry, settings=settings)

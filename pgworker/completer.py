@@ -111,7 +111,7 @@ class Completer:
         if missing and uncertain:
             with contextlib.suppress(*db.CONNECTION_ERRORS):
                 recorded = await db.attempt_outcomes(
-                    self._pool, self._schema, [(r.job_id, r.attempt) for r in missing]
+                    self._pool, self._schema, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )
                 written |= {r.job_id for r in missing if recorded.get(r.job_id) == r.outcome}
         self.written += len(written)

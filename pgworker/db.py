@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -225,6 +226,7 @@ def _outcome_arrays(results: Sequence[AttemptResult]) -> list[list[Any]]:
         [r.error_message for r in results],
         [r.delay for r in results],
         [r.retried for r in results],
+        [r.claimed_at for r in results],
     ]
 
 
@@ -239,9 +241,11 @@ async def claim(
     worker_id: str,
     lease: float,
     code_version: str | None,
+    durable: bool = False,
 ) -> list[asyncpg.Record]:
     """Claim up to `limit` jobs in one statement; the rows carry the columns the claim did not
-    set itself (see job_claim.sql)."""
+    set itself (see job_claim.sql). Unless `durable`, the claim commits without waiting for its
+    WAL flush."""
     return await conn.fetch(
         sql.queries(schema)["job_claim"],
         queues,
@@ -251,6 +255,7 @@ async def claim(
         lease,
         default_max_retries,
         code_version,
+        None if durable else "off",
     )
 
 
@@ -261,12 +266,14 @@ async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResu
 
 
 async def attempt_outcomes(
-    conn: Executor, schema: str, attempts: Sequence[tuple[int, int]]
+    conn: Executor, schema: str, attempts: Sequence[tuple[int, int, datetime]]
 ) -> dict[int, str]:
+    """The recorded outcome of (job id, attempt, claimed at) attempts, by job id."""
     rows = await conn.fetch(
         sql.queries(schema)["attempt_outcomes"],
-        [job_id for job_id, _ in attempts],
-        [attempt for _, attempt in attempts],
+        [job_id for job_id, _, _ in attempts],
+        [attempt for _, attempt, _ in attempts],
+        [claimed_at for _, _, claimed_at in attempts],
     )
     return {r["job_id"]: r["outcome"] for r in rows}
 
@@ -293,14 +300,15 @@ async def register_worker(
 
 
 async def heartbeat(
-    conn: Executor, schema: str, running: Sequence[tuple[int, int]], lease: float
+    conn: Executor, schema: str, running: Sequence[tuple[int, int, datetime]], lease: float
 ) -> dict[int, bool]:
-    """Extend the leases of `running` (job id, attempt) pairs in one statement. Returns the jobs
-    still held, each with whether an operator asked to cancel it."""
+    """Extend the leases of `running` (job id, attempt, claimed at) attempts in one statement.
+    Returns the jobs still held, each with whether an operator asked to cancel it."""
     rows = await conn.fetch(
         sql.queries(schema)["worker_heartbeat"],
-        [job_id for job_id, _ in running],
-        [attempt for _, attempt in running],
+        [job_id for job_id, _, _ in running],
+        [attempt for _, attempt, _ in running],
+        [claimed_at for _, _, claimed_at in running],
         lease,
     )
     return {r["id"]: r["cancel_requested"] for r in rows}

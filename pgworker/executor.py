@@ -31,6 +31,7 @@ class Attempt:
         "_job",
         "_log",
         "_record",
+        "claimed_at",
         "correlation_id",
         "id",
         "keys",
@@ -52,6 +53,7 @@ class Attempt:
         self._job: Job | None = None
         self.id: int = record["id"]
         self.number: int = record["attempts"]
+        self.claimed_at: datetime = claim[0]
         self.type: str = record["type"]
         self.queue: str = record["queue"]
         self.payload: Any = json.loads(record["payload"])
@@ -84,6 +86,11 @@ class Attempt:
         if self._log is None:
             self._log = get_logger(**self.keys)
         return self._log
+
+    def ends(self, status: JobStatus, outcome: Outcome, **details: Any) -> AttemptResult:
+        """This attempt's result: the job's next status, the attempt's outcome, and the other
+        fields of AttemptResult by name."""
+        return AttemptResult(self.id, self.number, self.claimed_at, status, outcome, **details)
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:
@@ -155,9 +162,7 @@ def _retry_or_fail(
     error_type, message = error
     retries = attempt.max_retries if attempt.max_retries is not None else task.retry.max_retries
     if attempt.retry_count < retries:
-        return AttemptResult(
-            attempt.id,
-            attempt.number,
+        return attempt.ends(
             JobStatus.PENDING,
             Outcome.RETRIED if outcome is Outcome.FAILED else outcome,
             error_type=error_type,
@@ -165,9 +170,7 @@ def _retry_or_fail(
             delay=delay,
             retried=1,
         )
-    return AttemptResult(
-        attempt.id,
-        attempt.number,
+    return attempt.ends(
         JobStatus.FAILED,
         outcome,
         error_type=error_type,
@@ -185,8 +188,10 @@ def _completed(attempt: Attempt, value: Any) -> AttemptResult:
         if result is not None and "\\u0000" in result:
             attempt.log.warning("result not stored: jsonb cannot hold NUL characters")
             result = None
-    return AttemptResult(
-        attempt.id, attempt.number, JobStatus.COMPLETED, Outcome.COMPLETED, result=result
+    return attempt.ends(
+        JobStatus.COMPLETED,
+        Outcome.COMPLETED,
+        result=result,
     )
 
 
@@ -244,13 +249,11 @@ def _decide(
 ) -> AttemptResult:
     if attempt.scope.cancelled_caught:
         if attempt.stopped_as is Outcome.INTERRUPTED:
-            return AttemptResult(attempt.id, attempt.number, JobStatus.PENDING, Outcome.INTERRUPTED)
+            return attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
         if attempt.stopped_as is Outcome.LOST:
-            return AttemptResult(attempt.id, attempt.number, JobStatus.PENDING, Outcome.LOST)
+            return attempt.ends(JobStatus.PENDING, Outcome.LOST)
         if attempt.stopped_as is Outcome.CANCELLED:
-            return AttemptResult(
-                attempt.id,
-                attempt.number,
+            return attempt.ends(
                 JobStatus.CANCELLED,
                 Outcome.CANCELLED,
                 error_type="Cancelled",
@@ -264,9 +267,7 @@ def _decide(
         return _completed(attempt, value)
     if isinstance(failure, PermanentError):
         error_type, message = _error(failure)
-        return AttemptResult(
-            attempt.id,
-            attempt.number,
+        return attempt.ends(
             JobStatus.FAILED,
             Outcome.FAILED,
             error_type=error_type,

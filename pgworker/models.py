@@ -192,6 +192,7 @@ class EnqueueResult:
 class AttemptResult(NamedTuple):
     """What one attempt decided, computed by the executor and written by the completer.
 
+    `job_id`, `attempt` and `claimed_at` name the attempt (its write is fenced by all three);
     `status` is the job's next status; `delay` (seconds) sets its next run_at when pending;
     `retried` is 1 when the attempt counts against max_retries. A named tuple: one is made per
     attempt, and a tuple costs a fraction of a frozen dataclass to build.
@@ -199,6 +200,7 @@ class AttemptResult(NamedTuple):
 
     job_id: int
     attempt: int
+    claimed_at: datetime
     status: JobStatus
     outcome: Outcome
     result: str | None = None

@@ -118,14 +118,14 @@ class Producer:
         s = self._settings
         while True:
             await anyio.sleep(s.lease / 3)
-            sent = [(a.id, a.number) for a in self.running.values()]
+            sent = [(a.id, a.number, a.claimed_at) for a in self.running.values()]
             try:
                 held = await db.heartbeat(self._pool, s.schema, sent, s.lease)
                 await self.register()
             except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
                 self._log.warning("heartbeat failed", error=str(exc))
                 continue
-            for job_id, attempt_number in sent:
+            for job_id, attempt_number, _ in sent:
                 attempt = self.running.get(job_id)
                 if attempt is None or attempt.number != attempt_number:
                     continue
@@ -177,6 +177,7 @@ class Producer:
                         worker_id=s.worker_id,
                         lease=s.lease,
                         code_version=s.code_version,
+                        durable=s.durable_claims,
                     )
                     failures = 0
                 except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:

@@ -47,6 +47,7 @@ class Settings:
     shutdown_timeout: float = 30.0
     lease: float = 30.0
     listen: bool = True
+    durable_claims: bool = False
     schema: str = "pgworker"
     code_version: str | None = None
 
@@ -65,6 +66,9 @@ class Settings:
         for q in self.queues:
             if not isinstance(q, str) or not q:
                 raise ConfigError("queues", f"queue names must be non-empty strings, got {q!r}")
+        for name in ("listen", "durable_claims"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.worker_id, str) or not self.worker_id:
             raise ConfigError("worker_id", f"must be a non-empty string, got {self.worker_id!r}")
         if not isinstance(self.schema, str) or not _IDENT.match(self.schema):
@@ -95,8 +99,8 @@ def _parse(name: str, raw: str) -> Any:
         raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
     if name == "queues":
         return tuple(q.strip() for q in raw.split(",") if q.strip())
-    if name == "listen":
+    if name in ("listen", "durable_claims"):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ConfigError(name, f"PGWORKER_LISTEN={raw!r} must be true or false")
+            raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")
         return raw.lower() in ("1", "true", "yes", "on")
     return raw

@@ -81,6 +81,10 @@ def test_settings_validate_and_read_the_environment():
     }
     s = Settings.from_env(env)
     assert (s.dsn, s.concurrency, s.queues, s.listen) == ("postgresql://db/x", 4, ("a", "b"), False)
+    assert s.durable_claims is False
+    assert Settings.from_env({**env, "PGWORKER_DURABLE_CLAIMS": "yes"}).durable_claims is True
+    with pytest.raises(ConfigError, match="PGWORKER_DURABLE_CLAIMS='maybe' must be true or false"):
+        Settings.from_env({**env, "PGWORKER_DURABLE_CLAIMS": "maybe"})
     assert (
         Settings.from_env({**env, "PGWORKER_DSN": "postgresql://db/y"}).dsn == "postgresql://db/y"
     )
@@ -97,6 +101,7 @@ def test_settings_validate_and_read_the_environment():
         ("queues", ()),
         ("schema", "bad-name"),
         ("worker_id", ""),
+        ("durable_claims", "yes"),
     ]:
         with pytest.raises(ConfigError) as info:
             Settings(dsn="postgresql://x", **{field: value})

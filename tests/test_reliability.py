@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import anyio
 import pytest
@@ -16,24 +17,26 @@ from .helpers import all_finished, attempts, wait_for
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def fake_claim(conn, job_id: int, worker_id: str = "ghost", lease_s: float = -1) -> None:
-    """Make `job_id` look claimed by a worker that is gone, its lease ending `lease_s` from now."""
-    await conn.execute(
+async def fake_claim(conn, job_id: int, worker_id: str = "ghost", lease_s: float = -1) -> datetime:
+    """Make `job_id` look claimed by a worker that is gone, its lease ending `lease_s` from now;
+    returns the claim's time."""
+    claimed_at = await conn.fetchval(
         """UPDATE pgworker.jobs SET status = 'running', attempts = attempts + 1, worker_id = $2,
-               max_retries = coalesce(max_retries, 3), claimed_at = now(),
+               max_retries = coalesce(max_retries, 3), claimed_at = clock_timestamp(),
                lease_expires_at = now() + make_interval(secs => $3)
-           WHERE id = $1""",
+           WHERE id = $1 RETURNING claimed_at""",
         job_id,
         worker_id,
         lease_s,
     )
     await conn.execute(
         """INSERT INTO pgworker.job_attempts
-               (job_id, attempt, type, queue, worker_id, correlation_id)
-           SELECT id, attempts, type, queue, worker_id, correlation_id FROM pgworker.jobs
-           WHERE id = $1""",
+               (job_id, attempt, type, queue, worker_id, correlation_id, started_at)
+           SELECT id, attempts, type, queue, worker_id, correlation_id, claimed_at
+           FROM pgworker.jobs WHERE id = $1""",
         job_id,
     )
+    return claimed_at
 
 
 async def test_long_job_under_a_live_worker_is_never_rescued(dsn, conn):
@@ -77,17 +80,66 @@ async def test_expired_lease_is_rescued_and_the_job_runs_again(dsn, conn):
 
 async def test_a_late_outcome_is_fenced(conn):
     r = await pgworker.enqueue(conn, "t", {})
-    await fake_claim(conn, r.job.id)
-    await fake_claim(conn, r.job.id)  # a second owner took over: attempt 2
-    late = AttemptResult(r.job.id, 1, JobStatus.COMPLETED, Outcome.COMPLETED, result='"late"')
+    first = await fake_claim(conn, r.job.id)
+    second = await fake_claim(conn, r.job.id)  # a second owner took over: attempt 2
+    late = AttemptResult(r.job.id, 1, first, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
     assert await db.finish_many(conn, "pgworker", [late]) == set()
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, job.attempts) == ("running", None, 2)
-    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1)], 30.0) == {}
-    owner = AttemptResult(r.job.id, 2, JobStatus.COMPLETED, Outcome.COMPLETED, result='"mine"')
+    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, first)], 30.0) == {}
+    owner = AttemptResult(r.job.id, 2, second, JobStatus.COMPLETED, Outcome.COMPLETED, '"mine"')
     assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
     assert (await pgworker.get_job(conn, r.job.id)).result == "mine"
     assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["running", "completed"]
+
+
+async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
+    """A claim that a server crash took back (it committed without waiting for its WAL flush)
+    lets the next claim reuse its attempt number: the claim's time tells them apart."""
+    r = await pgworker.enqueue(conn, "t", {})
+    lost = await fake_claim(conn, r.job.id)
+    await conn.execute(
+        """UPDATE pgworker.jobs SET status = 'pending', attempts = 0, claimed_at = NULL,
+               lease_expires_at = NULL WHERE id = $1;
+           DELETE FROM pgworker.job_attempts WHERE job_id = $1""".replace("$1", str(r.job.id))
+    )
+    current = await fake_claim(conn, r.job.id, worker_id="alive", lease_s=30)
+    assert lost != current
+    late = AttemptResult(r.job.id, 1, lost, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
+    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, lost)], 30.0) == {}
+    assert await db.finish_many(conn, "pgworker", [late]) == set()
+    assert await db.attempt_outcomes(conn, "pgworker", [(r.job.id, 1, lost)]) == {}
+    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, current)], 30.0) == {r.job.id: False}
+    owner = AttemptResult(r.job.id, 1, current, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"')
+    assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.result, job.worker_id) == ("completed", "ok", "alive")
+    assert await db.attempt_outcomes(conn, "pgworker", [(r.job.id, 1, current)]) == {
+        r.job.id: "completed"
+    }
+
+
+@pytest.mark.parametrize("durable", [False, True])
+async def test_claims_wait_for_the_wal_flush_only_when_durable(conn, durable):
+    await pgworker.enqueue(conn, "t", {})
+    server_default = await conn.fetchval("SHOW synchronous_commit")
+    async with conn.transaction():
+        claimed = await db.claim(
+            conn,
+            "pgworker",
+            queues=["default"],
+            types=["t"],
+            default_max_retries=[3],
+            limit=1,
+            worker_id="w",
+            lease=30.0,
+            code_version=None,
+            durable=durable,
+        )
+        assert len(claimed) == 1
+        in_claim = await conn.fetchval("SHOW synchronous_commit")
+    assert in_claim == (server_default if durable else "off")
+    assert await conn.fetchval("SHOW synchronous_commit") == server_default
 
 
 async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
@@ -100,14 +152,18 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         "UPDATE pgworker.jobs SET status = 'completed' WHERE NOT id = ANY($1::bigint[])", ids
     )
     await conn.execute("ANALYZE pgworker.jobs")
-    for job_id in ids:
-        await fake_claim(conn, job_id)
+    claims = {job_id: await fake_claim(conn, job_id) for job_id in ids}
     stale = set(ids[::7])
     batch = [
         AttemptResult(
-            job_id, 0 if job_id in stale else 1, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"'
+            job_id,
+            0 if job_id in stale else 1,
+            claimed_at,
+            JobStatus.COMPLETED,
+            Outcome.COMPLETED,
+            '"ok"',
         )
-        for job_id in ids
+        for job_id, claimed_at in claims.items()
     ]
     assert await db.finish_many(conn, "pgworker", batch) == set(ids) - stale
     rows = await conn.fetch(
@@ -124,13 +180,14 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         async with pool.acquire() as c:
             await c.execute(
                 "PREPARE w(bigint[], integer[], text[], text[], text[], text[], text[], "
-                "float8[], integer[]) AS " + pgworker.sql.queries("pgworker")["job_finish_many"]
+                "float8[], integer[], timestamptz[]) AS "
+                + pgworker.sql.queries("pgworker")["job_finish_many"]
             )
             plan = "\n".join(
                 r[0]
                 for r in await c.fetch(
                     "EXPLAIN (COSTS OFF) EXECUTE w('{1}', '{1}', '{completed}', '{completed}', "
-                    "'{null}', '{null}', '{null}', '{0}', '{0}')"
+                    "'{null}', '{null}', '{null}', '{0}', '{0}', '{2026-01-01Z}')"
                 )
             )
             await c.execute("DEALLOCATE w")

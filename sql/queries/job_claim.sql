@@ -2,6 +2,8 @@
 -- oldest run_at, then id. Each claimed job gets an attempt row, and the task's max_retries ($6,
 -- aligned with $2) where the enqueuer gave none. The rows carry the columns the claim did not
 -- set itself, and its time (the worker knows the rest: running, its own id, the lease).
+-- With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
+-- claims"); with NULL it commits as the server is configured.
 WITH next AS MATERIALIZED (
     -- One index scan of jobs_claim_idx per queue, each already in claim order.
     SELECT c.id
@@ -44,4 +46,7 @@ SELECT id, type, queue, payload::text AS payload, priority, retry_count, max_ret
        idempotency_key, correlation_id, run_at, error, progress::text AS progress, created_at,
        claimed_at
 FROM claimed
+WHERE (SELECT set_config('synchronous_commit',
+                         coalesce($8::text, current_setting('synchronous_commit')), true))
+      IS NOT NULL
 ORDER BY priority DESC, run_at, id

@@ -1,6 +1,7 @@
--- Write a batch of attempt outcomes ($1-$9, one array per field, aligned); returns the ids
+-- Write a batch of attempt outcomes ($1-$10, one array per field, aligned); returns the ids
 -- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
--- that attempt, and its attempt row is closed in the same statement. A job whose cancellation was
+-- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
+-- number), and its attempt row is closed in the same statement. A job whose cancellation was
 -- asked for is never requeued. An outcome missing from the result was dropped.
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
@@ -21,9 +22,11 @@ WITH done AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::float8[], $9::integer[])
-         AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried)
+                $7::text[], $8::float8[], $9::integer[], $10::timestamptz[])
+         AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried,
+              claimed_at)
     WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
+      AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts, o.outcome, o.error_type, o.error_message
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
