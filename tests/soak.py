@@ -1,9 +1,12 @@
 """`make chaos`: a long soak. At least 50,000 jobs through 4 `pgworker run` processes while workers
-are SIGKILLed and restarted, their backends terminated and jobs cancelled at random; then a
-reconciliation table. Bounded in time; exits 1 when the table does not reconcile.
+are SIGKILLed and restarted, their backends terminated and jobs cancelled at random, and the
+PostgreSQL server crashed (an immediate stop, then a restart: claims that had not reached the disk
+are undone); then a reconciliation table. Bounded in time; exits 1 when the table does not
+reconcile.
 
 Runs on a throwaway PostgreSQL cluster of its own (local binaries, else the embedded package), or
-on SOAK_DSN when set. SOAK_JOBS, SOAK_WORKERS, SOAK_SECONDS and SOAK_SEED tune it.
+on SOAK_DSN when set (then without server crashes). SOAK_JOBS, SOAK_WORKERS, SOAK_SECONDS and
+SOAK_SEED tune it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -30,6 +34,7 @@ JOBS = int(os.environ.get("SOAK_JOBS", "50000"))
 WORKERS = int(os.environ.get("SOAK_WORKERS", "4"))
 SECONDS = float(os.environ.get("SOAK_SECONDS", "900"))
 SEED = int(os.environ.get("SOAK_SEED", str(int(time.time()))))
+CRASH_STEPS = (2, 5)
 
 
 class Fleet:
@@ -85,7 +90,12 @@ class Fleet:
         return codes
 
 
-async def soak(dsn: str, logs: Path) -> bool:
+def count_in_logs(logs: Path, text: str) -> int:
+    return sum(f.read_text(errors="replace").count(text) for f in logs.iterdir() if f.is_file())
+
+
+async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) -> bool:
+    """`crash`, when given, crashes the server and restarts it, at the steps of CRASH_STEPS."""
     rand = random.Random(SEED)
     conn = await asyncpg.connect(dsn)
     await pgworker.migrate(conn)
@@ -110,7 +120,7 @@ async def soak(dsn: str, logs: Path) -> bool:
     fleet = Fleet(dsn, logs)
     for slot in range(WORKERS):
         fleet.start(slot)
-    kills = terminations = cancels = 0
+    kills = terminations = cancels = crashes = steps = 0
     deadline = time.monotonic() + SECONDS
     t1 = time.monotonic()
     while time.monotonic() < deadline:
@@ -121,7 +131,12 @@ async def soak(dsn: str, logs: Path) -> bool:
             break
         await asyncio.sleep(rand.uniform(1.0, 3.0))
         action = rand.random()
-        if action < 0.35:
+        steps += 1
+        if crash is not None and steps in CRASH_STEPS:
+            await asyncio.to_thread(crash)
+            crashes += 1
+            conn = await asyncpg.connect(dsn)
+        elif action < 0.35:
             slot = rand.randrange(WORKERS)
             fleet.procs[slot].kill()
             fleet.procs[slot].wait()
@@ -158,7 +173,7 @@ async def soak(dsn: str, logs: Path) -> bool:
         """SELECT count(*) AS ran_again,
                   count(*) FILTER (WHERE EXISTS (
                       SELECT FROM pgworker.job_attempts a
-                      WHERE a.job_id = j.id AND a.outcome IN ('lost', 'interrupted')
+                      WHERE a.job_id = j.id AND a.outcome IN ('lost', 'interrupted', 'retried')
                   )) AS explained
            FROM pgworker.jobs j WHERE j.attempts > 1"""
     )
@@ -167,11 +182,16 @@ async def soak(dsn: str, logs: Path) -> bool:
         " WHERE j.type <> 'effect'"
     )
     effects = await conn.fetchval("SELECT count(*) FROM chaos_effects")
+    retried = await conn.fetch(
+        "SELECT job_id, attempt, error_type, error_message FROM pgworker.job_attempts"
+        " WHERE outcome = 'retried' ORDER BY job_id, attempt LIMIT 10"
+    )
     effect_jobs_done = await conn.fetchval(
         "SELECT count(*) FROM pgworker.jobs WHERE type = 'effect' AND status = 'completed'"
     )
     await conn.close()
 
+    dropped = await asyncio.to_thread(count_in_logs, logs, "outcome dropped")
     done = sum(counts.get(s, 0) for s in ("completed", "failed", "cancelled"))
     rows = [
         ("enqueued", JOBS),
@@ -182,11 +202,13 @@ async def soak(dsn: str, logs: Path) -> bool:
         ("left pending", counts.get("pending", 0)),
         ("left running", counts.get("running", 0)),
         ("jobs run more than once", again["ran_again"]),
-        ("  of which explained by a lost/interrupted attempt", again["explained"]),
+        ("  of which explained by a lost, interrupted or retried attempt", again["explained"]),
         ("effect jobs completed / effect rows", f"{effect_jobs_done} / {effects}"),
         ("attempts by outcome", ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))),
         ("workers SIGKILLed and restarted", kills),
         ("backends terminated", terminations),
+        ("server crashes", crashes),
+        ("late outcomes fenced (worker logs)", dropped),
         ("cancel requests", cancels),
         ("worker exit codes at SIGTERM", exits),
         ("enqueue time / drain time", f"{enqueue_s:.1f} s / {drain_s:.1f} s"),
@@ -196,6 +218,11 @@ async def soak(dsn: str, logs: Path) -> bool:
     print(f"\nsoak: {JOBS} jobs, {WORKERS} worker processes")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
+    for r in retried:
+        print(
+            f"  retried: job {r['job_id']} attempt {r['attempt']}: {r['error_type']}: "
+            f"{r['error_message']}"
+        )
     ok = (
         done == JOBS
         and counts.get("pending", 0) == 0
@@ -220,8 +247,13 @@ def main() -> int:
     bindir = devdb.local_bindir()
     cluster = devdb.Cluster(data, bindir=bindir) if bindir else devdb.Cluster(data)
     dsn = cluster.start()
+
+    def crash() -> None:
+        cluster.stop("immediate")
+        cluster.start()
+
     try:
-        return 0 if asyncio.run(soak(dsn, logs)) else 1
+        return 0 if asyncio.run(soak(dsn, logs, crash)) else 1
     finally:
         cluster.stop("immediate")
         shutil.rmtree(data, ignore_errors=True)
