@@ -44,7 +44,7 @@ from bench.procstat import CpuMeter  # noqa: E402
 from bench.systems import BIN, PEERS, SYSTEMS, System  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-LIB_SYSTEMS = ("pgworker", *PEERS)
+LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS)
 WORKLOADS = ("w1", "w2", "w3", "w4")
 POLL_S = 0.02  # completion poll
 CPU_SAMPLE_S = 0.1  # /proc sample (interpolated at the interval's ends)
@@ -351,11 +351,12 @@ async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     )
     out["enqueue_jps"] = args.n / enqueue_s
     out.pop("extra", None)
-    if system.name == "pgworker":
+    if system.name.startswith("pgworker"):
         out["check"] = await pgworker_check(dsn, args.n)
         out.update(await pgworker_statements(dsn))
+        claims = out["claim_statements"]
         log(
-            f"  pgworker: {out['claim_statements']} claims ({args.n / out['claim_statements']:.1f}"
+            f"  {system.name}: {claims} claims ({args.n / claims:.1f}"
             f" jobs each), {out['finish_statements']} outcome writes "
             f"({args.n / out['finish_statements']:.1f} jobs each)"
         )
@@ -531,13 +532,13 @@ async def explain_claim(dsn: str) -> dict[str, Any]:
     from pgworker import sql
 
     q = sql.queries("pgworker")["job_claim"]
-    # queues, types, limit, worker id, lease, the types' max_retries, code version.
-    params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL"
+    # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode.
+    params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off'"
     conn = await asyncpg.connect(dsn)
     out: dict[str, Any] = {}
     try:
         await conn.execute(
-            f"PREPARE bench_claim(text[], text[], int, text, float8, int[], text) AS {q}"
+            f"PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text) AS {q}"
         )
         for mode in ("auto", "force_generic_plan"):
             tr = conn.transaction()
@@ -757,6 +758,7 @@ def render(report: dict[str, Any]) -> str:
     growth_label = f"pgworker on {cfg['growth_rows']:,} finished jobs (W4)"
     labels = {
         "floor": "floor: raw asyncpg, no library (W3)",
+        "pgworker-durable": "pgworker --durable-claims",
         "pgworker@growth": growth_label,
     }
     head = (
@@ -867,6 +869,19 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
             out.append(
                 f"- pgworker / best peer, total CPU (worker + PostgreSQL): {mine / v:.2f}× "
                 f"({fmt(mine)} vs {p} {fmt(v)} ms/1k jobs; lower is better)"
+            )
+    durable = med.get("pgworker-durable")
+    if pgw and peers and durable and durable.get("processing_jps"):
+        b = max(
+            ((p, m["processing_jps"]) for p, m in peers.items() if m.get("processing_jps")),
+            key=lambda x: x[1],
+            default=None,
+        )
+        if b:
+            out.append(
+                f"- pgworker --durable-claims / best peer, processing: "
+                f"{durable['processing_jps'] / b[1]:.2f}× ({fmt(durable['processing_jps'])} vs "
+                f"{b[0]} {fmt(b[1])} jobs/s)"
             )
     if pgw and med.get("floor") and med["floor"].get("processing_jps"):
         f = med["floor"]

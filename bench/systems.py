@@ -127,6 +127,8 @@ class PgWorker(System):
         finally:
             await conn.close()
 
+    extra_args: tuple[str, ...] = ()
+
     def worker_argv(self, dsn: str) -> list[str]:
         return [
             str(BIN / "pgworker"),
@@ -138,6 +140,7 @@ class PgWorker(System):
             "warning",
             "--dsn",
             dsn,
+            *self.extra_args,
         ]
 
     async def open_single(self, dsn: str) -> Any:
@@ -150,6 +153,13 @@ class PgWorker(System):
 
     async def close_single(self, handle: Any) -> None:
         await handle.close()
+
+
+class PgWorkerDurable(PgWorker):
+    """pgworker with `--durable-claims`: every claim waits for its WAL flush, as the peers' do."""
+
+    name = "pgworker-durable"
+    extra_args = ("--durable-claims",)
 
 
 # --- procrastinate --------------------------------------------------------------------------
@@ -404,6 +414,7 @@ class Floor(System):
 
 
 SYSTEMS: dict[str, System] = {
-    s.name: s for s in (PgWorker(), Procrastinate(), PgQueuer(), ChancySystem(), Floor())
+    s.name: s
+    for s in (PgWorker(), PgWorkerDurable(), Procrastinate(), PgQueuer(), ChancySystem(), Floor())
 }
 PEERS = ("procrastinate", "pgqueuer", "chancy")

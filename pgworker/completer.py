@@ -18,7 +18,7 @@ from . import db
 from .logs import get_logger
 from .models import AttemptResult, JobStatus
 
-LINGER = 0.001
+LINGER = 0.003
 
 
 class Completer:
