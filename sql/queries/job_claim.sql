@@ -38,9 +38,10 @@ WITH next AS MATERIALIZED (
               j.attempts, j.idempotency_key, j.correlation_id, j.run_at, j.error, j.progress,
               j.created_at, j.claimed_at
 ), opened AS (
+    -- started_at is the claim's time: outcome checks match an attempt row by it.
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       code_version)
-    SELECT id, attempts, type, queue, $4, correlation_id, $7 FROM claimed
+                                       code_version, started_at)
+    SELECT id, attempts, type, queue, $4, correlation_id, $7, claimed_at FROM claimed
 )
 SELECT id, type, queue, payload::text AS payload, priority, retry_count, max_retries, attempts,
        idempotency_key, correlation_id, run_at, error, progress::text AS progress, created_at,
