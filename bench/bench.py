@@ -870,18 +870,12 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
                 f"- pgworker / best peer, total CPU (worker + PostgreSQL): {mine / v:.2f}× "
                 f"({fmt(mine)} vs {p} {fmt(v)} ms/1k jobs; lower is better)"
             )
-    durable = med.get("pgworker-durable")
-    if pgw and peers and durable and durable.get("processing_jps"):
-        b = max(
-            ((p, m["processing_jps"]) for p, m in peers.items() if m.get("processing_jps")),
-            key=lambda x: x[1],
-            default=None,
-        )
-        if b:
+        durable = med.get("pgworker-durable", {}).get("processing_jps")
+        b = best("processing_jps")
+        if durable and b:
             out.append(
-                f"- pgworker --durable-claims / best peer, processing: "
-                f"{durable['processing_jps'] / b[1]:.2f}× ({fmt(durable['processing_jps'])} vs "
-                f"{b[0]} {fmt(b[1])} jobs/s)"
+                f"- pgworker --durable-claims / best peer, processing: {durable / b[1]:.2f}× "
+                f"({fmt(durable)} vs {b[0]} {fmt(b[1])} jobs/s)"
             )
     if pgw and med.get("floor") and med["floor"].get("processing_jps"):
         f = med["floor"]

@@ -100,9 +100,10 @@ async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
     lost = await fake_claim(conn, r.job.id)
     await conn.execute(
         """UPDATE pgworker.jobs SET status = 'pending', attempts = 0, claimed_at = NULL,
-               lease_expires_at = NULL WHERE id = $1;
-           DELETE FROM pgworker.job_attempts WHERE job_id = $1""".replace("$1", str(r.job.id))
+               lease_expires_at = NULL WHERE id = $1""",
+        r.job.id,
     )
+    await conn.execute("DELETE FROM pgworker.job_attempts WHERE job_id = $1", r.job.id)
     current = await fake_claim(conn, r.job.id, worker_id="alive", lease_s=30)
     assert lost != current
     late = AttemptResult(r.job.id, 1, lost, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
