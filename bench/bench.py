@@ -44,7 +44,7 @@ from bench.procstat import CpuMeter  # noqa: E402
 from bench.systems import BIN, PEERS, SYSTEMS, System  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS)
+LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS, "pgqueuer-defaults")
 WORKLOADS = ("w1", "w2", "w3", "w4")
 POLL_S = 0.02  # completion poll
 CPU_SAMPLE_S = 0.1  # /proc sample (interpolated at the interval's ends)
@@ -759,6 +759,8 @@ def render(report: dict[str, Any]) -> str:
     labels = {
         "floor": "floor: raw asyncpg, no library (W3)",
         "pgworker-durable": "pgworker --durable-claims",
+        "pgqueuer": "pgqueuer (concurrency 10)",
+        "pgqueuer-defaults": "pgqueuer, own defaults (no concurrency cap)",
         "pgworker@growth": growth_label,
     }
     head = (
@@ -876,6 +878,13 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
             out.append(
                 f"- pgworker --durable-claims / best peer, processing: {durable / b[1]:.2f}× "
                 f"({fmt(durable)} vs {b[0]} {fmt(b[1])} jobs/s)"
+            )
+        uncapped = med.get("pgqueuer-defaults", {}).get("processing_jps")
+        if uncapped and pgw.get("processing_jps"):
+            out.append(
+                f"- pgworker / pgqueuer with its own defaults (not at concurrency 10), "
+                f"processing: {pgw['processing_jps'] / uncapped:.2f}× "
+                f"({fmt(pgw['processing_jps'])} vs {fmt(uncapped)} jobs/s)"
             )
     if pgw and med.get("floor") and med["floor"].get("processing_jps"):
         f = med["floor"]
@@ -1050,11 +1059,11 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
             "systems": args.systems,
             "workloads": sorted(args.workloads),
             "pgqueuer_note": (
-                "pgqueuer: `pgqueuer.run(..., batch_size=10)`, what `pgq run --batch-size 10` "
-                "runs (its dequeue batch capped at the others' concurrency of 10; pgqueuer has "
-                "no per-worker concurrency setting of 10, since --max-concurrent-tasks must be "
-                "at least twice the batch). chancy: asyncio "
-                "executor, queue concurrency 10, eager_polling=True."
+                "pgqueuer (concurrency 10): `pgqueuer.run(..., batch_size=5, "
+                "max_concurrent_tasks=10)`, as in the issue's reference figures (pgqueuer "
+                "requires the cap to be at least twice the batch). pgqueuer, own defaults: "
+                "`batch_size=10`, no cap on jobs in flight; not a peer in the ratios at the same "
+                "concurrency. chancy: asyncio executor, queue concurrency 10, eager_polling=True."
             ),
         },
         "versions": vers,

@@ -264,12 +264,14 @@ class PgQueuer(System):
         finally:
             await conn.close()
 
+    #: pgqueuer at the others' concurrency, as in the reference figures: at most 10 jobs picked
+    #: and not finished per worker, enforced by its dequeue query; it requires the cap to be at
+    #: least twice the batch, so at most 5 are claimed per dequeue.
+    args: tuple[str, ...] = ("--batch-size", "5", "--max-concurrent-tasks", str(CONCURRENCY))
+
     def worker_argv(self, dsn: str) -> list[str]:
-        # pgqueuer has no per-worker concurrency setting of 10: its --max-concurrent-tasks must
-        # be at least twice the batch. Like the reference figures, the batch (jobs claimed per
-        # dequeue) is capped at 10, the other systems' concurrency. The module runs what
-        # `pgq run … --batch-size 10` runs (see bench/apps/pgqueuer_app.py for why not the CLI).
-        return [sys.executable, "-m", "bench.apps.pgqueuer_app"]
+        # See bench/apps/pgqueuer_app.py for why not the `pgq run` CLI.
+        return [sys.executable, "-m", "bench.apps.pgqueuer_app", *self.args]
 
     async def open_single(self, dsn: str) -> Any:
         from pgqueuer import Queries
@@ -282,6 +284,15 @@ class PgQueuer(System):
 
     async def close_single(self, handle: Any) -> None:
         await handle[0].close()
+
+
+class PgQueuerDefaults(PgQueuer):
+    """pgqueuer with its own defaults: 10 per dequeue and no cap on the jobs in flight, so not
+    at concurrency 10. Shown beside the others, outside the same-concurrency ratios."""
+
+    name = "pgqueuer-defaults"
+    args = ("--batch-size", "10", "--max-concurrent-tasks", "0")
+    supports_latency = False
 
 
 # --- chancy ---------------------------------------------------------------------------------
@@ -415,6 +426,14 @@ class Floor(System):
 
 SYSTEMS: dict[str, System] = {
     s.name: s
-    for s in (PgWorker(), PgWorkerDurable(), Procrastinate(), PgQueuer(), ChancySystem(), Floor())
+    for s in (
+        PgWorker(),
+        PgWorkerDurable(),
+        Procrastinate(),
+        PgQueuer(),
+        PgQueuerDefaults(),
+        ChancySystem(),
+        Floor(),
+    )
 }
 PEERS = ("procrastinate", "pgqueuer", "chancy")
