@@ -121,6 +121,34 @@ async def test_enqueue_in_rolled_back_transaction_leaves_no_job_and_no_notificat
         await listener.close()
 
 
+async def test_every_enqueue_path_announces_new_jobs_once_per_queue(dsn, conn):
+    listener = await asyncpg.connect(dsn)
+    heard: list[str] = []
+    await listener.add_listener("pgworker_jobs", lambda *a: heard.append(a[3]))
+
+    async def announced() -> list[str]:
+        await listener.execute("SELECT 1")  # a round trip delivers pending notifications
+        got = sorted(heard)
+        heard.clear()
+        return got
+
+    try:
+        await pgworker.enqueue(conn, "t", {"x": 1}, queue="a", idempotency_key="k")
+        assert await announced() == ["a"]
+        await pgworker.enqueue(conn, "t", {"x": 1}, queue="a", idempotency_key="k")
+        assert await announced() == []  # nothing new
+        copied = [JobSpec("t", {}, queue=q) for q in ("b", "c", "b")]
+        await pgworker.enqueue_many(conn, copied)
+        assert await announced() == ["b", "c"]
+        keyed = [JobSpec("t", {}, queue="d", idempotency_key=f"k{i}") for i in range(3)]
+        await pgworker.enqueue_many(conn, [*keyed, JobSpec("t", {"x": 1}, idempotency_key="k")])
+        assert await announced() == ["d"]
+        await pgworker.enqueue_many(conn, keyed)
+        assert await announced() == []
+    finally:
+        await listener.close()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
