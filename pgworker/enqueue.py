@@ -3,6 +3,7 @@ database's UNIQUE constraint decide idempotency."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -303,56 +304,55 @@ async def _copy_many(
     which rolls back what was written."""
     results: list[EnqueueResult] = []
     invalid: list[ValidationError] = []
-    escaped: dict[str, str] = {}
-    bare: dict[str, tuple[Any, ...]] = {}  # type → fields of a spec with only type and payload
+    # Specs with only a type and a payload share their validated fields and the text around
+    # the payload in their COPY line: (fields, text before the payload, text after it).
+    bare: dict[str, tuple[tuple[Any, ...], str, str]] = {}
+    created = functools.partial(EnqueueResult, None, True, _new_job)
 
-    def text(value: str) -> str:
-        if value not in escaped:
-            escaped[value] = _copy_text(value)
-        return escaped[value]
+    def shape_of(spec: JobSpec, i: int) -> tuple[tuple[Any, ...], str, str]:
+        f = _fields(spec, i)
+        max_retries = r"\N" if f[3] is None else f[3]
+        return f, f"{_copy_text(f[0])}\t{_copy_text(f[1])}\t", f"\t{f[2]}\t{max_retries}\t"
 
-    def fields_of(spec: JobSpec, i: int) -> tuple[Any, ...]:
-        if (
-            type(spec.type) is str
-            and spec.queue is None
-            and spec.priority is None
-            and spec.max_retries is None
-            and spec.correlation_id is None
-        ):
-            if spec.type not in bare:
-                bare[spec.type] = _fields(spec, i)
-            return bare[spec.type]
-        return _fields(spec, i)
-
-    def encode(start: int, end: int) -> list[tuple[str, tuple[Any, ...], str]]:
-        """Check and encode specs[start:end]: each row's COPY line but its id, fields and
-        correlation id."""
+    def encode(start: int, end: int) -> list[tuple[str, tuple[Any, ...], str, Any]]:
+        """Check and encode specs[start:end]: each row's COPY line but its id, and what its
+        result needs (fields, correlation id, payload)."""
         rows = []
         fresh = _random_ids(end - start)
         for i in range(start, end):
             spec = specs[i]
-            f = fields_of(spec, i)
-            encoded = _payload(i, spec.payload)
+            if (
+                type(spec.type) is str
+                and spec.queue is None
+                and spec.priority is None
+                and spec.max_retries is None
+                and spec.correlation_id is None
+            ):
+                shape = bare.get(spec.type)
+                if shape is None:
+                    shape = bare[spec.type] = shape_of(spec, i)
+            else:
+                shape = shape_of(spec, i)
+            f, head, tail = shape
+            payload = spec.payload
+            encoded = _payload(i, payload)
             if "\\" in encoded:  # JSON text escapes tabs and newlines itself
                 encoded = encoded.replace("\\", "\\\\")
             correlation = f[5]
             if correlation is None:
-                correlation = fresh[i - start]
-                field = correlation
+                correlation = field = fresh[i - start]
             else:
                 field = _copy_text(correlation)
-            max_retries = r"\N" if f[3] is None else f[3]
-            line = f"{text(f[0])}\t{text(f[1])}\t{encoded}\t{f[2]}\t{max_retries}\t{field}\n"
-            rows.append((line, f, correlation))
+            rows.append((f"{head}{encoded}{tail}{field}\n", f, correlation, payload))
         return rows
 
     def numbered(start: int, rows: list[Any], ids: list[int], now: datetime) -> bytes:
         lines = []
-        for n, (line, f, correlation) in enumerate(rows, start):
-            lines.append(f"{ids[n]}\t{line}")
-            results.append(
-                EnqueueResult.later(_new_job, f, specs[n].payload, ids[n], correlation, now, now)
-            )
+        for job_id, (line, f, correlation, payload) in zip(
+            ids[start : start + len(rows)], rows, strict=True
+        ):
+            lines.append(f"{job_id}\t{line}")
+            results.append(created((f, payload, job_id, correlation, now, now)))
         return "".join(lines).encode()
 
     def first_chunk() -> list[Any]:
