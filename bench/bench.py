@@ -757,7 +757,7 @@ def render(report: dict[str, Any]) -> str:
     cfg, med = report["config"], report["medians"]
     growth_label = f"pgworker on {cfg['growth_rows']:,} finished jobs (W4)"
     labels = {
-        "floor": "floor: raw asyncpg, no library (W3)",
+        "floor": "floor: raw asyncpg, no library (W3; W2 floor)",
         "pgworker-durable": "pgworker --durable-claims",
         "pgqueuer": "pgqueuer (concurrency 10)",
         "pgqueuer-defaults": "pgqueuer, own defaults (no concurrency cap)",
@@ -891,6 +891,15 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
         out.append(
             f"- pgworker / floor, processing: {pgw['processing_jps'] / f['processing_jps']:.2f}× "
             f"({fmt(pgw['processing_jps'])} vs {fmt(f['processing_jps'])} jobs/s)"
+        )
+    f = med.get("floor", {})
+    if pgw and pgw.get("latency_p50_ms") and f.get("latency_p50_ms"):
+        out.append(
+            f"- wake-up p50 / p99, pgworker − floor: "
+            f"{pgw['latency_p50_ms'] - f['latency_p50_ms']:+.1f} / "
+            f"{pgw['latency_p99_ms'] - f['latency_p99_ms']:+.1f} ms "
+            f"(the floor's {fmt(f['latency_p50_ms'], 1)} / {fmt(f['latency_p99_ms'], 1)} ms: a "
+            f"durable insert and its NOTIFY, then one claim)"
         )
     g = med.get("pgworker@growth")
     if pgw and g and g.get("processing_jps"):

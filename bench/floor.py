@@ -2,11 +2,15 @@
 library. A table with the minimal columns; `slots` concurrent loops, each on its own connection,
 claim up to `batch` jobs with one UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT n)
 RETURNING, "run" them (no-op) and mark them done with one UPDATE per batch. No attempt rows, no
-notifications, no leases: a lower bound on the work a queue on PostgreSQL must do.
+leases: a lower bound on the work a queue on PostgreSQL must do.
+
+For W2, a job is inserted and announced in one statement (ENQUEUE_ONE); one more connection
+LISTENs and wakes one idle slot per notification. A job whose payload carries `t` records its
+wake-up latency.
 
     python -m bench.floor --dsn DSN [--slots 10] [--batch 10]
 
-Runs until SIGTERM/SIGINT, polling every 10 ms while the table is empty.
+Runs until SIGTERM/SIGINT; an idle slot waits for a notification, at most a second.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 
 import asyncpg
+
+from bench.apps.common import record_latency
 
 SCHEMA = """
 CREATE TABLE floor_jobs (
@@ -40,20 +47,36 @@ RETURNING id, payload
 
 DONE = "UPDATE floor_jobs SET status = 'done', finished_at = now() WHERE id = ANY($1::bigint[])"
 
+CHANNEL = "floor_jobs"
+ENQUEUE_ONE = f"""
+WITH job AS (INSERT INTO floor_jobs (payload) VALUES ($1::jsonb))
+SELECT pg_notify('{CHANNEL}', '')
+"""
+
 
 async def handler(payload: str) -> None:
-    return None
+    if payload != "{}":
+        t = json.loads(payload).get("t")
+        if t is not None:
+            record_latency(t)
 
 
-async def slot(pool: asyncpg.Pool, batch: int, stop: asyncio.Event) -> None:
+async def slot(
+    pool: asyncpg.Pool, batch: int, stop: asyncio.Event, idle: list[asyncio.Event]
+) -> None:
+    wake = asyncio.Event()
     async with pool.acquire() as conn:
         claim = await conn.prepare(CLAIM)
         done = await conn.prepare(DONE)
         while not stop.is_set():
+            wake.clear()
             rows = await claim.fetch(batch)
             if not rows:
+                idle.append(wake)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.01)
+                    await asyncio.wait_for(wake.wait(), 1.0)
+                if wake in idle:
+                    idle.remove(wake)
                 continue
             for r in rows:
                 await handler(r["payload"])
@@ -70,8 +93,19 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with asyncpg.create_pool(a.dsn, min_size=a.slots, max_size=a.slots) as pool:
-        await asyncio.gather(*(slot(pool, a.batch, stop) for _ in range(a.slots)))
+    idle: list[asyncio.Event] = []  # slots waiting for work; a notification wakes one
+
+    def wake_one(*_: object) -> None:
+        if idle:
+            idle.pop().set()
+
+    listener = await asyncpg.connect(a.dsn)
+    await listener.add_listener(CHANNEL, wake_one)
+    try:
+        async with asyncpg.create_pool(a.dsn, min_size=a.slots, max_size=a.slots) as pool:
+            await asyncio.gather(*(slot(pool, a.batch, stop, idle) for _ in range(a.slots)))
+    finally:
+        await listener.close()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ source: these APIs change between versions)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -378,7 +379,6 @@ class ChancySystem(System):
 class Floor(System):
     name = "floor"
     dist = "asyncpg"
-    supports_latency = False
     unfinished_sql = """
         SELECT EXISTS (SELECT FROM floor_jobs WHERE status = 'pending')
             OR EXISTS (SELECT FROM floor_jobs WHERE status = 'running')
@@ -409,6 +409,17 @@ class Floor(System):
             return time.perf_counter() - t0
         finally:
             await conn.close()
+
+    async def open_single(self, dsn: str) -> Any:
+        return await asyncpg.connect(dsn)
+
+    async def enqueue_one(self, handle: Any, t: float) -> None:
+        from bench import floor
+
+        await handle.execute(floor.ENQUEUE_ONE, json.dumps({"t": t}))
+
+    async def close_single(self, handle: Any) -> None:
+        await handle.close()
 
     def worker_argv(self, dsn: str) -> list[str]:
         return [
