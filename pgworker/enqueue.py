@@ -3,7 +3,6 @@ database's UNIQUE constraint decide idempotency."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -307,7 +306,6 @@ async def _copy_many(
     # Specs with only a type and a payload share their validated fields and the text around
     # the payload in their COPY line: (fields, text before the payload, text after it).
     bare: dict[str, tuple[tuple[Any, ...], str, str]] = {}
-    created = functools.partial(EnqueueResult, None, True, _new_job)
 
     def shape_of(spec: JobSpec, i: int) -> tuple[tuple[Any, ...], str, str]:
         f = _fields(spec, i)
@@ -352,7 +350,7 @@ async def _copy_many(
             ids[start : start + len(rows)], rows, strict=True
         ):
             lines.append(f"{job_id}\t{line}")
-            results.append(created((f, payload, job_id, correlation, now, now)))
+            results.append(EnqueueResult.later(_new_job, f, payload, job_id, correlation, now, now))
         return "".join(lines).encode()
 
     def first_chunk() -> list[Any]:
