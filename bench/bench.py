@@ -886,13 +886,12 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
                 f"processing: {pgw['processing_jps'] / uncapped:.2f}× "
                 f"({fmt(pgw['processing_jps'])} vs {fmt(uncapped)} jobs/s)"
             )
-    if pgw and med.get("floor") and med["floor"].get("processing_jps"):
-        f = med["floor"]
+    f = med.get("floor", {})
+    if pgw and f.get("processing_jps"):
         out.append(
             f"- pgworker / floor, processing: {pgw['processing_jps'] / f['processing_jps']:.2f}× "
             f"({fmt(pgw['processing_jps'])} vs {fmt(f['processing_jps'])} jobs/s)"
         )
-    f = med.get("floor", {})
     if pgw and pgw.get("latency_p50_ms") and f.get("latency_p50_ms"):
         out.append(
             f"- wake-up p50 / p99, pgworker − floor: "

@@ -61,9 +61,22 @@ async def handler(payload: str) -> None:
             record_latency(t)
 
 
-async def slot(
-    pool: asyncpg.Pool, batch: int, stop: asyncio.Event, idle: list[asyncio.Event]
-) -> None:
+class Idle:
+    """Slots waiting for work. A notification wakes one; one that finds none waiting is kept
+    for the next slot that runs dry (it may have claimed before the job was visible)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[asyncio.Event] = []
+        self.unserved = 0
+
+    def wake_one(self, *_: object) -> None:
+        if self.waiting:
+            self.waiting.pop().set()
+        else:
+            self.unserved += 1
+
+
+async def slot(pool: asyncpg.Pool, batch: int, stop: asyncio.Event, idle: Idle) -> None:
     wake = asyncio.Event()
     async with pool.acquire() as conn:
         claim = await conn.prepare(CLAIM)
@@ -72,11 +85,14 @@ async def slot(
             wake.clear()
             rows = await claim.fetch(batch)
             if not rows:
-                idle.append(wake)
+                if idle.unserved:
+                    idle.unserved -= 1
+                    continue
+                idle.waiting.append(wake)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), 1.0)
-                if wake in idle:
-                    idle.remove(wake)
+                if wake in idle.waiting:
+                    idle.waiting.remove(wake)
                 continue
             for r in rows:
                 await handler(r["payload"])
@@ -93,14 +109,9 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    idle: list[asyncio.Event] = []  # slots waiting for work; a notification wakes one
-
-    def wake_one(*_: object) -> None:
-        if idle:
-            idle.pop().set()
-
+    idle = Idle()
     listener = await asyncpg.connect(a.dsn)
-    await listener.add_listener(CHANNEL, wake_one)
+    await listener.add_listener(CHANNEL, idle.wake_one)
     try:
         async with asyncpg.create_pool(a.dsn, min_size=a.slots, max_size=a.slots) as pool:
             await asyncio.gather(*(slot(pool, a.batch, stop, idle) for _ in range(a.slots)))
