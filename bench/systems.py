@@ -74,15 +74,16 @@ class System:
         row = await conn.fetchrow(self.interval_sql, since)
         return Interval(row[0], row[1], "database timestamps")
 
-    # One-at-a-time enqueue (W2), used by bench/paced.py and by bench.py's warm-up.
+    # One-at-a-time enqueue (W2), used by bench/paced.py and by bench.py's warm-up; the handle
+    # is a plain asyncpg connection unless a library needs its own.
     async def open_single(self, dsn: str) -> Any:
-        raise NotImplementedError
+        return await asyncpg.connect(dsn)
 
     async def enqueue_one(self, handle: Any, t: float) -> None:
         raise NotImplementedError
 
     async def close_single(self, handle: Any) -> None:
-        raise NotImplementedError
+        await handle.close()
 
 
 # --- pgworker -------------------------------------------------------------------------------
@@ -144,16 +145,10 @@ class PgWorker(System):
             *self.extra_args,
         ]
 
-    async def open_single(self, dsn: str) -> Any:
-        return await asyncpg.connect(dsn)
-
     async def enqueue_one(self, handle: Any, t: float) -> None:
         import pgworker
 
         await pgworker.enqueue(handle, "latency", {"t": t})
-
-    async def close_single(self, handle: Any) -> None:
-        await handle.close()
 
 
 class PgWorkerDurable(PgWorker):
@@ -410,16 +405,10 @@ class Floor(System):
         finally:
             await conn.close()
 
-    async def open_single(self, dsn: str) -> Any:
-        return await asyncpg.connect(dsn)
-
     async def enqueue_one(self, handle: Any, t: float) -> None:
         from bench import floor
 
         await handle.execute(floor.ENQUEUE_ONE, json.dumps({"t": t}))
-
-    async def close_single(self, handle: Any) -> None:
-        await handle.close()
 
     def worker_argv(self, dsn: str) -> list[str]:
         return [

@@ -265,16 +265,20 @@ async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResu
     return {r["id"] for r in rows}
 
 
+def _attempt_arrays(attempts: Sequence[tuple[int, int, datetime]]) -> list[list[Any]]:
+    """(job id, attempt, claimed at) triples as three aligned arrays, the statements' parameters."""
+    return [
+        [job_id for job_id, _, _ in attempts],
+        [attempt for _, attempt, _ in attempts],
+        [claimed_at for _, _, claimed_at in attempts],
+    ]
+
+
 async def attempt_outcomes(
     conn: Executor, schema: str, attempts: Sequence[tuple[int, int, datetime]]
 ) -> dict[int, str]:
     """The recorded outcome of (job id, attempt, claimed at) attempts, by job id."""
-    rows = await conn.fetch(
-        sql.queries(schema)["attempt_outcomes"],
-        [job_id for job_id, _, _ in attempts],
-        [attempt for _, attempt, _ in attempts],
-        [claimed_at for _, _, claimed_at in attempts],
-    )
+    rows = await conn.fetch(sql.queries(schema)["attempt_outcomes"], *_attempt_arrays(attempts))
     return {r["job_id"]: r["outcome"] for r in rows}
 
 
@@ -305,11 +309,7 @@ async def heartbeat(
     """Extend the leases of `running` (job id, attempt, claimed at) attempts in one statement.
     Returns the jobs still held, each with whether an operator asked to cancel it."""
     rows = await conn.fetch(
-        sql.queries(schema)["worker_heartbeat"],
-        [job_id for job_id, _, _ in running],
-        [attempt for _, attempt, _ in running],
-        [claimed_at for _, _, claimed_at in running],
-        lease,
+        sql.queries(schema)["worker_heartbeat"], *_attempt_arrays(running), lease
     )
     return {r["id"]: r["cancel_requested"] for r in rows}
 
