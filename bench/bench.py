@@ -407,7 +407,7 @@ async def w2(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     path.unlink(missing_ok=True)
     log_path = args.results / "logs" / f"{tag}-w2.log"
     await wait_quiet(args)
-    proc = launch(res, system.worker_argv(dsn), dsn, log_path, {"BENCH_LATENCY_FILE": str(path)})
+    proc = launch(res, system.latency_argv(dsn), dsn, log_path, {"BENCH_LATENCY_FILE": str(path)})
     handle = await system.open_single(dsn)
     try:
         # Ready = it has run a warm-up job; then it is left idle for a second.
@@ -757,7 +757,7 @@ def render(report: dict[str, Any]) -> str:
     cfg, med = report["config"], report["medians"]
     growth_label = f"pgworker on {cfg['growth_rows']:,} finished jobs (W4)"
     labels = {
-        "floor": "floor: raw asyncpg, no library (W3; W2 floor)",
+        "floor": "floor: raw asyncpg, no library (W3; W2 floor, fast claims)",
         "pgworker-durable": "pgworker --durable-claims",
         "pgqueuer": "pgqueuer (concurrency 10)",
         "pgqueuer-defaults": "pgqueuer, own defaults (no concurrency cap)",
@@ -833,7 +833,7 @@ def render(report: dict[str, Any]) -> str:
 
 def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
     out = []
-    pgw = med.get("pgworker")
+    pgw = med.get("pgworker") or {}
     peers = {p: med[p] for p in PEERS if p in med}
     if pgw and peers:
 
@@ -887,7 +887,7 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
                 f"({fmt(pgw['processing_jps'])} vs {fmt(uncapped)} jobs/s)"
             )
     f = med.get("floor", {})
-    if pgw and f.get("processing_jps"):
+    if pgw.get("processing_jps") and f.get("processing_jps"):
         out.append(
             f"- pgworker / floor, processing: {pgw['processing_jps'] / f['processing_jps']:.2f}× "
             f"({fmt(pgw['processing_jps'])} vs {fmt(f['processing_jps'])} jobs/s)"
@@ -901,7 +901,7 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
             f"durable insert and its NOTIFY, then one claim)"
         )
     g = med.get("pgworker@growth")
-    if pgw and g and g.get("processing_jps"):
+    if pgw.get("processing_jps") and g and g.get("processing_jps"):
         out.append(
             f"- pgworker on a grown table / fresh table, processing: "
             f"{g['processing_jps'] / pgw['processing_jps']:.2f}×"

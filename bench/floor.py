@@ -6,9 +6,10 @@ leases: a lower bound on the work a queue on PostgreSQL must do.
 
 For W2, a job is inserted and announced in one statement (ENQUEUE_ONE); one more connection
 LISTENs and wakes one idle slot per notification. A job whose payload carries `t` records its
-wake-up latency.
+wake-up latency. With --fast-claims a claim commits without waiting for its WAL flush, as
+pgworker's claims do by default: the least that chain can take.
 
-    python -m bench.floor --dsn DSN [--slots 10] [--batch 10]
+    python -m bench.floor --dsn DSN [--slots 10] [--batch 10] [--fast-claims]
 
 Runs until SIGTERM/SIGINT; an idle slot waits for a notification, at most a second.
 """
@@ -45,6 +46,12 @@ WHERE id IN (
 RETURNING id, payload
 """
 
+# The same claim, committed without waiting for its WAL flush (the setting is local to it).
+FAST_CLAIM = CLAIM.replace(
+    "WHERE id IN",
+    "WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL\n  AND id IN",
+)
+
 DONE = "UPDATE floor_jobs SET status = 'done', finished_at = now() WHERE id = ANY($1::bigint[])"
 
 CHANNEL = "floor_jobs"
@@ -76,10 +83,10 @@ class Idle:
             self.unserved += 1
 
 
-async def slot(pool: asyncpg.Pool, batch: int, stop: asyncio.Event, idle: Idle) -> None:
+async def slot(pool: asyncpg.Pool, batch: int, stop: asyncio.Event, idle: Idle, fast: bool) -> None:
     wake = asyncio.Event()
     async with pool.acquire() as conn:
-        claim = await conn.prepare(CLAIM)
+        claim = await conn.prepare(FAST_CLAIM if fast else CLAIM)
         done = await conn.prepare(DONE)
         while not stop.is_set():
             wake.clear()
@@ -104,6 +111,7 @@ async def main() -> None:
     p.add_argument("--dsn", required=True)
     p.add_argument("--slots", type=int, default=10)
     p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--fast-claims", action="store_true", help="claims skip their WAL flush")
     a = p.parse_args()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -114,7 +122,8 @@ async def main() -> None:
     await listener.add_listener(CHANNEL, idle.wake_one)
     try:
         async with asyncpg.create_pool(a.dsn, min_size=a.slots, max_size=a.slots) as pool:
-            await asyncio.gather(*(slot(pool, a.batch, stop, idle) for _ in range(a.slots)))
+            slots = [slot(pool, a.batch, stop, idle, a.fast_claims) for _ in range(a.slots)]
+            await asyncio.gather(*slots)
     finally:
         await listener.close()
 

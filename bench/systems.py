@@ -63,6 +63,10 @@ class System:
     def worker_argv(self, dsn: str) -> list[str]:
         raise NotImplementedError
 
+    def latency_argv(self, dsn: str) -> list[str]:
+        """The worker W2 starts: the same as W1's unless a system says otherwise."""
+        return self.worker_argv(dsn)
+
     #: One row, one boolean column: are jobs still pending or running?
     unfinished_sql: str = ""
     #: One row: epoch of the first start and of the last completion, both at or after $1.
@@ -422,6 +426,10 @@ class Floor(System):
             "--batch",
             "10",
         ]
+
+    def latency_argv(self, dsn: str) -> list[str]:
+        # pgworker's claims do not wait for their flush by default: neither does the W2 floor.
+        return [*self.worker_argv(dsn), "--fast-claims"]
 
 
 SYSTEMS: dict[str, System] = {
