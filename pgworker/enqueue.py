@@ -145,7 +145,7 @@ def _prepare(spec: JobSpec) -> tuple[Any, ...]:
 def _result(row: Any, key: str | None) -> EnqueueResult:
     if not row["matches"]:
         raise IdempotencyConflict(key or "", row["id"])
-    return EnqueueResult(Job.from_record(row), row["created"])
+    return EnqueueResult(None, row["created"], Job.from_record, (row,))
 
 
 async def enqueue(
