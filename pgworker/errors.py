@@ -44,7 +44,12 @@ class SchemaError(PgWorkerError):
 
 
 class DatabaseUnavailable(PgWorkerError):
-    """The database cannot be reached with the given DSN."""
+    """The database cannot be reached with the given DSN (or refuses more connections)."""
+
+
+class PrivilegeError(PgWorkerError):
+    """The database role lacks a privilege the worker needs; the message names it and the grant
+    to run."""
 
 
 class PermanentError(Exception):

@@ -1,0 +1,158 @@
+"""What pgworker accepts and stores: the documented bounds, and the one set of validators that
+`enqueue`, `enqueue_many`, `Settings`, `RetryPolicy`, `Retry` and the CLI all use.
+
+Upper bounds exist so that a value accepted at the boundary can always be stored and claimed: a
+type of 3,000 characters passes an INSERT but breaks every claim (btree row size), a delay of
+1e13 seconds passes Python but overflows PostgreSQL's timestamps. Errors name the field and say
+what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+from .errors import ValidationError
+
+MAX_TYPE_LENGTH = 200
+MAX_QUEUE_LENGTH = 63
+MAX_IDEMPOTENCY_KEY_LENGTH = 500
+MAX_CORRELATION_ID_LENGTH = 200
+MAX_WORKER_ID_LENGTH = 200
+MAX_DEPTH = 500
+"""Nesting of a payload or result (PostgreSQL and Python's json both recurse on it)."""
+MAX_PAYLOAD_BYTES = int(os.environ.get("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024))
+"""UTF-8 size of a payload's or result's JSON text; PGWORKER_MAX_PAYLOAD_BYTES changes it (jsonb
+itself refuses values near 256 MB)."""
+MAX_DELAY = 10 * 365 * 86400.0
+"""Ten years, in seconds: the longest delay, `Retry(after=)`, backoff or timeout accepted; every
+delay the worker computes is capped at it."""
+MAX_LEASE = 86400.0
+MAX_INT = 2**31 - 1
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A real NUL in JSON text is `\u0000` after an even number of backslashes; `\\u0000` is the
+# harmless six-character text `\u0000`.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _bad(error: type[Exception], field: str, message: str) -> Exception:
+    return error(field, message)  # type: ignore[call-arg]
+
+
+def has_surrogates(text: str) -> bool:
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def clean_text(text: str) -> str:
+    """`text` made storable in a PostgreSQL text column: NUL shown as `\\x00`, lone surrogates
+    replaced by U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if has_surrogates(text):
+        text = _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def name(
+    field: str,
+    value: Any,
+    max_length: int,
+    *,
+    required: bool = True,
+    error: type[Exception] = ValidationError,
+) -> str | None:
+    """A non-empty string of at most `max_length` characters, without NUL or lone surrogates."""
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad(error, field, f"must be a non-empty string, got {value!r}")
+    if len(value) > max_length:
+        raise _bad(
+            error, field, f"must be at most {max_length} characters, got {len(value)} characters"
+        )
+    if "\x00" in value:
+        raise _bad(error, field, "must not contain NUL characters")
+    if has_surrogates(value):
+        raise _bad(error, field, "must be valid Unicode (it holds a lone surrogate)")
+    return value
+
+
+def seconds(
+    field: str,
+    value: Any,
+    *,
+    maximum: float = MAX_DELAY,
+    zero: bool = True,
+    error: type[Exception] = ValidationError,
+) -> float:
+    """A finite number of seconds (or a timedelta) in [0, maximum] (or (0, maximum])."""
+    if isinstance(value, timedelta):
+        number = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise _bad(error, field, f"must be a number of seconds or a timedelta, got {value!r}")
+    low = ">= 0" if zero else "> 0"
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        raise _bad(error, field, f"must be a finite number of seconds {low}, got {value!r}")
+    if number > maximum:
+        raise _bad(error, field, f"must be at most {maximum:g} seconds, got {value!r}")
+    return number
+
+
+def count(
+    field: str,
+    value: Any,
+    *,
+    minimum: int = 0,
+    maximum: int = MAX_INT,
+    error: type[Exception] = ValidationError,
+) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise _bad(error, field, f"must be an int from {minimum} to {maximum}, got {value!r}")
+    return value
+
+
+def clamp_delay(delay: float) -> float:
+    """A computed delay made storable: NaN and negatives are 0, the rest capped at MAX_DELAY."""
+    if not delay > 0:
+        return 0.0
+    return min(delay, MAX_DELAY)
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether lists and dicts nest deeper than `limit`; iterative, so any depth is safe."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def json_problem(text: str, value: Any) -> str | None:
+    """Why `text`, the compact JSON of `value`, cannot be stored as jsonb, or None. Cheap for
+    ordinary values: each check runs its exact form only when a C-speed scan says it may fail."""
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        return "must not contain NUL characters (jsonb cannot store them)"
+    if has_surrogates(text):
+        return "must be valid Unicode (it holds a lone surrogate)"
+    if text.count("[") + text.count("{") > MAX_DEPTH and too_deep(value):
+        return f"must not nest lists and objects more than {MAX_DEPTH} deep"
+    if len(text) * 4 > MAX_PAYLOAD_BYTES and len(text.encode()) > MAX_PAYLOAD_BYTES:
+        return (
+            f"is {len(text.encode()):,} bytes as JSON, over the limit of {MAX_PAYLOAD_BYTES:,} "
+            "(PGWORKER_MAX_PAYLOAD_BYTES)"
+        )
+    return None
