@@ -2,13 +2,16 @@
 after the first outcome of a batch arrives, one statement writes all that arrived meanwhile. The
 write runs while the producer's next claim does (two backends, commits that share a WAL flush),
 which measured faster than carrying the outcomes in the claim: that made each cycle wait for both.
-A write that fails on a lost connection is retried until the database is back. Outcomes whose
-attempt no longer holds the job are dropped, and logged."""
+
+A batch whose write fails stays in flight: the supervisor (service.py) backs off and the next step
+writes it again, re-checking after a lost connection which outcomes had committed. A batch the
+server refuses (a value it cannot store) is written row by row, so that one bad row never blocks
+or loses the others; a row refused on its own is recorded as a failed attempt saying why.
+Outcomes whose attempt no longer holds the job are dropped, and logged."""
 
 from __future__ import annotations
 
 import contextlib
-import random
 from collections.abc import Callable
 
 import anyio
@@ -16,12 +19,15 @@ import asyncpg
 
 from . import db
 from .logs import get_logger
-from .models import AttemptResult, JobStatus
+from .models import AttemptResult, JobStatus, Outcome
+from .service import describe
 
 LINGER = 0.003
 
 
 class Completer:
+    name = "completer"
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -38,8 +44,11 @@ class Completer:
         self._schema = schema
         self._max_batch = max_batch
         self._buffer: list[AttemptResult] = []
+        self._batch: list[AttemptResult] = []
+        self._uncertain = False
         self._ready = anyio.Event()
         self._closing = False
+        self._give_up_at = float("inf")
         self.finished = anyio.Event()
         self._log = get_logger(worker_id=worker_id)
         self.written = 0
@@ -49,57 +58,117 @@ class Completer:
         self._buffer.append(result)
         self._ready.set()
 
-    def _take(self) -> list[AttemptResult]:
-        batch = self._buffer[: self._max_batch]
-        del self._buffer[: self._max_batch]
-        return batch
-
     def close(self) -> None:
-        """Finish once everything submitted so far is written."""
+        """Finish once everything submitted so far is written (or given up on, when the
+        database stays unreachable for `give_up_after` seconds)."""
         self._closing = True
+        self._give_up_at = anyio.current_time() + self.give_up_after
         self._ready.set()
 
-    async def run(self) -> None:
-        while True:
-            await self._ready.wait()
-            self._ready = anyio.Event()
-            if not self._closing:
-                await anyio.sleep(LINGER)  # let the batch fill
-            while self._buffer:
-                await self._write(self._take())
-            if self._closing:
-                await self._conn.drop()
-                self.finished.set()
-                return
+    def done(self) -> bool:
+        return self.finished.is_set()
 
-    async def _write(self, batch: list[AttemptResult]) -> None:
-        failures = 0
-        give_up_at = float("inf")
-        while True:
-            try:
-                written = await db.finish_many(await self._conn.get(), self._schema, batch)
+    async def idle(self) -> None:
+        await self._ready.wait()
+        self._ready = anyio.Event()
+        if not self._closing:
+            await anyio.sleep(LINGER)  # let the batch fill
+
+    async def reset(self) -> None:
+        await self._conn.drop()
+
+    async def step(self) -> None:
+        """Write everything buffered, batch by batch; when closing and all is written, finish."""
+        while self._batch or self._buffer:
+            if not self._batch:
+                self._batch = self._buffer[: self._max_batch]
+                del self._buffer[: self._max_batch]
+                self._uncertain = False
+            if self._closing and anyio.current_time() > self._give_up_at:
+                self._give_up()
                 break
-            except (*db.CONNECTION_ERRORS, asyncpg.exceptions.TransactionRollbackError) as exc:
-                await self._conn.drop()
-                if self._closing:
-                    give_up_at = min(give_up_at, anyio.current_time() + self.give_up_after)
-                if anyio.current_time() > give_up_at:
-                    self._log.error(
-                        "database unreachable at shutdown: outcomes not written; their jobs "
-                        "will be rescued when their lease expires",
-                        jobs=len(batch),
-                    )
-                    return
-                failures += 1
-                delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
+            await self._write()
+        if self._closing:
+            await self._conn.drop()
+            self.finished.set()
+
+    def _give_up(self) -> None:
+        jobs = len(self._batch) + len(self._buffer)
+        self._log.error(
+            "database unreachable at shutdown: outcomes not written; their jobs will be rescued "
+            "when their lease expires",
+            jobs=jobs,
+        )
+        self.dropped += jobs
+        self._batch, self._buffer = [], []
+
+    async def _write(self) -> None:
+        batch = self._batch
+        try:
+            written = await db.finish_many(await self._conn.get(), self._schema, batch)
+        except Exception as exc:
+            kind = db.classify(exc)
+            if kind == "rejected":
                 self._log.warning(
-                    "outcome write failed; retrying",
-                    error=str(exc),
+                    "outcome batch refused by the database; writing its rows one by one",
+                    error=describe(exc),
                     jobs=len(batch),
-                    retry_in_s=round(delay, 2),
                 )
-                await anyio.sleep(delay)
-        await self._settle(batch, written, uncertain=bool(failures))
+                await self._write_one_by_one()
+                return
+            if kind == "connection":
+                self._uncertain = True
+            raise
+        await self._settle(batch, written, uncertain=self._uncertain)
+        self._batch = []
+
+    async def _write_one_by_one(self) -> None:
+        """Write each row of the batch alone; a row the database refuses is recorded as a failed
+        attempt instead. Rows written leave the batch as they go, so that a lost connection
+        midway resumes with the rest."""
+        while self._batch:
+            result = self._batch[0]
+            try:
+                written = await db.finish_many(await self._conn.get(), self._schema, [result])
+            except Exception as exc:
+                if db.classify(exc) != "rejected":
+                    raise
+                result = self._refused(result, exc)
+                try:
+                    written = await db.finish_many(await self._conn.get(), self._schema, [result])
+                except Exception as again:
+                    if db.classify(again) != "rejected":
+                        raise
+                    self._log.error(
+                        "outcome not written: the job will be rescued when its lease expires",
+                        job_id=result.job_id,
+                        error=describe(again),
+                    )
+                    self.dropped += 1
+                    self._batch.pop(0)
+                    continue
+            await self._settle([result], written, uncertain=self._uncertain)
+            self._batch.pop(0)
+
+    def _refused(self, result: AttemptResult, exc: BaseException) -> AttemptResult:
+        """The failed attempt recorded in place of an outcome the database refused."""
+        error = describe(exc)[:500]
+        self._log.error(
+            "outcome refused by the database: recording the attempt as failed",
+            job_id=result.job_id,
+            attempt=result.attempt,
+            outcome=result.outcome.value,
+            error=error,
+        )
+        return AttemptResult(
+            result.job_id,
+            result.attempt,
+            result.claimed_at,
+            JobStatus.FAILED,
+            Outcome.FAILED,
+            error_type="OutcomeRefused",
+            error_message=f"the database refused this attempt's outcome ({error})",
+        )
 
     async def _settle(
         self, batch: list[AttemptResult], written: set[int], *, uncertain: bool = False
@@ -109,7 +178,7 @@ class Completer:
         committed them."""
         missing = [r for r in batch if r.job_id not in written]
         if missing and uncertain:
-            with contextlib.suppress(*db.CONNECTION_ERRORS):
+            with contextlib.suppress(Exception):
                 recorded = await db.attempt_outcomes(
                     self._pool, self._schema, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )

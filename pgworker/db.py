@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from . import sql
-from .errors import DatabaseUnavailable, SchemaError
+from .errors import DatabaseUnavailable, PrivilegeError, SchemaError
 from .models import AttemptResult
 
 Executor = asyncpg.Connection | asyncpg.Pool
@@ -28,6 +28,39 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     # asyncpg can report a connection killed mid-protocol this way.
     asyncpg.exceptions.InternalClientError,
 )
+
+
+# The server refused this statement or connection for now: retry after a backoff.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout, pg_cancel_backend
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+# The server (or asyncpg, encoding a parameter) refused these values: retrying cannot help, the
+# row must be handled on its own.
+REJECTED_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions._base.DataError,
+    asyncpg.exceptions.IntegrityConstraintViolationError,
+    asyncpg.exceptions.ProgramLimitExceededError,
+    UnicodeError,
+    OverflowError,
+)
+
+
+def classify(exc: BaseException) -> str:
+    """What a failed statement means for the service that sent it: "rejected" (the values),
+    "connection" (reconnect), "transient" (back off, retry) or "unexpected"."""
+    if isinstance(exc, REJECTED_ERRORS):
+        return "rejected"
+    if isinstance(exc, (*CONNECTION_ERRORS, DatabaseUnavailable)):
+        return "connection"
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return "transient"
+    return "unexpected"
 
 
 def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
@@ -51,6 +84,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -> asyncpg.Pool:
+    """A pool for a worker; the server refusing more connections is DatabaseUnavailable."""
     try:
         return await asyncpg.create_pool(
             dsn,
@@ -69,6 +103,8 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
                 "enable_bitmapscan": "off",
             },
         )
+    except asyncpg.exceptions.TooManyConnectionsError as exc:
+        raise too_many_connections(exc) from exc
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc
 
@@ -163,6 +199,35 @@ async def check_schema(conn: Executor, schema: str) -> None:
             f"the pgworker schema {schema!r} is at version {found}, newer than this pgworker "
             f"(version {expected}); upgrade pgworker on this host"
         )
+
+
+async def check_privileges(conn: Executor, schema: str) -> None:
+    """Raise PrivilegeError naming the first privilege a worker needs and lacks."""
+    try:
+        missing = await conn.fetch(sql.queries(schema)["privileges_missing"], schema)
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise privilege_error(schema, exc) from exc
+    if missing:
+        needed = ", ".join(f"{r['privilege']} on {r['object']}" for r in missing)
+        raise PrivilegeError(
+            f"the database role lacks {needed}; grant it (GRANT {missing[0]['privilege']} ON "
+            f"{missing[0]['object']} TO <role>) or run the worker as the schema's owner"
+        )
+
+
+def privilege_error(schema: str, exc: BaseException) -> PrivilegeError:
+    return PrivilegeError(
+        f"the database role lacks a privilege on the pgworker schema {schema!r} ({exc}); grant "
+        "USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables"
+    )
+
+
+def too_many_connections(exc: BaseException) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the server refuses more connections ({exc}); a worker needs up to 6 (its pool of 4 "
+        "and the listener): raise the role's CONNECTION LIMIT or max_connections, or run fewer "
+        "processes"
+    )
 
 
 # --- enqueue ------------------------------------------------------------------------------
@@ -307,11 +372,11 @@ async def heartbeat(
     conn: Executor, schema: str, running: Sequence[tuple[int, int, datetime]], lease: float
 ) -> dict[int, bool]:
     """Extend the leases of `running` (job id, attempt, claimed at) attempts in one statement.
-    Returns the jobs still held, each with whether an operator asked to cancel it."""
+    Returns the (job id, attempt) still held, each with whether an operator asked to cancel it."""
     rows = await conn.fetch(
         sql.queries(schema)["worker_heartbeat"], *_attempt_arrays(running), lease
     )
-    return {r["id"]: r["cancel_requested"] for r in rows}
+    return {(r["id"], r["attempts"]): r["cancel_requested"] for r in rows}
 
 
 async def unregister_worker(conn: Executor, schema: str, worker_id: str) -> None:
@@ -321,24 +386,25 @@ async def unregister_worker(conn: Executor, schema: str, worker_id: str) -> None
 # --- maintenance --------------------------------------------------------------------------
 
 
-async def try_lead(conn: asyncpg.Connection, schema: str) -> bool:
-    """Take the maintenance leadership (a session advisory lock) if no one holds it."""
-    return await conn.fetchval(sql.queries(schema)["leader_try"], schema)
+async def lead(conn: Executor, schema: str, worker_id: str, lease: float) -> bool:
+    """Take the maintenance leadership, or renew it, for `lease` seconds: a lease row, taken only
+    when free or expired, so that a leader that freezes loses it when its lease runs out."""
+    return await conn.fetchval(sql.queries(schema)["leader_take"], worker_id, lease) is not None
 
 
-async def rescue(conn: Executor, schema: str) -> list[asyncpg.Record]:
-    """Requeue (or fail) jobs whose lease expired; returns them with their new status."""
-    return await conn.fetch(sql.queries(schema)["jobs_rescue"], channel(schema))
+async def resign(conn: Executor, schema: str, worker_id: str) -> None:
+    """Give the leadership up (a stopping worker), so that another worker takes it at once."""
+    await conn.execute(sql.queries(schema)["leader_release"], worker_id)
+
+
+async def rescue(conn: Executor, schema: str, worker_id: str) -> list[asyncpg.Record]:
+    """Requeue (or fail) jobs whose lease expired, if `worker_id` still leads; returns them with
+    their new status."""
+    return await conn.fetch(sql.queries(schema)["jobs_rescue"], channel(schema), worker_id)
 
 
 async def prune_workers(conn: Executor, schema: str, unseen_for: float) -> None:
     await conn.execute(sql.queries(schema)["workers_prune"], unseen_for)
-
-
-async def end_session_when_idle(conn: asyncpg.Connection, schema: str, seconds: float) -> None:
-    """Have the server close this session after `seconds` idle, releasing its session locks."""
-    with contextlib.suppress(asyncpg.PostgresError):  # PostgreSQL < 14 lacks the setting
-        await conn.execute(sql.queries(schema)["session_idle_timeout"], str(int(seconds * 1000)))
 
 
 async def notify(conn: asyncpg.Connection, schema: str, channel: str, payload: str) -> None:

@@ -3,20 +3,28 @@ and turn what happened into an AttemptResult. No SQL here: the completer writes 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import functools
+import inspect
 import json
 import logging
-import math
+import queue
+import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import anyio
 
 from .errors import PermanentError, Retry
+from .limits import clamp_delay, clean_text, json_problem
 from .logs import base_logger, enabled, get_logger
 from .models import AttemptResult, Job, JobStatus, Outcome, claimed_job, current_correlation_id
 from .registry import Task
+from .service import describe, error_parts
 
 _MESSAGE_LIMIT = 2000
 
@@ -38,6 +46,7 @@ class Attempt:
         "max_retries",
         "number",
         "payload",
+        "payload_error",
         "queue",
         "retry_count",
         "scope",
@@ -56,7 +65,12 @@ class Attempt:
         self.claimed_at: datetime = claim[0]
         self.type: str = record["type"]
         self.queue: str = record["queue"]
-        self.payload: Any = json.loads(record["payload"])
+        self.payload: Any = None
+        self.payload_error: str | None = None
+        try:
+            self.payload = json.loads(record["payload"])
+        except Exception as exc:  # a row written around enqueue's checks, e.g. nested too deep
+            self.payload_error = describe(exc)
         self.retry_count: int = record["retry_count"]
         self.max_retries: int | None = record["max_retries"]
         self.correlation_id: str = record["correlation_id"]
@@ -144,9 +158,7 @@ class JobContext:
 
 
 def _error(exc: BaseException) -> tuple[str, str]:
-    """The error's type and message as stored; PostgreSQL text cannot hold NUL, so it is shown
-    as `\\x00` rather than making the outcome unwritable."""
-    return type(exc).__name__, str(exc)[:_MESSAGE_LIMIT].replace("\x00", "\\x00")
+    return error_parts(exc, _MESSAGE_LIMIT)
 
 
 def _retry_or_fail(
@@ -178,29 +190,100 @@ def _retry_or_fail(
     )
 
 
+def _result_text(attempt: Attempt, value: Any) -> str | None:
+    """The return value as jsonb text, or None with a warning when it cannot be stored (not
+    JSON-serialisable, NUL characters, nested or sized past the limits). Lone surrogates are
+    replaced by U+FFFD, as in error messages."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except Exception as exc:
+        attempt.log.warning("result not stored: not JSON-serialisable", error=describe(exc))
+        return None
+    problem = json_problem(text, value)
+    if problem is not None and "surrogate" in problem:
+        text = clean_text(text)
+        problem = json_problem(text, value)
+    if problem is not None:
+        attempt.log.warning("result not stored", error=f"the result {problem}")
+        return None
+    return text
+
+
 def _completed(attempt: Attempt, value: Any) -> AttemptResult:
-    result = None
-    if value is not None:
-        try:
-            result = json.dumps(value, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            attempt.log.warning("result not stored: not JSON-serialisable", error=str(exc))
-        if result is not None and "\\u0000" in result:
-            attempt.log.warning("result not stored: jsonb cannot hold NUL characters")
-            result = None
     return attempt.ends(
         JobStatus.COMPLETED,
         Outcome.COMPLETED,
-        result=result,
+        result=None if value is None else _result_text(attempt, value),
     )
 
 
-async def execute(
-    attempt: Attempt, task: Task, worker_id: str, limiter: anyio.CapacityLimiter
-) -> AttemptResult:
+class _DaemonThreads:
+    """Threads for plain `def` handlers. Daemon threads, unlike anyio's: a handler that never
+    returns is abandoned at shutdown (Python cannot stop a thread) and must not keep the process
+    alive. Idle threads wait for the next handler."""
+
+    def __init__(self) -> None:
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            inbox.get()()
+            with self._lock:
+                self._idle.append(inbox)
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` in a thread, with the caller's context variables; raises what it raised. A
+        cancelled caller stops waiting; the thread finishes on its own."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def report(outcome: tuple[bool, Any]) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        def work() -> None:
+            try:
+                outcome = (True, context.run(fn))
+            except BaseException as exc:
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(report, outcome)
+
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="pgworker-handler", daemon=True
+            ).start()
+        inbox.put(work)
+        ok, value = await done
+        if not ok:
+            raise value
+        return value
+
+
+_threads = _DaemonThreads()
+
+
+def _cancelled_by_worker(attempt: Attempt) -> bool:
+    """Whether a cancellation comes from the worker (this attempt's scope: timeout, cancel, lost
+    lease, shutdown; or an enclosing scope) rather than from the handler itself, which may await
+    a task it cancelled: that one is the handler's failure."""
+    if attempt.scope.cancel_called:
+        return True
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult:
     """Run one attempt to its outcome, in a structlog context bound to `attempt.keys` (the
     producer's slot binds them). Cancellation of this attempt's own scope (timeout, shutdown,
-    operator cancel) is turned into an outcome; any other cancellation propagates."""
+    operator cancel) is turned into an outcome; any other cancellation by the worker propagates.
+    Whatever else the handler raises, BaseExceptions included (SystemExit, KeyboardInterrupt,
+    GeneratorExit, its own CancelledError), is the attempt's failure."""
     current_correlation_id.set(attempt.correlation_id)
     ctx = JobContext(attempt, worker_id)
     log = base_logger()
@@ -211,19 +294,29 @@ async def execute(
     started = time.monotonic()
     value: Any = None
     failure: BaseException | None = None
-    with attempt.scope:
-        try:
-            if task.is_async:
-                value = await task.fn(ctx, attempt.payload)
-            else:
-                value = await anyio.to_thread.run_sync(
-                    functools.partial(task.fn, ctx, attempt.payload),
-                    abandon_on_cancel=True,
-                    limiter=limiter,
-                )
-        except Exception as exc:
-            failure = exc
-    result = _decide(attempt, task, value, failure)
+    if attempt.payload_error is not None:
+        result = attempt.ends(
+            JobStatus.FAILED,
+            Outcome.FAILED,
+            error_type="InvalidPayload",
+            error_message=f"the payload cannot be decoded ({attempt.payload_error})",
+        )
+    else:
+        with attempt.scope:
+            try:
+                if task.is_async:
+                    value = await task.fn(ctx, attempt.payload)
+                else:
+                    value = await _threads.run(functools.partial(task.fn, ctx, attempt.payload))
+                    if inspect.isawaitable(value):
+                        value = await value
+            except BaseException as exc:
+                if isinstance(exc, anyio.get_cancelled_exc_class()) and _cancelled_by_worker(
+                    attempt
+                ):
+                    raise
+                failure = exc
+        result = _decide(attempt, task, value, failure)
     failed = result.status is JobStatus.FAILED
     if enabled(log, logging.WARNING if failed else logging.INFO):
         (log.warning if failed else log.info)(
@@ -260,9 +353,7 @@ def _decide(
                 error_message="cancelled by an operator",
             )
         timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s")
-        return _retry_or_fail(
-            task, attempt, Outcome.TIMED_OUT, timed_out, task.retry.delay(attempt.retry_count + 1)
-        )
+        return _retry_or_fail(task, attempt, Outcome.TIMED_OUT, timed_out, _backoff(task, attempt))
     if failure is None:
         return _completed(attempt, value)
     if isinstance(failure, PermanentError):
@@ -274,16 +365,32 @@ def _decide(
             error_message=message,
         )
     if isinstance(failure, Retry):
-        delay = failure.after if math.isfinite(failure.after) else 0.0
         return _retry_or_fail(
             task,
             attempt,
             Outcome.FAILED,
             _error(failure),
-            delay,
+            clamp_delay(_number(getattr(failure, "after", 0.0))),
             " (max_retries {retries} exhausted)",
         )
-    attempt.log.debug("handler raised", exc_info=failure)
-    return _retry_or_fail(
-        task, attempt, Outcome.FAILED, _error(failure), task.retry.delay(attempt.retry_count + 1)
-    )
+    if enabled(attempt.log, logging.DEBUG):
+        attempt.log.debug("handler raised", exc_info=failure)
+    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(failure), _backoff(task, attempt))
+
+
+def failed_by_worker(attempt: Attempt, task: Task, exc: BaseException) -> AttemptResult:
+    """The outcome of an attempt that pgworker itself failed to run to the end (a bug): an
+    ordinary failure, retried while retries remain."""
+    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(exc), _backoff(task, attempt))
+
+
+def _backoff(task: Task, attempt: Attempt) -> float:
+    return clamp_delay(task.retry.delay(attempt.retry_count + 1))
+
+
+def _number(value: Any) -> float:
+    """A Retry's `after` as seconds, whatever a subclass put there (it is the handler's)."""
+    try:
+        return float(value.total_seconds() if hasattr(value, "total_seconds") else value)
+    except Exception:
+        return 0.0

@@ -1,76 +1,65 @@
-"""Maintenance, run by one worker at a time: the holder of an advisory lock on a dedicated
-connection. It rescues jobs whose lease expired and forgets workers long gone.
+"""Maintenance, run by one worker at a time: the holder of the leadership lease (a row of the
+`leader` table, taken when free or expired, renewed at each tick). It rescues jobs whose lease
+expired and forgets workers long gone.
 
-The connection sets `idle_session_timeout` to the lease, so a leader that freezes (SIGSTOP, a
-stalled VM) loses its session, and with it the lock, within a lease; another worker then leads.
+A leader that freezes (SIGSTOP, a stalled VM) at any point of its cycle stops renewing: its lease
+runs out and another worker leads. Every rescue is fenced by the lease, so a frozen leader that
+resumes cannot act on an old belief that it still leads.
 """
 
 from __future__ import annotations
 
-import random
+from typing import Any
 
 import anyio
-import asyncpg
 
 from . import db
 from .logs import get_logger
 from .settings import Settings
 
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
+PRUNE_EVERY = 60
 
 
 def interval(lease: float) -> float:
-    """Expired leases are looked for every half lease, at most every 5 s."""
+    """The leadership is renewed and expired leases looked for every half lease, at most every
+    5 s."""
     return min(lease / 2, 5.0)
 
 
 class Maintenance:
-    def __init__(self, settings: Settings) -> None:
+    name = "maintenance"
+
+    def __init__(self, pool: Any, settings: Settings) -> None:
+        self._pool = pool
         self._s = settings
         self._log = get_logger(worker_id=settings.worker_id)
+        self._ticks = 0
         self.leading = False
         self.rescued = 0
 
-    async def _connect(self) -> asyncpg.Connection:
-        s = self._s
-        conn = await db.connect(
-            s.dsn, server_settings={"application_name": f"pgworker-maintenance:{s.worker_id}"}
-        )
-        await db.end_session_when_idle(conn, s.schema, s.lease)
-        return conn
+    def done(self) -> bool:
+        return False
 
-    async def run(self) -> None:
-        s = self._s
-        failures = 0
-        while True:
-            conn = None
-            try:
-                conn = await self._connect()
-                failures = 0
-                ticks = 0
-                while True:
-                    if not self.leading:
-                        self.leading = await db.try_lead(conn, s.schema)
-                        if self.leading:
-                            self._log.info("maintenance: this worker leads")
-                    if self.leading:
-                        await self._tick(conn, ticks)
-                        ticks += 1
-                    await anyio.sleep(interval(s.lease))
-            except (*db.CONNECTION_ERRORS, db.DatabaseUnavailable) as exc:
-                if self.leading:
-                    self._log.warning(
-                        "maintenance: leadership lost with the connection", error=str(exc)
-                    )
-                self.leading = False
-                failures += 1
-                await anyio.sleep(min(0.2 * 2**failures, 5.0) * random.uniform(0.5, 1.5))
-            finally:
-                if conn is not None:
-                    conn.terminate()
+    async def reset(self) -> None:
+        if self.leading:
+            self._log.warning("maintenance: leadership uncertain after a failure")
+        self.leading = False
 
-    async def _tick(self, conn: asyncpg.Connection, ticks: int) -> None:
-        for row in await db.rescue(conn, self._s.schema):
+    async def idle(self) -> None:
+        await anyio.sleep(interval(self._s.lease))
+
+    async def step(self) -> None:
+        s = self._s
+        leading = await db.lead(self._pool, s.schema, s.worker_id, s.lease)
+        if leading != self.leading:
+            self._log.info(
+                "maintenance: this worker leads" if leading else "maintenance: leadership lost"
+            )
+        self.leading = leading
+        if not leading:
+            return
+        for row in await db.rescue(self._pool, s.schema, s.worker_id):
             self.rescued += 1
             self._log.warning(
                 "job rescued: its worker stopped renewing the lease",
@@ -78,5 +67,12 @@ class Maintenance:
                 status=row["status"],
                 lost_worker=row["worker_id"],
             )
-        if ticks % 60 == 0:
-            await db.prune_workers(conn, self._s.schema, WORKERS_FORGOTTEN_AFTER)
+        if self._ticks % PRUNE_EVERY == 0:
+            await db.prune_workers(self._pool, s.schema, WORKERS_FORGOTTEN_AFTER)
+        self._ticks += 1
+
+    async def resign(self) -> None:
+        """Give the leadership up when the worker stops."""
+        if self.leading:
+            await db.resign(self._pool, self._s.schema, self._s.worker_id)
+            self.leading = False

@@ -1,17 +1,15 @@
-"""The LISTEN connection: its own connection (a pool would drop LISTEN on reset), reconnecting with
-jittered backoff. It wakes the producer when a job arrives in one of its queues and relays cancel
-requests. A ping through its own channel every few seconds proves it still receives; one that
-does not come back in time gets the connection replaced."""
+"""The LISTEN connection: its own connection (a pool would drop LISTEN on reset), replaced after
+the supervisor's backoff when lost. It wakes the producer when a job arrives in one of its queues
+and relays cancel requests. A ping through its own channel every few seconds proves it still
+receives; one that does not come back in time gets the connection replaced."""
 
 from __future__ import annotations
 
-import random
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.abc
 import asyncpg
 
 from . import db
@@ -40,6 +38,12 @@ class Wakeup:
 
 
 class Notifier:
+    """A service (see service.py): each step connects when needed, then waits up to CHECK_EVERY
+    for the connection to die and pings itself; a dead or deaf connection is dropped and the next
+    step replaces it."""
+
+    name = "notifier"
+
     def __init__(
         self,
         dsn: str,
@@ -59,6 +63,8 @@ class Notifier:
         self._on_cancel = on_cancel
         self._worker_id = worker_id
         self._pong = anyio.Event()
+        self._lost = anyio.Event()
+        self._conn: asyncpg.Connection | None = None
         self._log = get_logger(worker_id=worker_id)
         self.reconnects = 0
 
@@ -73,7 +79,9 @@ class Notifier:
     def _on_ping(self, *_args: Any) -> None:
         self._pong.set()
 
-    async def _listen(self) -> asyncpg.Connection:
+    async def connect(self) -> None:
+        """Open the LISTEN connection; the worker calls this at start-up, so that an unusable
+        database is an error there, and each step calls it again after a loss."""
         conn = await db.connect(
             self._dsn, server_settings={"application_name": f"pgworker-listen:{self._worker_id}"}
         )
@@ -81,10 +89,14 @@ class Notifier:
             await conn.add_listener(self._jobs_channel, self._on_job)
             await conn.add_listener(self._cancel_channel, self._on_cancel_request)
             await conn.add_listener(self._ping_channel, self._on_ping)
+            lost = self._lost = anyio.Event()
+            conn.add_termination_listener(lambda _c: lost.set())
         except BaseException:
             conn.terminate()
             raise
-        return conn
+        self._conn = conn
+        # Notifications sent while no connection listened are lost: look for work now.
+        self._wakeup.set()
 
     async def _healthy(self, conn: asyncpg.Connection) -> bool:
         self._pong = anyio.Event()
@@ -93,46 +105,31 @@ class Notifier:
             await self._pong.wait()
         return self._pong.is_set()
 
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Listen until cancelled; `task_status.started()` once the first LISTEN is in place."""
-        failures = 0
-        started = False
-        while True:
-            lost = anyio.Event()
-            try:
-                conn = await self._listen()
-            except (*db.CONNECTION_ERRORS, db.DatabaseUnavailable) as exc:
-                if not started:
-                    raise
-                failures += 1
-                delay = min(0.1 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
-                self._log.warning(
-                    "listener reconnect failed", error=str(exc), retry_in_s=round(delay, 2)
-                )
-                await anyio.sleep(delay)
-                continue
-            try:
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                if started:
-                    self.reconnects += 1
-                    self._log.info("listener reconnected", after_failures=failures)
-                failures = 0
-                # Notifications sent while we were away are lost: look for work now.
-                self._wakeup.set()
-                if not started:
-                    started = True
-                    task_status.started()
-                while not lost.is_set():
-                    with anyio.move_on_after(CHECK_EVERY):
-                        await lost.wait()
-                    if not lost.is_set() and not await self._healthy(conn):
-                        self._log.warning("listener stopped receiving; reconnecting")
-                        break
-                else:
-                    self._log.warning("listener connection lost; reconnecting")
-            except db.CONNECTION_ERRORS as exc:
-                self._log.warning("listener connection lost; reconnecting", error=str(exc))
-            finally:
-                conn.terminate()
+    def done(self) -> bool:
+        return False
+
+    async def idle(self) -> None:
+        pass
+
+    async def reset(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    async def step(self) -> None:
+        if self._conn is None:
+            await self.connect()
+            self.reconnects += 1
+            self._log.info("listener reconnected")
+            return
+        with anyio.move_on_after(CHECK_EVERY):
+            await self._lost.wait()
+        if self._lost.is_set():
+            self._log.warning("listener connection lost; reconnecting")
+            self.close()
+        elif not await self._healthy(self._conn):
+            self._log.warning("listener stopped receiving; reconnecting")
+            self.close()

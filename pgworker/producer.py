@@ -6,8 +6,8 @@ pending as `interrupted`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import socket
 from collections import deque
 from datetime import timedelta
@@ -18,11 +18,12 @@ import structlog
 
 from . import db
 from .completer import Completer
-from .executor import Attempt, execute
+from .executor import Attempt, execute, failed_by_worker
 from .logs import get_logger
 from .models import Outcome
 from .notifier import Wakeup
 from .registry import Registry
+from .service import Health, supervise
 from .settings import Settings
 
 
@@ -55,6 +56,10 @@ class _Handoff:
 
 
 class Producer:
+    """The claim service (see service.py) and the slots that run what it claims."""
+
+    name = "producer"
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -71,13 +76,17 @@ class Producer:
         self._wakeup = wakeup
         self._types = [t.name for t in registry]
         self._default_max_retries = [t.retry.max_retries for t in registry]
-        self._limiter = anyio.CapacityLimiter(settings.concurrency)
+        self._lease = timedelta(seconds=settings.lease)
+        self._handoff = _Handoff()
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._saturated = False
         self._next_due = float("inf")
         self._log = get_logger(worker_id=settings.worker_id)
-        self.running: dict[int, Attempt] = {}
+        # Attempts in flight, keyed by attempt (a job rescued from under a frozen attempt and
+        # claimed again here has two); and the newest attempt of each job, for cancel requests.
+        self.running: set[Attempt] = set()
+        self._by_job: dict[int, Attempt] = {}
 
     def stop(self) -> None:
         """Stop claiming now; running attempts get the grace period to finish."""
@@ -87,12 +96,12 @@ class Producer:
     def interrupt(self) -> None:
         """End the grace period now: stop every running attempt."""
         self.stop()
-        for attempt in list(self.running.values()):
+        for attempt in list(self.running):
             attempt.stop(Outcome.INTERRUPTED)
 
     def cancel(self, job_id: int) -> None:
         """An operator cancelled this job: stop its attempt if it runs here."""
-        attempt = self.running.get(job_id)
+        attempt = self._by_job.get(job_id)
         if attempt is not None and attempt.stopped_as is None:
             attempt.log.info("cancel requested: stopping the job")
             attempt.stop(Outcome.CANCELLED)
@@ -111,30 +120,6 @@ class Producer:
             s.concurrency,
         )
 
-    async def heartbeat(self) -> None:
-        """Every third of the lease: extend the leases of all running attempts in one statement,
-        say the worker is alive, act on cancel requests the notifications missed, and stop the
-        attempts whose lease was lost (their job was rescued and may already run elsewhere)."""
-        s = self._settings
-        while True:
-            await anyio.sleep(s.lease / 3)
-            sent = [(a.id, a.number, a.claimed_at) for a in self.running.values()]
-            try:
-                held = await db.heartbeat(self._pool, s.schema, sent, s.lease)
-                await self.register()
-            except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                self._log.warning("heartbeat failed", error=str(exc))
-                continue
-            for job_id, attempt_number, _ in sent:
-                attempt = self.running.get(job_id)
-                if attempt is None or attempt.number != attempt_number:
-                    continue
-                if job_id not in held:
-                    attempt.log.warning("lease lost: stopping the attempt")
-                    attempt.stop(Outcome.LOST)
-                elif held[job_id]:
-                    self.cancel(job_id)
-
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
         at the next poll."""
@@ -143,65 +128,69 @@ class Producer:
             self._next_due = due
             self._wakeup.set()
 
-    async def run(self) -> None:
+    async def run(self, health: Health) -> None:
         """Claim until stopped, feeding the attempts to `concurrency` slot tasks; then give running
         attempts the grace period, and interrupt what still runs after it."""
         s = self._settings
-        handoff = _Handoff()
         async with anyio.create_task_group() as slots:
             for _ in range(s.concurrency):
-                slots.start_soon(self._slot, handoff)
+                slots.start_soon(self._slot)
             try:
-                await self._claim_until_stopped(handoff)
+                await supervise(self, health, self._log, self._stopping)
             finally:
                 await self._conn.drop()
             await self._drain()
-            handoff.close()
+            self._handoff.close()
 
-    async def _claim_until_stopped(self, handoff: _Handoff) -> None:
+    # The claim service: one claim per step, as many jobs as there are free slots.
+
+    def done(self) -> bool:
+        return self._stopping.is_set()
+
+    async def reset(self) -> None:
+        await self._conn.drop()
+
+    async def step(self) -> None:
         s = self._settings
-        lease = timedelta(seconds=s.lease)
-        failures = 0
-        while not self._stopping.is_set():
-            self._wakeup.clear()
-            free = s.concurrency - len(self.running)
-            if free > 0:
-                try:
-                    records = await db.claim(
-                        await self._conn.get(),
-                        s.schema,
-                        queues=s.queues,
-                        types=self._types,
-                        default_max_retries=self._default_max_retries,
-                        limit=free,
-                        worker_id=s.worker_id,
-                        lease=s.lease,
-                        code_version=s.code_version,
-                        durable=s.durable_claims,
-                    )
-                    failures = 0
-                except (*db.CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                    await self._conn.drop()
-                    failures += 1
-                    delay = min(0.05 * 2**failures, 5.0) * random.uniform(0.5, 1.5)
-                    self._log.warning(
-                        "claim failed; retrying", error=str(exc), retry_in_s=round(delay, 2)
-                    )
-                    with anyio.move_on_after(delay):
-                        await self._stopping.wait()
-                    continue
-                self._saturated = len(records) == free
-                if records:
-                    claimed_at = records[0]["claimed_at"]
-                    claim = (claimed_at, s.worker_id, claimed_at + lease)
-                    for record in records:
-                        attempt = Attempt(record, claim)
-                        self.running[attempt.id] = attempt
-                        handoff.put(attempt)
-            now = anyio.current_time()
-            if self._next_due <= now:
-                self._next_due = float("inf")
-            await self._wakeup.wait(min(s.poll_interval, max(self._next_due - now, 0.0)))
+        self._wakeup.clear()
+        free = s.concurrency - len(self.running)
+        if free <= 0:
+            return
+        records = await db.claim(
+            await self._conn.get(),
+            s.schema,
+            queues=s.queues,
+            types=self._types,
+            default_max_retries=self._default_max_retries,
+            limit=free,
+            worker_id=s.worker_id,
+            lease=s.lease,
+            code_version=s.code_version,
+            durable=s.durable_claims,
+        )
+        self._saturated = len(records) == free
+        if records:
+            claimed_at = records[0]["claimed_at"]
+            claim = (claimed_at, s.worker_id, claimed_at + self._lease)
+            for record in records:
+                self._start(Attempt(record, claim))
+
+    def _start(self, attempt: Attempt) -> None:
+        stale = self._by_job.get(attempt.id)
+        if stale is not None:
+            # Rescued while this worker was frozen or cut off, and claimed again: the old attempt
+            # no longer holds the job, whatever its handler is doing.
+            stale.log.warning("lease lost: stopping the attempt", claimed_again=attempt.number)
+            stale.stop(Outcome.LOST)
+        self.running.add(attempt)
+        self._by_job[attempt.id] = attempt
+        self._handoff.put(attempt)
+
+    async def idle(self) -> None:
+        now = anyio.current_time()
+        if self._next_due <= now:
+            self._next_due = float("inf")
+        await self._wakeup.wait(min(self._settings.poll_interval, max(self._next_due - now, 0.0)))
 
     async def _drain(self) -> None:
         s = self._settings
@@ -216,26 +205,72 @@ class Producer:
             self._log.warning("grace period over: interrupting jobs", jobs=len(self.running))
             self.interrupt()
 
-    async def _slot(self, handoff: _Handoff) -> None:
+    async def _slot(self) -> None:
         """One of `concurrency` long-lived tasks, each running one attempt at a time: cheaper than
         a task per job, and the bound on concurrency by construction. Each attempt starts from
         the slot's own structlog context plus the job's keys, so that nothing a handler binds
         reaches the next job."""
         inherited = structlog.contextvars.get_contextvars()
-        while (attempt := await handoff.get()) is not None:
+        while (attempt := await self._handoff.get()) is not None:
             structlog.contextvars.clear_contextvars()
             structlog.contextvars.bind_contextvars(**inherited, **attempt.keys)
             await self._execute(attempt)
 
     async def _execute(self, attempt: Attempt) -> None:
+        task = self._registry[attempt.type]
         try:
-            result = await execute(
-                attempt, self._registry[attempt.type], self._settings.worker_id, self._limiter
-            )
+            try:
+                result = await execute(attempt, task, self._settings.worker_id)
+            except Exception as exc:  # a fault of pgworker's own: the attempt fails, the slot lives
+                result = failed_by_worker(attempt, task, exc)
+                with contextlib.suppress(Exception):
+                    self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             self._completer.submit(result)
         finally:
-            del self.running[attempt.id]
+            self.running.discard(attempt)
+            if self._by_job.get(attempt.id) is attempt:
+                del self._by_job[attempt.id]
             if self._saturated:
                 self._wakeup.set()
             if self._stopping.is_set() and not self.running:
                 self._drained.set()
+
+
+class Heartbeat:
+    """The heartbeat service: every third of the lease, extend the leases of all running attempts
+    in one statement, say the worker is alive, act on cancel requests the notifications missed,
+    and stop the attempts whose lease was lost (their job was rescued and may already run
+    elsewhere)."""
+
+    name = "heartbeat"
+
+    def __init__(self, producer: Producer, settings: Settings) -> None:
+        self._producer = producer
+        self._settings = settings
+
+    def done(self) -> bool:
+        return False
+
+    async def reset(self) -> None:
+        pass
+
+    async def idle(self) -> None:
+        await anyio.sleep(self._settings.lease / 3)
+
+    async def step(self) -> None:
+        s = self._settings
+        producer = self._producer
+        attempts = list(producer.running)
+        held = await db.heartbeat(
+            producer._pool, s.schema, [(a.id, a.number, a.claimed_at) for a in attempts], s.lease
+        )
+        await producer.register()
+        for attempt in attempts:
+            if attempt not in producer.running or attempt.stopped_as is not None:
+                continue
+            cancel_requested = held.get((attempt.id, attempt.number))
+            if cancel_requested is None:
+                attempt.log.warning("lease lost: stopping the attempt")
+                attempt.stop(Outcome.LOST)
+            elif cancel_requested:
+                producer.cancel(attempt.id)

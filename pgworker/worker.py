@@ -1,28 +1,62 @@
-"""The Worker: a pool, the listener, the producer (with its slots and heartbeat), the completer
-and maintenance in one task group. `async with Worker(...)` serves in the background; leaving
-the block stops gracefully."""
+"""The Worker: a pool, and the services that share it (claims with their slots, heartbeat,
+completer, listener, maintenance), each run by the one supervised loop of service.py.
+
+Start-up either completes or raises one documented error (DatabaseUnavailable, SchemaError,
+ConfigError, PrivilegeError) with everything it opened closed. `async with Worker(...)` serves in
+the background and works inside any enclosing task group; leaving the block stops gracefully."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
 import anyio
 import anyio.abc
+import asyncpg
 
 from . import db
 from .completer import Completer
-from .errors import ConfigError
+from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .logs import get_logger
 from .maintenance import Maintenance
+from .models import DEFAULT_QUEUE
 from .notifier import Notifier, Wakeup
-from .producer import Producer
+from .producer import Heartbeat, Producer
 from .registry import Registry
+from .service import Health, describe, supervise
 from .settings import Settings, dsn_from_env
+
+POOL_SIZE = 4
+
+
+class _Services:
+    """What a started worker holds: the pool and its services."""
+
+    def __init__(self, worker: Worker, pool: asyncpg.Pool) -> None:
+        s = worker.settings
+        self.pool = pool
+        self.completer = Completer(
+            pool,
+            s.schema,
+            s.worker_id,
+            on_requeued=lambda delay: self.producer.requeued(delay),
+            give_up_after=max(s.shutdown_timeout, s.lease),
+        )
+        self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
+        self.heartbeat = Heartbeat(self.producer, s)
+        self.maintenance = Maintenance(pool, s)
+        self.notifier = (
+            Notifier(s.dsn, s.schema, s.queues, worker._wakeup, self.producer.cancel, s.worker_id)
+            if s.listen
+            else None
+        )
 
 
 class Worker:
-    """Serves the tasks of `registry` from `queues` (default: `default`).
+    """Serves the tasks of `registry`: by default from every queue its tasks name, and `default`.
 
     Pass `settings=Settings(...)` for full control, or the common options as keywords
     (`poll_interval`, `shutdown_timeout`, `lease`, `listen`, `worker_id`, `schema`, ...).
@@ -42,16 +76,22 @@ class Worker:
             raise ConfigError("registry", f"must be a pgworker.Registry, got {registry!r}")
         if len(registry) == 0:
             raise ConfigError("registry", "has no tasks; register handlers with @registry.task")
+        served = tuple(dict.fromkeys([DEFAULT_QUEUE, *registry.queues()]))
         if settings is None:
             if queues is not None:
                 options["queues"] = tuple(queues)
+            elif options.get("queues") is None:
+                options["queues"] = served
             settings = Settings(dsn=dsn or dsn_from_env() or "", concurrency=concurrency, **options)
+        elif settings.queues is None:
+            settings = dataclasses.replace(settings, queues=served)
         self.settings = settings
         self.registry = registry
         self._wakeup = Wakeup()
         self._producer: Producer | None = None
         self._stop_requested = False
-        self._tg: anyio.abc.TaskGroup | None = None
+        self._healths: dict[str, Health] = {}
+        self._context: contextlib.AbstractAsyncContextManager[Worker] | None = None
         self._log = get_logger(worker_id=settings.worker_id)
 
     @property
@@ -70,78 +110,104 @@ class Worker:
         if self._producer is not None:
             self._producer.interrupt()
 
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per service (producer, heartbeat, completer, notifier, maintenance): `state` ("ok",
+        "retrying" or "stopped"), `last_success` (a datetime or None), `consecutive_failures`
+        and `last_error` (text or None). Empty before the worker starts."""
+        return {name: health.as_dict() for name, health in self._healths.items()}
+
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until `stop()`. Raises SchemaError or DatabaseUnavailable before serving."""
-        await self._serve(await self._open(), task_status=task_status)
+        """Serve until `stop()`. Raises DatabaseUnavailable, SchemaError or PrivilegeError before
+        serving when the worker cannot start."""
+        async with self._started() as services:
+            await self._serve(services, task_status=task_status)
 
-    async def _open(self) -> Any:
-        pool = await db.create_pool(
-            self.settings.dsn, size=3, application_name=f"pgworker:{self.settings.worker_id}"
-        )
-        try:
-            await db.check_schema(pool, self.settings.schema)
-        except BaseException:
-            await pool.close()
-            raise
-        return pool
+    @contextlib.asynccontextmanager
+    async def _started(self) -> AsyncIterator[_Services]:
+        """Open the pool, check the schema and the role's privileges, register, and open the
+        listener; close all of it when done, or at once when a step fails."""
+        s = self.settings
+        async with contextlib.AsyncExitStack() as stack:
+            pool = await db.create_pool(
+                s.dsn, size=POOL_SIZE, application_name=f"pgworker:{s.worker_id}"
+            )
+            stack.push_async_callback(_close_pool, pool)
+            services = _Services(self, pool)
+            try:
+                await db.check_schema(pool, s.schema)
+                await db.check_privileges(pool, s.schema)
+                await services.producer.register()
+                if services.notifier is not None:
+                    await services.notifier.connect()
+                    stack.callback(services.notifier.close)
+            except Exception as exc:
+                raise _start_error(s.schema, exc) from exc
+            yield services
 
     async def _serve(
-        self, pool: Any, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        services: _Services,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         s = self.settings
-        try:
-            completer = Completer(
-                pool,
-                s.schema,
-                s.worker_id,
-                on_requeued=lambda delay: producer.requeued(delay),
-                give_up_after=max(s.shutdown_timeout, s.lease),
-            )
-            producer = Producer(pool, self.registry, s, completer, self._wakeup)
-            await producer.register()
-            async with anyio.create_task_group() as tg:
-                if s.listen:
-                    notifier = Notifier(
-                        s.dsn, s.schema, s.queues, self._wakeup, producer.cancel, s.worker_id
-                    )
-                    await tg.start(notifier.run)
-                tg.start_soon(completer.run)
-                tg.start_soon(producer.heartbeat)
-                tg.start_soon(Maintenance(s).run)
-                self._producer = producer
-                if self._stop_requested:
-                    producer.stop()
-                self._log.info(
-                    "worker started",
-                    queues=list(s.queues),
-                    tasks=[t.name for t in self.registry],
-                    concurrency=s.concurrency,
-                    listen=s.listen,
-                )
-                task_status.started()
-                await producer.run()
-                completer.close()
-                await completer.finished.wait()
-                tg.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await db.unregister_worker(pool, s.schema, s.worker_id)
+        producer, completer = services.producer, services.completer
+        running: list[Any] = [services.completer, services.heartbeat, services.maintenance]
+        if services.notifier is not None:
+            running.append(services.notifier)
+        self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
+        async with anyio.create_task_group() as tg:
+            for svc in running:
+                tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
+            self._producer = producer
+            if self._stop_requested:
+                producer.stop()
             self._log.info(
-                "worker stopped",
-                outcomes_written=completer.written,
-                outcomes_dropped=completer.dropped,
+                "worker started",
+                queues=list(s.queues),
+                tasks=[t.name for t in self.registry],
+                concurrency=s.concurrency,
+                listen=s.listen,
             )
-        finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await pool.close()
+            task_status.started()
+            await producer.run(self._healths["producer"])
+            completer.close()
+            await completer.finished.wait()
+            tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            try:
+                await services.maintenance.resign()
+                await db.unregister_worker(services.pool, s.schema, s.worker_id)
+            except Exception as exc:
+                self._log.warning("could not unregister from the database", error=describe(exc))
+        self._log.info(
+            "worker stopped",
+            outcomes_written=completer.written,
+            outcomes_dropped=completer.dropped,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _serving(self) -> AsyncIterator[Worker]:
+        error: Exception | None = None
+        async with self._started() as services, anyio.create_task_group() as tg:
+            await tg.start(lambda task_status: self._serve(services, task_status=task_status))
+            try:
+                yield self
+            except Exception as exc:
+                # An error in the block still gets a graceful stop; it propagates after.
+                error = exc
+            finally:
+                self.stop()
+        if error is not None:
+            raise error
 
     async def __aenter__(self) -> Worker:
-        pool = await self._open()
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        await self._tg.start(self._serve, pool)
-        return self
+        context = self._serving()
+        worker = await context.__aenter__()
+        self._context = context
+        return worker
 
     async def __aexit__(
         self,
@@ -149,10 +215,36 @@ class Worker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        self.stop()
-        assert self._tg is not None
-        if isinstance(exc, anyio.get_cancelled_exc_class()):
-            return await self._tg.__aexit__(exc_type, exc, tb)
-        # An error in the block still gets a graceful stop; the error then propagates.
-        await self._tg.__aexit__(None, None, None)
-        return None
+        context, self._context = self._context, None
+        assert context is not None, "Worker.__aexit__ without __aenter__"
+        return await context.__aexit__(exc_type, exc, tb)
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    with anyio.CancelScope(shield=True):
+        with anyio.move_on_after(5) as waited:
+            await pool.close()
+        if waited.cancelled_caught:  # a connection stayed busy: stop waiting on it
+            pool.terminate()
+
+
+def _start_error(schema: str, exc: Exception) -> Exception:
+    """The one documented error a failed start-up raises."""
+    if isinstance(exc, PgWorkerError):
+        return exc
+    if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
+        return db.privilege_error(schema, exc)
+    if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+        return db.too_many_connections(exc)
+    if isinstance(
+        exc,
+        asyncpg.exceptions.UndefinedTableError
+        | asyncpg.exceptions.UndefinedColumnError
+        | asyncpg.exceptions.InvalidSchemaNameError
+        | asyncpg.exceptions.UndefinedFunctionError,
+    ):
+        return SchemaError(
+            f"the pgworker schema {schema!r} does not match this pgworker ({describe(exc)}); "
+            "run `pgworker migrate`"
+        )
+    return DatabaseUnavailable(f"the worker could not start: {describe(exc)}")

@@ -1,10 +1,13 @@
 -- Jobs whose lease expired (their worker died, froze or was cut off): back to pending, counted as
 -- a retry, or failed when out of retries, or cancelled when a cancel was asked for; the open
 -- attempt is closed as `lost`. Wakes the workers of the queues that got jobs back ($1: channel).
+-- Fenced by the leadership: nothing happens unless worker $2 holds a live maintenance lease.
 WITH expired AS (
     SELECT id
     FROM {schema}.jobs
     WHERE status = 'running' AND lease_expires_at < now()
+      AND EXISTS (SELECT FROM {schema}.leader
+                  WHERE name = 'maintenance' AND worker_id = $2 AND expires_at > now())
     ORDER BY lease_expires_at
     LIMIT 1000
     FOR UPDATE SKIP LOCKED

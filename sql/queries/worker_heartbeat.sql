@@ -5,4 +5,4 @@ SET lease_expires_at = now() + make_interval(secs => $4::float8), heartbeat_at =
 FROM unnest($1::bigint[], $2::integer[], $3::timestamptz[]) AS r(id, attempt, claimed_at)
 WHERE j.id = r.id AND j.status = 'running' AND j.attempts = r.attempt
   AND j.claimed_at = r.claimed_at
-RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
+RETURNING j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested

@@ -1,0 +1,135 @@
+"""One way to run a background service (claims, heartbeat, completer, listener, maintenance):
+a step, a wait for the next one, and one place that decides what an exception means.
+
+A failed step never ends the process: a lost connection, a statement the server cancelled or
+timed out, too many connections or a lock not available are retried after the one jittered
+backoff; anything unexpected is logged with its traceback and the service restarted after the
+same backoff. Only the worker's own stop ends a service (cancellation is never caught here).
+Each service exposes its health, which `Worker.health()` reports.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+import anyio
+
+from . import db
+from .limits import clean_text
+
+State = Literal["ok", "retrying", "stopped"]
+
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 5.0
+
+
+def backoff(failures: int) -> float:
+    """Seconds to wait after the `failures`-th failure in a row: capped exponential, ±50%."""
+    return min(BACKOFF_BASE * 2 ** min(failures - 1, 16), BACKOFF_CAP) * random.uniform(0.5, 1.5)
+
+
+def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:
+    """An exception's type name and message as stored, whatever the exception does: a `__str__`
+    that raises gives a note instead, NUL is shown as `\\x00` and lone surrogates as U+FFFD (a
+    text column holds neither), and the message is cut at `limit` characters."""
+    try:
+        name = str(type(exc).__name__)
+    except Exception:
+        name = "Exception"
+    try:
+        message = str(exc)
+    except Exception as inner:
+        message = f"<its message could not be read: str() raised {type(inner).__name__}>"
+    return clean_text(name[:200]), clean_text(message[:limit])
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message`, as `error_parts` makes them."""
+    name, message = error_parts(exc)
+    return f"{name}: {message}" if message else name
+
+
+class Health:
+    """A service's health as `Worker.health()` reports it."""
+
+    __slots__ = ("consecutive_failures", "last_error", "last_success", "state")
+
+    def __init__(self) -> None:
+        self.state: State = "ok"
+        self.last_success: datetime | None = None
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+
+    def succeeded(self) -> None:
+        self.state = "ok"
+        self.last_success = datetime.now(UTC)
+        self.consecutive_failures = 0
+
+    def failed(self, error: str) -> None:
+        self.state = "retrying"
+        self.consecutive_failures += 1
+        self.last_error = error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "last_success": self.last_success,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+        }
+
+
+class Service(Protocol):
+    """What `supervise` runs. `step` does one round of work and raises on failure; `idle` waits
+    for the next round; `reset` forgets what a failure may have broken (a held connection);
+    `done` says the service has finished its work (the worker is stopping)."""
+
+    name: str
+
+    async def step(self) -> None: ...
+
+    async def idle(self) -> None: ...
+
+    async def reset(self) -> None: ...
+
+    def done(self) -> bool: ...
+
+
+async def supervise(
+    service: Service, health: Health, log: Any, stop: anyio.Event | None = None
+) -> None:
+    """Run `service` until it is done or cancelled, surviving every exception of its steps. A
+    backoff ends early when `stop` is set."""
+    try:
+        while not service.done():
+            try:
+                await service.step()
+            except Exception as exc:
+                kind = db.classify(exc)
+                health.failed(describe(exc))
+                delay = backoff(health.consecutive_failures)
+                fields = {
+                    "service": service.name,
+                    "error": health.last_error,
+                    "kind": kind,
+                    "failures": health.consecutive_failures,
+                    "retry_in_s": round(delay, 2),
+                }
+                if kind == "unexpected":
+                    log.error(f"{service.name} failed; restarting it", exc_info=exc, **fields)
+                else:
+                    log.warning(f"{service.name} failed; retrying", **fields)
+                try:
+                    await service.reset()
+                except Exception as reset_exc:
+                    log.error(f"{service.name}: reset failed", exc_info=reset_exc)
+                with anyio.move_on_after(delay):
+                    await (stop or anyio.Event()).wait()
+                continue
+            health.succeeded()
+            if not service.done():
+                await service.idle()
+    finally:
+        health.state = "stopped"
