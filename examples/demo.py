@@ -1,8 +1,10 @@
 """`make run`: the example application end to end.
 
 Migrates, enqueues a handful of jobs, runs a real `pgworker run` worker until they are done, stops
-it with SIGTERM and prints what `job_attempts` recorded. Uses PGWORKER_DSN when set; otherwise an
-embedded PostgreSQL kept in `.pgdata/` (started for the run, stopped after it).
+it with SIGTERM and prints what `job_attempts` recorded. Then checks each job's final state and
+the worker's exit status against what the README promises, and exits 1 when one differs. Uses
+PGWORKER_DSN when set; otherwise an embedded PostgreSQL kept in `.pgdata/` (started for the run,
+stopped after it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pgworker import JobSpec
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def demo(dsn: str) -> None:
+async def demo(dsn: str) -> list[str]:
+    """Run the demo; returns what ended otherwise than promised (nothing when all is well)."""
     conn = await asyncpg.connect(dsn)
     try:
         applied = await pgworker.migrate(conn)
@@ -45,6 +48,7 @@ async def demo(dsn: str) -> None:
                     ),
                 ],
             )
+            invoice, resize, crm, card = (r.job.id for r in results)
             first = await pgworker.enqueue(
                 conn,
                 "send-invoice",
@@ -93,7 +97,11 @@ async def demo(dsn: str) -> None:
                 await asyncio.sleep(0.1)
         finally:
             worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=60)
+            try:
+                exit_status = worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                exit_status = None
 
         rows = await conn.fetch(
             """SELECT a.job_id, a.type, a.attempt, a.outcome,
@@ -128,15 +136,61 @@ async def demo(dsn: str) -> None:
             run,
         )
         print("\njobs by status: " + ", ".join(f"{r['status']}={r['n']}" for r in totals))
+
+        # What the README says each job ends as: (status, result, error, attempts' outcomes).
+        expected = {
+            invoice: ("completed", {"sent": 41}, None, ["completed"]),
+            resize: ("completed", {"thumbnail": "cat.png.thumb.png"}, None, ["completed"]),
+            crm: (
+                "completed",
+                {"synced": 7},
+                "ConnectionError: CRM unavailable (attempt 2)",
+                ["retried", "retried", "completed"],
+            ),
+            card: (
+                "failed",
+                None,
+                "PermanentError: card 4000-0000-0000-0002 declined",
+                ["failed"],
+            ),
+            first.job.id: ("completed", {"sent": 42}, None, ["completed"]),
+        }
+        wrong = []
+        if again.created or again.job.id != first.job.id:
+            wrong.append(f"the duplicate idempotency key made a job: {again}")
+        if exit_status != 0:
+            wrong.append(f"the worker exited with status {exit_status} after SIGTERM, not 0")
+        for job_id, want in expected.items():
+            job = await pgworker.get_job(conn, job_id)
+            found = await conn.fetch(
+                "SELECT outcome FROM pgworker.job_attempts WHERE job_id = $1 ORDER BY attempt",
+                job_id,
+            )
+            got = (job.status, job.result, job.error, [r["outcome"] for r in found])
+            if got != want:
+                wrong.append(f"job {job_id} ({job.type}) ended as {got}, expected {want}")
+        jobs = await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE correlation_id = $1", run
+        )
+        if jobs != len(expected):
+            wrong.append(f"{jobs} jobs in the database, expected {len(expected)}")
+        return wrong
     finally:
         await conn.close()
+
+
+def report(wrong: list[str]) -> None:
+    if wrong:
+        print("\nNOT AS PROMISED:", *wrong, sep="\n  ")
+        raise SystemExit(1)
+    print("\nevery job ended as expected, and the worker exited 0 after SIGTERM")
 
 
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     dsn = os.environ.get("PGWORKER_DSN")
     if dsn:
-        asyncio.run(demo(dsn))
+        report(asyncio.run(demo(dsn)))
         return
     from pgworker.devdb import Cluster
 
@@ -144,9 +198,10 @@ def main() -> None:
     print(f"PGWORKER_DSN is not set: using an embedded PostgreSQL in {cluster.data}")
     dsn = cluster.start()
     try:
-        asyncio.run(demo(dsn))
+        wrong = asyncio.run(demo(dsn))
     finally:
         cluster.stop()
+    report(wrong)
 
 
 if __name__ == "__main__":

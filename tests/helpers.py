@@ -1,15 +1,22 @@
-"""Bounded waits on conditions, and small readers of the tables."""
+"""Bounded waits on conditions, small readers of the tables, a faked claim, and a proxy that
+breaks connections at chosen points of the PostgreSQL protocol."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import os
+import re
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 
@@ -60,3 +67,193 @@ async def attempts(conn: Any, job_id: int) -> list[Any]:
     return await conn.fetch(
         "SELECT * FROM pgworker.job_attempts WHERE job_id = $1 ORDER BY attempt", job_id
     )
+
+
+async def fake_claim(conn, job_id: int, worker_id: str = "ghost", lease_s: float = -1) -> datetime:
+    """Make `job_id` look claimed by a worker that is gone, its lease ending `lease_s` from now;
+    returns the claim's time."""
+    claimed_at = await conn.fetchval(
+        """UPDATE pgworker.jobs SET status = 'running', attempts = attempts + 1, worker_id = $2,
+               max_retries = coalesce(max_retries, 3), claimed_at = clock_timestamp(),
+               lease_expires_at = now() + make_interval(secs => $3)
+           WHERE id = $1 RETURNING claimed_at""",
+        job_id,
+        worker_id,
+        lease_s,
+    )
+    await conn.execute(
+        """INSERT INTO pgworker.job_attempts
+               (job_id, attempt, type, queue, worker_id, correlation_id, started_at)
+           SELECT id, attempts, type, queue, worker_id, correlation_id, claimed_at
+           FROM pgworker.jobs WHERE id = $1""",
+        job_id,
+    )
+    return claimed_at
+
+
+def logged(entries: list[dict[str, Any]], event: str, **fields: Any) -> list[dict[str, Any]]:
+    """The captured log entries (structlog.testing.capture_logs) whose event contains `event` and
+    that carry `fields`."""
+    return [
+        e
+        for e in entries
+        if event in str(e.get("event")) and all(e.get(k) == v for k, v in fields.items())
+    ]
+
+
+class _Link:
+    """One proxied connection: a client's socket and the server's, joined."""
+
+    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.server = server
+        self.application_name = ""
+        self.server_port: int = server.get_extra_info("sockname")[1]
+        self.flowing = asyncio.Event()  # cleared: nothing more reaches the client
+        self.flowing.set()
+        self.swallowing = False  # the server's replies are dropped until its ReadyForQuery
+        self.matched: set[bytes] = set()  # prepared statements that the cut waits for
+        self.closed = asyncio.Event()
+
+    def pause(self) -> None:
+        """Stop passing the server's bytes to the client; both sockets stay open."""
+        self.flowing.clear()
+
+    def close(self) -> None:
+        for writer in (self.client, self.server):
+            with contextlib.suppress(Exception):
+                writer.close()
+        self.closed.set()
+
+
+class PgProxy:
+    """A TCP proxy in front of PostgreSQL that reads the wire protocol (v3, without TLS), so that
+    a test can break one connection at a chosen point while the others flow: `pause` what the
+    server sends a connection (its socket stays open: a connection that stops receiving), or
+    `cut_after` a statement (the server runs and commits it, the client never gets the reply and
+    sees its connection lost)."""
+
+    def __init__(self, dsn: str) -> None:
+        parts = urlsplit(dsn)
+        self._dsn = parts
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.links: list[_Link] = []
+        self._cut: tuple[Callable[[_Link, str], bool], bytes] | None = None
+        self.cut_done = asyncio.Event()
+
+    @property
+    def dsn(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self._dsn.netloc.rsplit("@", 1)
+        host = f"127.0.0.1:{port}"
+        netloc = f"{netloc[0]}@{host}" if len(netloc) == 2 else host
+        query = "&".join(q for q in (self._dsn.query, "sslmode=disable") if q)
+        return urlunsplit(self._dsn._replace(netloc=netloc, query=query))
+
+    async def __aenter__(self) -> PgProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for link in self.links:
+            link.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def link(self, application_name: str) -> _Link | None:
+        """The open connection whose application_name starts with `application_name`."""
+        for link in self.links:
+            if link.application_name.startswith(application_name) and not link.closed.is_set():
+                return link
+        return None
+
+    def cut_after(self, statement: Callable[[_Link, str], bool], parameter: bytes) -> None:
+        """Arm one cut: the next execution of a statement for which `statement(link, text)` is
+        true, bound with parameters that contain the bytes `parameter`, reaches the server; the
+        server's whole reply (through its ReadyForQuery: the statement committed) is dropped and
+        both sockets closed."""
+        self._cut = (statement, parameter)
+        self.cut_done.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            writer.close()
+            return
+        link = _Link(writer, up_writer)
+        self.links.append(link)
+        for pump in (self._client_to_server(link, reader), self._server_to_client(link, up_reader)):
+            task = asyncio.create_task(pump)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _client_to_server(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            (length,) = struct.unpack("!i", await reader.readexactly(4))
+            body = await reader.readexactly(length - 4)
+            (code,) = struct.unpack("!i", body[:4])
+            if code == 196608:  # StartupMessage, protocol 3.0: name/value pairs
+                pairs = body[4:].split(b"\0")
+                params = dict(zip(pairs[::2], pairs[1::2], strict=False))
+                link.application_name = params.get(b"application_name", b"").decode()
+            elif code != 80877102:  # a CancelRequest needs no reading; TLS would be unreadable
+                raise AssertionError(f"PgProxy needs sslmode=disable (request code {code})")
+            link.server.write(struct.pack("!i", length) + body)
+            while True:
+                head = await reader.readexactly(5)
+                kind, length = head[:1], struct.unpack("!i", head[1:])[0]
+                body = await reader.readexactly(length - 4)
+                self._watch(link, kind, body)
+                link.server.write(head + body)
+                await link.server.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            link.close()
+
+    def _watch(self, link: _Link, kind: bytes, body: bytes) -> None:
+        """Track the statements the armed cut waits for; start it on their execution."""
+        if self._cut is None:
+            return
+        statement, parameter = self._cut
+        if kind == b"P":  # Parse: statement name, query text, ...
+            name, _, rest = body.partition(b"\0")
+            text = rest.partition(b"\0")[0].decode(errors="replace")
+            if statement(link, text):
+                link.matched.add(name)
+            else:
+                link.matched.discard(name)
+        elif kind == b"B":  # Bind: portal name, statement name, parameters
+            name = body.partition(b"\0")[2].partition(b"\0")[0]
+            if name in link.matched and parameter in body:
+                self._cut = None
+                link.swallowing = True
+
+    async def _server_to_client(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                head = await reader.readexactly(5)
+                body = await reader.readexactly(struct.unpack("!i", head[1:])[0] - 4)
+                if link.swallowing:
+                    if head[:1] == b"Z":  # ReadyForQuery: the statement's transaction is over
+                        link.close()
+                        self.cut_done.set()
+                        return
+                    continue
+                await link.flowing.wait()
+                link.client.write(head + body)
+                await link.client.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            link.close()
+
+
+UPDATES_ATTEMPTS = re.compile(r"UPDATE\s+\S*job_attempts\b", re.IGNORECASE)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 import anyio
 import pytest
@@ -12,31 +11,9 @@ import pgworker
 from pgworker import db
 from pgworker.models import AttemptResult, JobStatus, Outcome
 
-from .helpers import all_finished, attempts, wait_for
+from .helpers import all_finished, attempts, fake_claim, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-async def fake_claim(conn, job_id: int, worker_id: str = "ghost", lease_s: float = -1) -> datetime:
-    """Make `job_id` look claimed by a worker that is gone, its lease ending `lease_s` from now;
-    returns the claim's time."""
-    claimed_at = await conn.fetchval(
-        """UPDATE pgworker.jobs SET status = 'running', attempts = attempts + 1, worker_id = $2,
-               max_retries = coalesce(max_retries, 3), claimed_at = clock_timestamp(),
-               lease_expires_at = now() + make_interval(secs => $3)
-           WHERE id = $1 RETURNING claimed_at""",
-        job_id,
-        worker_id,
-        lease_s,
-    )
-    await conn.execute(
-        """INSERT INTO pgworker.job_attempts
-               (job_id, attempt, type, queue, worker_id, correlation_id, started_at)
-           SELECT id, attempts, type, queue, worker_id, correlation_id, claimed_at
-           FROM pgworker.jobs WHERE id = $1""",
-        job_id,
-    )
-    return claimed_at
 
 
 async def test_long_job_under_a_live_worker_is_never_rescued(dsn, conn):
@@ -110,7 +87,9 @@ async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
     assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, lost)], 30.0) == {}
     assert await db.finish_many(conn, "pgworker", [late]) == set()
     assert await db.attempt_outcomes(conn, "pgworker", [(r.job.id, 1, lost)]) == {}
-    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, current)], 30.0) == {r.job.id: False}
+    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, current)], 30.0) == {
+        (r.job.id, 1): False
+    }
     owner = AttemptResult(r.job.id, 1, current, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"')
     assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
     job = await pgworker.get_job(conn, r.job.id)

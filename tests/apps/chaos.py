@@ -1,5 +1,6 @@
 """Handlers for the chaos tests (`pgworker run tests.apps.chaos`). CHAOS_DSN is where `effect`
-records what it did."""
+records what it did: its effect in `chaos_effects` (keyed by job), and, when the payload asks for
+`count_runs`, each run of its handler in `chaos_runs` (append-only, one row per run)."""
 
 import os
 
@@ -22,6 +23,10 @@ async def effect(ctx: pgworker.JobContext, payload: dict) -> None:
     """The effect is keyed by the job: a second run finds it done and does not repeat it."""
     conn = await asyncpg.connect(os.environ["CHAOS_DSN"])
     try:
+        if payload.get("count_runs"):
+            await conn.execute(
+                "INSERT INTO chaos_runs (job_id, attempt) VALUES ($1, $2)", ctx.job_id, ctx.attempt
+            )
         await conn.execute(
             "INSERT INTO chaos_effects (job_id, attempt) VALUES ($1, $2)"
             " ON CONFLICT (job_id) DO NOTHING",
