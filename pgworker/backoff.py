@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
+from . import limits
 from .errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Capped exponential backoff with jitter. The delay before retry n (from 1) is
-    min(initial_delay * 2**(n-1), max_delay) * (1 ± jitter), in seconds."""
+    min(initial_delay * 2**(n-1), max_delay) * (1 ± jitter), in seconds. Delays are at most
+    `limits.MAX_DELAY` (ten years), so that every computed time can be stored."""
 
     max_retries: int = 3
     initial_delay: float = 1.0
@@ -20,27 +21,21 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        mr = self.max_retries
-        if isinstance(mr, bool) or not isinstance(mr, int) or mr < 0:
-            raise ConfigError("max_retries", f"must be an int >= 0, got {mr!r}")
-        for name in ("initial_delay", "max_delay", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(name, f"must be a number, got {value!r}")
-            if not math.isfinite(value):
-                raise ConfigError(name, f"must be finite, got {value!r}")
-        if self.initial_delay <= 0:
-            raise ConfigError("initial_delay", f"must be > 0 seconds, got {self.initial_delay!r}")
+        limits.count("max_retries", self.max_retries, error=ConfigError)
+        for name, zero in (("initial_delay", False), ("max_delay", True)):
+            value = limits.seconds(name, getattr(self, name), zero=zero, error=ConfigError)
+            object.__setattr__(self, name, value)  # a timedelta becomes seconds
         if self.max_delay < self.initial_delay:
             raise ConfigError(
                 "max_delay",
                 f"must be >= initial_delay ({self.initial_delay}), got {self.max_delay}",
             )
-        if not 0 <= self.jitter <= 1:
-            raise ConfigError("jitter", f"must be between 0 and 1, got {self.jitter!r}")
+        jitter = self.jitter
+        if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= 1:
+            raise ConfigError("jitter", f"must be a number from 0 to 1, got {jitter!r}")
 
     def delay(self, retry: int, rand: random.Random | None = None) -> float:
         """Seconds to wait before retry number `retry` (1 for the first retry)."""
         base = min(self.initial_delay * 2.0 ** min(max(retry - 1, 0), 64), self.max_delay)
         spread = (rand or random).uniform(-self.jitter, self.jitter)
-        return base * (1.0 + spread)
+        return min(base * (1.0 + spread), limits.MAX_DELAY)

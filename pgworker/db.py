@@ -64,9 +64,22 @@ def classify(exc: BaseException) -> str:
 
 
 def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    """What went wrong, for a person: the server answered (no such database, login refused) or
+    it did not (down, unreachable, a malformed DSN)."""
+    where = "(--dsn, PGWORKER_DSN or DATABASE_URL)"
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        return DatabaseUnavailable(f"{exc}: create it, or fix the database name in the DSN {where}")
+    if isinstance(
+        exc,
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError
+        | asyncpg.exceptions.InvalidPasswordError,
+    ):
+        return DatabaseUnavailable(
+            f"the server refused the login ({exc}); check the user and password in the DSN {where}"
+        )
     return DatabaseUnavailable(
         f"cannot reach the database ({type(exc).__name__}: {exc}); check the DSN "
-        f"(--dsn, PGWORKER_DSN or DATABASE_URL) and that PostgreSQL is running"
+        f"{where} and that PostgreSQL is running"
     )
 
 

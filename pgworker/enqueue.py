@@ -4,7 +4,6 @@ database's UNIQUE constraint decide idempotency."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
@@ -14,7 +13,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
-from . import db
+from . import db, limits
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,
@@ -29,7 +28,6 @@ from .models import (
 DEFAULT_SCHEMA = "pgworker"
 T = TypeVar("T")
 U = TypeVar("U")
-_INT32 = 2**31 - 1
 
 
 def _name(at: int | None, field: str) -> str:
@@ -37,37 +35,25 @@ def _name(at: int | None, field: str) -> str:
     return field if at is None else f"specs[{at}].{field}"
 
 
-def _text(at: int | None, field: str, value: Any, *, required: bool) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValidationError(_name(at, field), f"must be a non-empty string, got {value!r}")
-    if "\x00" in value:
-        raise ValidationError(_name(at, field), "must not contain NUL characters")
-    return value
+def _in_batch(exc: ValidationError, at: int | None) -> ValidationError:
+    """`exc`, about a field of `specs[at]` when in a batch (its name is only built on error)."""
+    if at is None:
+        return exc
+    message = str(exc)[len(exc.field) + 2 :]
+    return ValidationError(_name(at, exc.field), message)
 
 
-def _priority(at: int | None, value: Any) -> int:
+def _priority(value: Any) -> int:
     if value is None:
         return 0
     if isinstance(value, str):
         if value in PRIORITY_LABELS:
             return PRIORITY_LABELS[value]
         labels = ", ".join(PRIORITY_LABELS)
-        raise ValidationError(
-            _name(at, "priority"), f"unknown label {value!r}; use an int or one of {labels}"
-        )
-    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _INT32:
-        raise ValidationError(_name(at, "priority"), f"must be an int or a label, got {value!r}")
-    return value
-
-
-def _max_retries(at: int | None, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT32:
-        raise ValidationError(_name(at, "max_retries"), f"must be an int >= 0, got {value!r}")
-    return value
+        raise ValidationError("priority", f"unknown label {value!r}; use an int or one of {labels}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError("priority", f"must be an int or a label, got {value!r}")
+    return limits.count("priority", value, minimum=limits.MIN_INT)
 
 
 def _not_serialisable(value: Any) -> Any:
@@ -81,58 +67,59 @@ _encode = c_make_encoder(
 
 
 def _payload(at: int | None, value: Any) -> str:
+    """The payload's JSON text, once sure that jsonb stores it and that it can be read back."""
     try:
         text = "".join(_encode(value, 0))
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        problem: str | None = f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+    except (TypeError, ValueError) as exc:
         raise ValidationError(_name(at, "payload"), f"must be JSON-serialisable ({exc})") from exc
-    if "\\u0000" in text:
-        raise ValidationError(
-            _name(at, "payload"), "must not contain NUL characters (jsonb cannot store them)"
-        )
+    else:
+        problem = limits.json_problem(text, value)
+    if problem is not None:
+        raise ValidationError(_name(at, "payload"), problem)
     return text
 
 
-def _schedule(at: int | None, run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
+def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
     if run_at is None and delay is None:
         return None, None
     if run_at is not None and delay is not None:
-        raise ValidationError(_name(at, "run_at"), "give run_at or delay, not both")
+        raise ValidationError("run_at", "give run_at or delay, not both")
     if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise ValidationError(_name(at, "run_at"), f"must be a datetime, got {run_at!r}")
-        if run_at.tzinfo is None or run_at.utcoffset() is None:
-            raise ValidationError(
-                _name(at, "run_at"), "must be timezone-aware, e.g. datetime.now(timezone.utc)"
-            )
-        return run_at, None
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise ValidationError(_name(at, "delay"), f"must be a timedelta or seconds, got {delay!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValidationError(_name(at, "delay"), f"must be >= 0 seconds, got {delay!r}")
-    return None, seconds
+        return limits.moment("run_at", run_at), None
+    return None, limits.seconds("delay", delay)
 
 
 def _fields(spec: JobSpec, at: int | None) -> tuple[Any, ...]:
     """Validate a spec's fields but its payload: type, queue, priority, max_retries, key,
     correlation id (None: inherited below, else the database makes one), run_at, delay."""
-    run_at, delay = _schedule(at, spec.run_at, spec.delay)
-    correlation = spec.correlation_id
-    if correlation is None:
-        correlation = current_correlation_id.get()
-    return (
-        _text(at, "type", spec.type, required=True),
-        _text(at, "queue", spec.queue, required=False) or DEFAULT_QUEUE,
-        _priority(at, spec.priority),
-        _max_retries(at, spec.max_retries),
-        _text(at, "idempotency_key", spec.idempotency_key, required=False),
-        _text(at, "correlation_id", correlation, required=correlation is not None),
-        run_at,
-        delay,
-    )
+    try:
+        run_at, delay = _schedule(spec.run_at, spec.delay)
+        correlation = spec.correlation_id
+        if correlation is None:
+            correlation = current_correlation_id.get()
+        max_retries = spec.max_retries
+        return (
+            limits.name("type", spec.type, limits.MAX_TYPE_LENGTH),
+            limits.name("queue", spec.queue, limits.MAX_QUEUE_LENGTH, required=False)
+            or DEFAULT_QUEUE,
+            _priority(spec.priority),
+            None if max_retries is None else limits.count("max_retries", max_retries),
+            limits.name(
+                "idempotency_key",
+                spec.idempotency_key,
+                limits.MAX_IDEMPOTENCY_KEY_LENGTH,
+                required=False,
+            ),
+            limits.name(
+                "correlation_id", correlation, limits.MAX_CORRELATION_ID_LENGTH, required=False
+            ),
+            run_at,
+            delay,
+        )
+    except ValidationError as exc:
+        raise _in_batch(exc, at) from None
 
 
 def _prepare(spec: JobSpec) -> tuple[Any, ...]:
@@ -181,6 +168,7 @@ async def enqueue(
         delay,
     )
     args = _prepare(spec)
+    limits.identifier("schema", schema)
     row = await db.insert_job(conn, schema, *args)
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
@@ -208,13 +196,16 @@ async def enqueue_many(
             plain = False
     if not specs:
         return []
+    limits.identifier("schema", schema)
     if plain:
         return await _copy_many(conn, schema, specs)
     unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
+    texts: list[str] = []  # the payloads of `unique` as JSON
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, spec in enumerate(specs):
         fields = _fields(spec, i)
+        text = _payload(i, spec.payload)
         key = fields[4]
         if key is not None:
             if key in first_of_key:
@@ -227,18 +218,19 @@ async def enqueue_many(
                 continue
             first_of_key[key] = len(unique)
         unique.append((i, fields))
-    batch = _batch_json(specs, unique)
+        texts.append(text)
+    batch = _batch_json(unique, texts)
     async with db.transaction(conn) as c:
         inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
-        taken = [(i, f) for n, (i, f) in enumerate(unique) if n not in inserted]
+        taken = [n for n in range(len(unique)) if n not in inserted]
         existing = {}
         if taken:
             existing = await db.get_jobs_by_keys(
                 c,
                 schema,
-                [f[4] for _, f in taken],
-                [f[0] for _, f in taken],
-                [_payload(i, specs[i].payload) for i, _ in taken],
+                [unique[n][1][4] for n in taken],
+                [unique[n][1][0] for n in taken],
+                [texts[n] for n in taken],
             )
         unique_results = []
         for n, (i, fields) in enumerate(unique):
@@ -404,14 +396,20 @@ async def _concurrently(query: Awaitable[T], work: Callable[[], U]) -> tuple[T, 
     return answer[0], done
 
 
-def _batch_json(specs: Sequence[JobSpec], unique: list[tuple[int, tuple[Any, ...]]]) -> str:
-    """The whole batch as one JSON text (see job_insert_many.sql); a payload that cannot be
-    stored is found and named."""
+# Each row's payload while the batch is encoded: a JSON string of NUL, which no validated field
+# holds, replaced afterwards by the payload's own JSON text.
+_SLOT = "\x00"
+_SLOT_JSON = '"\\u0000"'
+
+
+def _batch_json(unique: list[tuple[int, tuple[Any, ...]]], texts: list[str]) -> str:
+    """The whole batch as one JSON text (see job_insert_many.sql), from the validated fields and
+    the payloads' JSON texts: one encoding of the rows, whatever the payloads."""
     rows = [
         {
+            "p": _SLOT,
             "t": f[0],
             "q": f[1],
-            "p": specs[i].payload,
             "pr": f[2],
             "m": f[3],
             "k": f[4],
@@ -419,17 +417,13 @@ def _batch_json(specs: Sequence[JobSpec], unique: list[tuple[int, tuple[Any, ...
             "r": f[6].isoformat() if f[6] else None,
             "d": f[7],
         }
-        for i, f in unique
+        for _, f in unique
     ]
-    try:
-        text = "".join(_encode(rows, 0))
-    except (TypeError, ValueError, RecursionError):
-        text = None
-    if text is None or "\\u0000" in text:
-        for i, _ in unique:
-            _payload(i, specs[i].payload)
-    assert text is not None
-    return text
+    parts = "".join(_encode(rows, 0)).split(_SLOT_JSON)
+    spliced = parts + texts
+    spliced[::2] = parts
+    spliced[1::2] = texts
+    return "".join(spliced)
 
 
 def _canonical(payload: Any, i: int) -> str:

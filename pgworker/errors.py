@@ -57,11 +57,14 @@ class PermanentError(Exception):
 
 
 class Retry(Exception):
-    """Raised by a handler: run the job again `after` seconds from now (counts as a retry)."""
+    """Raised by a handler: run the job again `after` seconds from now (counts as a retry).
+
+    `after` must be finite, >= 0 and at most `limits.MAX_DELAY` (ten years): anything else is a
+    ValidationError when constructed, which inside a handler is the attempt's ordinary failure."""
 
     def __init__(self, after: float | timedelta = 0.0, reason: str | None = None) -> None:
-        seconds = after.total_seconds() if isinstance(after, timedelta) else float(after)
-        if not seconds >= 0:
-            raise ValueError("Retry(after=...) must be a number of seconds >= 0")
-        super().__init__(reason or f"retry requested in {seconds:g}s")
-        self.after = seconds
+        from .limits import seconds  # limits imports this module
+
+        delay = seconds("after", after)
+        super().__init__(reason or f"retry requested in {delay:g}s")
+        self.after = delay

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import ValidationError
@@ -24,14 +24,21 @@ MAX_CORRELATION_ID_LENGTH = 200
 MAX_WORKER_ID_LENGTH = 200
 MAX_DEPTH = 500
 """Nesting of a payload or result (PostgreSQL and Python's json both recurse on it)."""
-MAX_PAYLOAD_BYTES = int(os.environ.get("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024))
+MAX_PAYLOAD_BYTES = int(os.environ.get("PGWORKER_MAX_PAYLOAD_BYTES") or 64 * 1024 * 1024)
 """UTF-8 size of a payload's or result's JSON text; PGWORKER_MAX_PAYLOAD_BYTES changes it (jsonb
 itself refuses values near 256 MB)."""
 MAX_DELAY = 10 * 365 * 86400.0
 """Ten years, in seconds: the longest delay, `Retry(after=)`, backoff or timeout accepted; every
 delay the worker computes is capped at it."""
 MAX_LEASE = 86400.0
+"""One day: the longest lease, and the longest shutdown grace."""
+MAX_POLL_INTERVAL = 3600.0
+MAX_CONCURRENCY = 10_000
 MAX_INT = 2**31 - 1
+MIN_INT = -(2**31)
+MAX_BIGINT = 2**63 - 1
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A real NUL in JSON text is `\u0000` after an even number of backslashes; `\\u0000` is the
@@ -81,6 +88,25 @@ def name(
     return value
 
 
+def identifier(field: str, value: Any, *, error: type[Exception] = ValidationError) -> str:
+    """A plain SQL identifier (the schema name: the only identifier put into SQL text)."""
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise _bad(
+            error,
+            field,
+            f"must be a plain SQL identifier (a letter or _, then letters, digits or _, at most "
+            f"63 in all), got {value!r}",
+        )
+    return value
+
+
+def _span(number: float) -> str:
+    for unit, size in (("years", 365 * 86400), ("days", 86400), ("hours", 3600)):
+        if number >= size and number % size == 0:
+            return f"{number:,.0f} seconds ({number / size:g} {unit})"
+    return f"{number:g} seconds"
+
+
 def seconds(
     field: str,
     value: Any,
@@ -100,7 +126,7 @@ def seconds(
     if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
         raise _bad(error, field, f"must be a finite number of seconds {low}, got {value!r}")
     if number > maximum:
-        raise _bad(error, field, f"must be at most {maximum:g} seconds, got {value!r}")
+        raise _bad(error, field, f"must be at most {_span(maximum)}, got {value!r}")
     return number
 
 
@@ -114,6 +140,20 @@ def count(
 ) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise _bad(error, field, f"must be an int from {minimum} to {maximum}, got {value!r}")
+    return value
+
+
+def moment(field: str, value: Any, *, error: type[Exception] = ValidationError) -> datetime:
+    """A timezone-aware datetime that exists in UTC (datetime's own range is narrower than
+    PostgreSQL's, and a date near its ends may not survive the conversion)."""
+    if not isinstance(value, datetime):
+        raise _bad(error, field, f"must be a datetime, got {value!r}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise _bad(error, field, "must be timezone-aware, e.g. datetime.now(timezone.utc)")
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise _bad(error, field, f"is out of range once in UTC, got {value!r}") from None
     return value
 
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from . import limits
 from .errors import ConfigError
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
 def dsn_from_env(env: Mapping[str, str] | None = None) -> str | None:
@@ -26,22 +23,18 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def _positive(name: str, value: Any, *, integer: bool = False, zero: bool = False) -> None:
-    kinds = int if integer else int | float
-    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not zero):
-        bound = ">= 0" if zero else "> 0"
-        kind = "an int" if integer else "a number"
-        raise ConfigError(name, f"must be {kind} {bound}, got {value!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """How a worker runs. Times are in seconds."""
+    """How a worker runs. Times are in seconds (a timedelta is accepted too). `queues=None`
+    serves every queue the registry's tasks name, plus `default`.
+
+    Bounds (limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
+    to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
+    to 200."""
 
     dsn: str
     concurrency: int = 10
-    queues: tuple[str, ...] = ("default",)
+    queues: tuple[str, ...] | None = None
     worker_id: str = field(default_factory=default_worker_id)
     poll_interval: float = 1.0
     shutdown_timeout: float = 30.0
@@ -56,23 +49,42 @@ class Settings:
             raise ConfigError(
                 "dsn", "no database given; pass --dsn or set PGWORKER_DSN or DATABASE_URL"
             )
-        _positive("concurrency", self.concurrency, integer=True)
-        _positive("poll_interval", self.poll_interval)
-        _positive("shutdown_timeout", self.shutdown_timeout, zero=True)
-        _positive("lease", self.lease)
-        if isinstance(self.queues, str) or not self.queues:
-            raise ConfigError("queues", f"must be a non-empty list of names, got {self.queues!r}")
-        object.__setattr__(self, "queues", tuple(self.queues))
-        for q in self.queues:
-            if not isinstance(q, str) or not q:
-                raise ConfigError("queues", f"queue names must be non-empty strings, got {q!r}")
+        limits.count(
+            "concurrency",
+            self.concurrency,
+            minimum=1,
+            maximum=limits.MAX_CONCURRENCY,
+            error=ConfigError,
+        )
+        for name, maximum, zero in (
+            ("poll_interval", limits.MAX_POLL_INTERVAL, False),
+            ("shutdown_timeout", limits.MAX_LEASE, True),
+            ("lease", limits.MAX_LEASE, False),
+        ):
+            value = limits.seconds(
+                name, getattr(self, name), maximum=maximum, zero=zero, error=ConfigError
+            )
+            object.__setattr__(self, name, value)
+        if self.queues is not None:
+            if isinstance(self.queues, str) or not self.queues:
+                raise ConfigError(
+                    "queues", f"must be a non-empty list of names or None, got {self.queues!r}"
+                )
+            object.__setattr__(self, "queues", tuple(self.queues))
+            for q in self.queues:
+                limits.name("queues", q, limits.MAX_QUEUE_LENGTH, error=ConfigError)
         for name in ("listen", "durable_claims"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.worker_id, str) or not self.worker_id:
-            raise ConfigError("worker_id", f"must be a non-empty string, got {self.worker_id!r}")
-        if not isinstance(self.schema, str) or not _IDENT.match(self.schema):
-            raise ConfigError("schema", f"must be a plain SQL identifier, got {self.schema!r}")
+        limits.name("worker_id", self.worker_id, limits.MAX_WORKER_ID_LENGTH, error=ConfigError)
+        limits.identifier("schema", self.schema, error=ConfigError)
+        limits.name(
+            "code_version",
+            self.code_version,
+            limits.MAX_WORKER_ID_LENGTH,
+            required=False,
+            error=ConfigError,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -98,7 +110,7 @@ def _parse(name: str, raw: str) -> Any:
     except ValueError as exc:
         raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
     if name == "queues":
-        return tuple(q.strip() for q in raw.split(",") if q.strip())
+        return tuple(q.strip() for q in raw.split(",") if q.strip()) or None
     if name in ("listen", "durable_claims"):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
             raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")

@@ -1,0 +1,346 @@
+"""Issue 11, items I, K, L and M: inputs that used to pass the boundary and then break a claim,
+an outcome write or a read, or come out of the CLI as a traceback. Each is now refused where it
+enters, by a ValidationError or ConfigError naming the field (or one line and exit status 2 from
+the CLI), and nothing is written."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta, timezone
+
+import asyncpg
+import pytest
+
+import pgworker
+from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError, limits
+
+from .helpers import ROOT
+from .test_cli import cli, cli_env
+
+SURROGATE = "\udcff"
+DSN = "postgresql://x@127.0.0.1:1/x"
+
+
+async def count_jobs(conn: asyncpg.Connection) -> int:
+    return await conn.fetchval("SELECT count(*) FROM pgworker.jobs")
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def refused(conn: asyncpg.Connection, field: str, **kwargs: object) -> None:
+    """`enqueue`, and `enqueue_many` through COPY and through INSERT, refuse these arguments
+    with a ValidationError naming `field`, and write nothing."""
+    args = {"type": "t", "payload": {}} | kwargs
+    type_, payload = args.pop("type"), args.pop("payload")
+    with pytest.raises(ValidationError) as info:
+        await pgworker.enqueue(conn, type_, payload, **args)
+    assert info.value.field == field, info.value
+    batches = [
+        [JobSpec("ok", {"n": 1}), JobSpec(type_, payload, **args)],  # COPY unless scheduled
+        [JobSpec("ok", {"n": 1}, delay=0), JobSpec(type_, payload, **args)],  # INSERT
+    ]
+    for specs in batches:
+        with pytest.raises(ValidationError) as info:
+            await pgworker.enqueue_many(conn, specs)
+        assert info.value.field == f"specs[1].{field}", info.value
+    assert await count_jobs(conn) == 0
+
+
+# --- I: Retry(after=...) and the backoff are bounded -------------------------------------------
+
+
+def test_I_retry_after_that_cannot_be_scheduled_is_a_validation_error():
+    bad = [math.inf, -math.inf, math.nan, -1, 1e13, timedelta.max, limits.MAX_DELAY + 1, "1"]
+    for after in bad:
+        with pytest.raises(ValidationError) as info:
+            Retry(after=after)
+        assert info.value.field == "after", after
+        assert isinstance(info.value, pgworker.PgWorkerError)
+    assert Retry(after=limits.MAX_DELAY).after == limits.MAX_DELAY
+    assert Retry(after=timedelta(minutes=2)).after == 120.0
+    assert Retry().after == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"initial_delay": 1e13, "max_delay": 1e13}, "initial_delay"),
+        ({"max_delay": 1e13}, "max_delay"),
+        ({"max_delay": timedelta.max.total_seconds()}, "max_delay"),
+        ({"max_retries": 2**31}, "max_retries"),
+    ],
+)
+def test_I_retry_policy_delays_and_counts_are_bounded(kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        RetryPolicy(**kwargs)
+    assert info.value.field == field
+
+
+# --- K: names and durations have upper bounds --------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_K_job_type_of_3000_characters_is_refused_at_enqueue(conn):
+    await refused(conn, "type", type="t" * 3000)
+    await refused(conn, "type", type="t" * (limits.MAX_TYPE_LENGTH + 1))
+    at_limit = await pgworker.enqueue(conn, "t" * limits.MAX_TYPE_LENGTH, {})
+    assert (await pgworker.get_job(conn, at_limit.job.id)).type == "t" * limits.MAX_TYPE_LENGTH
+
+
+@pytest.mark.asyncio
+async def test_K_long_idempotency_key_and_correlation_id_are_refused(conn):
+    await refused(conn, "idempotency_key", idempotency_key="k" * 3000)
+    await refused(
+        conn, "correlation_id", correlation_id="c" * (limits.MAX_CORRELATION_ID_LENGTH + 1)
+    )
+    key = "k" * limits.MAX_IDEMPOTENCY_KEY_LENGTH
+    assert (await pgworker.enqueue(conn, "t", {}, idempotency_key=key)).created
+
+
+def test_K_settings_beyond_their_documented_maximum_are_a_config_error():
+    for field, value in [
+        ("lease", 1e13),
+        ("lease", limits.MAX_LEASE + 1),
+        ("poll_interval", 1e13),
+        ("shutdown_timeout", 1e13),
+        ("concurrency", 10**9),
+        ("worker_id", "w" * 3000),
+        ("worker_id", f"w{SURROGATE}"),
+        ("queues", ("q" * 64,)),
+        ("queues", (f"q{SURROGATE}",)),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            Settings(dsn="postgresql://x", **{field: value})
+        assert info.value.field == field, (field, value)
+    assert Settings(dsn="postgresql://x", lease=1).lease == 1
+    assert Settings(dsn="postgresql://x", lease=limits.MAX_LEASE).lease == limits.MAX_LEASE
+
+
+# --- L: every promised ValidationError comes out as one ----------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"s": SURROGATE},
+        {SURROGATE: 1},
+        [f"ok {SURROGATE}"],
+        f"\ud800{SURROGATE}",
+    ],
+)
+async def test_L_lone_surrogate_in_payload_is_a_validation_error(conn, payload):
+    await refused(conn, "payload", payload=payload)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("field", ["type", "queue", "idempotency_key", "correlation_id"])
+async def test_L_lone_surrogate_in_a_name_is_a_validation_error(conn, field):
+    if field == "type":
+        await refused(conn, "type", type=f"t{SURROGATE}")
+    else:
+        await refused(conn, field, **{field: f"x{SURROGATE}"})
+
+
+@pytest.mark.asyncio
+async def test_L_delay_above_the_maximum_is_a_validation_error(conn):
+    for delay in (1e13, timedelta.max, limits.MAX_DELAY + 1):
+        await refused(conn, "delay", delay=delay)
+    r = await pgworker.enqueue(conn, "t", {}, delay=limits.MAX_DELAY)
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.run_at - job.created_at).total_seconds() == pytest.approx(limits.MAX_DELAY)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))),
+        datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),
+    ],
+)
+async def test_L_run_at_outside_the_storable_range_is_a_validation_error(conn, run_at):
+    await refused(conn, "run_at", run_at=run_at)
+
+
+@pytest.mark.asyncio
+async def test_L_queue_longer_than_notify_allows_is_a_validation_error(conn):
+    await refused(conn, "queue", queue="q" * 8001)
+    await refused(conn, "queue", queue="q" * (limits.MAX_QUEUE_LENGTH + 1))
+    r = await pgworker.enqueue(conn, "t", {}, queue="q" * limits.MAX_QUEUE_LENGTH)
+    assert r.job.queue == "q" * limits.MAX_QUEUE_LENGTH
+
+
+@pytest.mark.asyncio
+async def test_L_payload_over_the_size_limit_is_a_validation_error(conn, monkeypatch):
+    monkeypatch.setattr(limits, "MAX_PAYLOAD_BYTES", 1000)
+    await refused(conn, "payload", payload={"s": "x" * 1000})
+    await refused(conn, "payload", payload={"s": "é" * 499})  # 1,006 bytes as JSON
+    assert (await pgworker.enqueue(conn, "t", {"s": "x" * 900})).created
+
+
+@pytest.mark.asyncio
+async def test_L_payload_nested_beyond_the_depth_limit_is_refused_at_enqueue(conn):
+    """A payload nested ~985 deep used to be stored, then `result.job` and every claim raised
+    RecursionError."""
+    await refused(conn, "payload", payload=nested(985))
+    await refused(conn, "payload", payload={"a": nested(limits.MAX_DEPTH)})
+    deepest = nested(limits.MAX_DEPTH - 1)
+    r = await pgworker.enqueue(conn, "t", deepest)
+    assert r.job.payload == deepest
+    assert (await pgworker.get_job(conn, r.job.id)).payload == deepest
+
+
+@pytest.mark.asyncio
+async def test_L_the_text_backslash_u0000_is_accepted_and_a_real_nul_refused(conn):
+    harmless = {"s": "\\u0000", "\\u0000": ["a\\\\u0000", "\\\\\\u0000"]}
+    results = [await pgworker.enqueue(conn, "t", harmless)]
+    results += await pgworker.enqueue_many(conn, [JobSpec("t", harmless)] * 2)
+    results += await pgworker.enqueue_many(conn, [JobSpec("t", harmless, delay=0)] * 2)
+    for r in results:
+        assert (await pgworker.get_job(conn, r.job.id)).payload == harmless
+    await conn.execute("DELETE FROM pgworker.jobs")
+    for payload in ({"s": "\x00"}, {"s": "\\\x00"}, {"\x00": 1}, ["\\\\\x00"]):
+        await refused(conn, "payload", payload=payload)
+
+
+@pytest.mark.asyncio
+async def test_L_enqueue_many_refuses_a_surrogate_inside_the_callers_transaction(conn):
+    async with conn.transaction():
+        await pgworker.enqueue(conn, "before", {})
+        specs = [JobSpec("t", {"n": i}) for i in range(1200)]
+        specs[1100] = JobSpec("t", {"s": SURROGATE})
+        with pytest.raises(ValidationError) as info:
+            await pgworker.enqueue_many(conn, specs)
+        assert info.value.field == "specs[1100].payload"
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 't'") == 0
+    assert await count_jobs(conn) == 1
+
+
+@pytest.mark.asyncio
+async def test_L_priority_and_max_retries_are_int32(conn):
+    await refused(conn, "priority", priority=2**31)
+    await refused(conn, "max_retries", max_retries=2**31)
+    low = await pgworker.enqueue(conn, "t", {}, priority=-(2**31), max_retries=2**31 - 1)
+    assert (await pgworker.get_job(conn, low.job.id)).priority == -(2**31)
+
+
+# --- M: the CLI answers a poison argument with one line and exit status 2 ----------------------
+
+
+def one_line_error(out: subprocess.CompletedProcess[str], command: str, message: str) -> None:
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.endswith("\n"), out.stderr
+    assert out.stderr.startswith(f"pgworker {command}: error: "), out.stderr
+    assert message in out.stderr, out.stderr
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("migrate",),
+        ("enqueue", "t"),
+        ("cancel", "1"),
+        ("status",),
+    ],
+)
+async def test_M_bad_schema_is_one_line_and_exit_2(args, dsn):
+    out = cli(*args, "--schema", "bad-name", "--dsn", dsn)
+    one_line_error(out, args[0], "schema")
+    assert "bad-name" in out.stderr
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("enqueue", "t", "--payload", json.dumps({"s": SURROGATE})), "payload: must be valid"),
+        (("enqueue", "t", "--payload", "[" * 5000 + "]" * 5000), "payload: must not nest"),
+        (("enqueue", "t", "--payload", "[" * 600 + "]" * 600), "payload: must not nest"),
+        (("enqueue", "t", "--delay", "1e13"), "delay: must be at most"),
+        (("enqueue", "t" * 3000), "type: must be at most 200 characters"),
+        (("cancel", str(10**21)), "job id"),
+        (("cancel", "x"), "job id"),
+    ],
+)
+async def test_M_poison_arguments_are_one_line_and_exit_2(args, message, dsn, conn):
+    out = cli(*args, "--dsn", dsn)
+    one_line_error(out, args[0], message)
+    assert await count_jobs(conn) == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("--lease", "1e13", "lease"),
+        ("--concurrency", "1000000000", "concurrency"),
+        ("--worker-id", "w" * 300, "worker_id"),
+    ],
+)
+async def test_M_run_refuses_settings_beyond_their_bounds(option, value, field, dsn, conn):
+    out = cli("run", "tests.apps.basic", option, value, "--dsn", dsn, timeout=20)
+    one_line_error(out, "run", f"{field}: must")
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.workers") == 0
+
+
+@pytest.mark.asyncio
+async def test_M_handler_module_raising_at_import_shows_its_traceback_then_one_line(dsn):
+    out = cli("run", "tests.apps.raises_at_import", "--dsn", dsn)
+    assert out.returncode == 2, out
+    lines = out.stderr.rstrip("\n").splitlines()
+    assert lines[0] == "Traceback (most recent call last):", out.stderr
+    assert 'tests/apps/raises_at_import.py", line' in out.stderr
+    assert lines[-2] == "RuntimeError: the handlers need SETTINGS_URL", out.stderr
+    assert lines[-1] == (
+        "pgworker run: error: module: importing 'tests.apps.raises_at_import' raised "
+        "RuntimeError: the handlers need SETTINGS_URL"
+    )
+    assert "pgworker/cli.py" not in out.stderr and "importlib" not in out.stderr
+
+
+@pytest.mark.asyncio
+async def test_M_migrate_against_a_missing_database_says_it_does_not_exist(server_dsn):
+    from .conftest import with_database
+
+    out = cli("migrate", "--dsn", with_database(server_dsn, "pgworker_no_such_db"))
+    one_line_error(out, "migrate", 'database "pgworker_no_such_db" does not exist')
+    assert "PostgreSQL is running" not in out.stderr
+
+
+def test_M_stdlib_logging_comes_out_as_structured_lines():
+    """asyncpg logs "Failed to restore the pool connection floor" with a traceback through the
+    standard `logging` module: with the CLI's configuration it is one JSON line on stderr."""
+    script = """
+import logging
+from pgworker.logs import configure
+configure("json", "info")
+try:
+    raise ConnectionRefusedError("connection refused")
+except OSError:
+    logging.getLogger("asyncpg.pool").warning(
+        "Failed to restore the pool connection floor; retrying", exc_info=True
+    )
+logging.getLogger("asyncpg.pool").debug("hidden below the level")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=cli_env(), cwd=ROOT
+    )
+    assert out.returncode == 0 and out.stdout == "", out
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    line = json.loads(lines[0])
+    assert line["event"] == "Failed to restore the pool connection floor; retrying"
+    assert (line["level"], line["logger"]) == ("warning", "asyncpg.pool")
+    assert "ConnectionRefusedError: connection refused" in line["exception"]
+    assert datetime.fromisoformat(line["timestamp"]).tzinfo == UTC
