@@ -8,83 +8,213 @@ import json
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
-from . import __version__, cancel, db
+from . import __version__, cancel, db, limits
 from .enqueue import enqueue
-from .errors import PgWorkerError
+from .errors import ConfigError, PgWorkerError, ValidationError
 from .logs import configure, get_logger
-from .registry import load
+from .registry import Registry, load
 from .settings import Settings, dsn_from_env
 from .worker import Worker
 
 LIVE_WITHIN = 60.0
 
 
-def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dsn", help="PostgreSQL DSN (default: $PGWORKER_DSN, else $DATABASE_URL)")
-    common.add_argument("--schema", default=None, help="pgworker's schema (default: pgworker)")
+class _Parser(argparse.ArgumentParser):
+    """A mistake in the arguments is one line on stderr and exit status 2, as any other."""
 
-    p = argparse.ArgumentParser(prog="pgworker", description="Background jobs on PostgreSQL.")
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def integer(raw: str) -> int:
+    return int(raw)
+
+
+def number(raw: str) -> float:
+    return float(raw)
+
+
+def _job_id(raw: str) -> int:
+    try:
+        return limits.count("ID", int(raw), minimum=1, maximum=limits.MAX_BIGINT)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a job id is a whole number from 1 to {limits.MAX_BIGINT}, got {raw!r}"
+        ) from None
+
+
+def _schema_name(raw: str) -> str:
+    try:
+        return limits.identifier("--schema", raw)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--schema: ")) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--dsn", help="PostgreSQL DSN (default: $PGWORKER_DSN, else $DATABASE_URL)")
+    common.add_argument(
+        "--schema",
+        type=_schema_name,
+        help="pgworker's schema, a plain SQL identifier (default: $PGWORKER_SCHEMA, else pgworker)",
+    )
+
+    p = _Parser(prog="pgworker", description="Background jobs on PostgreSQL.")
     p.add_argument("--version", action="version", version=f"pgworker {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="create or upgrade the schema",
+        description="Create or upgrade pgworker's schema; safe to run concurrently.",
+    )
 
-    run = sub.add_parser("run", parents=[common], help="serve the handlers of a module")
-    run.add_argument("target", metavar="MODULE[:ATTR]", help="module holding a pgworker.Registry")
-    run.add_argument("--concurrency", type=int, help="jobs run at once (default 10)")
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="serve the handlers of a module",
+        description="Serve the tasks of a pgworker.Registry until SIGTERM or SIGINT.",
+    )
+    run.add_argument(
+        "target",
+        metavar="MODULE[:ATTR]",
+        help="module holding a pgworker.Registry (ATTR names it when the module holds several)",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=integer,
+        help=f"jobs run at once, 1 to {limits.MAX_CONCURRENCY:,} (default: $PGWORKER_CONCURRENCY, "
+        "else 10)",
+    )
     run.add_argument(
         "--queue",
         dest="queues",
         action="append",
-        help="queue to serve; repeat for several (default: default)",
+        help="a queue to serve; repeat for several (default: $PGWORKER_QUEUES, else every queue "
+        "the registry's tasks name, plus default)",
     )
-    run.add_argument("--worker-id", help="name of this worker (default: host-pid-random)")
-    run.add_argument("--poll-interval", type=float, help="seconds between polls (default 1)")
+    run.add_argument(
+        "--worker-id",
+        help=f"name of this worker, at most {limits.MAX_WORKER_ID_LENGTH} characters (default: "
+        "$PGWORKER_WORKER_ID, else host-pid-random)",
+    )
+    run.add_argument(
+        "--poll-interval",
+        type=number,
+        help="seconds between polls when no notification arrives, at most "
+        f"{limits.MAX_POLL_INTERVAL:g} (default: $PGWORKER_POLL_INTERVAL, else 1)",
+    )
     run.add_argument(
         "--shutdown-timeout",
-        type=float,
-        help="seconds running jobs get to finish on SIGTERM (default 30)",
+        type=number,
+        help="seconds running jobs get to finish after SIGTERM, at most "
+        f"{limits.MAX_LEASE:g} (default: $PGWORKER_SHUTDOWN_TIMEOUT, else 30)",
     )
-    run.add_argument("--lease", type=float, help="seconds a claimed job is held (default 30)")
+    run.add_argument(
+        "--lease",
+        type=number,
+        help="seconds a claimed job is held without a heartbeat, more than 0 and at most "
+        f"{limits.MAX_LEASE:g} (default: $PGWORKER_LEASE, else 30)",
+    )
     run.add_argument(
         "--no-listen",
         dest="listen",
         action="store_const",
         const=False,
-        help="poll only (behind a transaction-pooling proxy)",
+        help="poll only, without LISTEN/NOTIFY, e.g. behind a transaction-pooling proxy "
+        "(default: listen, unless PGWORKER_LISTEN=false)",
     )
     run.add_argument(
         "--durable-claims",
         action="store_const",
         const=True,
-        help="claims wait for their WAL flush (see the README, Fast claims)",
+        help="claims wait for their WAL flush, see the README, Fast claims (default: off, "
+        "unless PGWORKER_DURABLE_CLAIMS=true)",
     )
-    run.add_argument("--log-format", choices=["json", "console"], default="console")
-    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    run.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default="console",
+        help="json: one JSON object per line; console: readable (default: console)",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="the lowest level logged; `job started` lines are debug (default: info)",
+    )
 
-    enq = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
-    enq.add_argument("type", metavar="TYPE")
-    enq.add_argument("--payload", default="{}", help="JSON payload (default {})")
-    enq.add_argument("--queue")
-    enq.add_argument("--priority", help="an int or low|medium|high|critical")
-    enq.add_argument("--max-retries", type=int)
-    enq.add_argument("--idempotency-key")
-    enq.add_argument("--correlation-id")
-    enq.add_argument("--delay", type=float, help="seconds from now")
-    enq.add_argument("--run-at", help="ISO 8601 time with a timezone")
+    enq = sub.add_parser(
+        "enqueue",
+        parents=[common],
+        help="enqueue one job",
+        description="Enqueue one job and print it as JSON.",
+    )
+    enq.add_argument(
+        "type", metavar="TYPE", help=f"the job type, at most {limits.MAX_TYPE_LENGTH} characters"
+    )
+    enq.add_argument(
+        "--payload",
+        default="{}",
+        help=f"the payload as JSON, nested at most {limits.MAX_DEPTH} deep (default: {{}})",
+    )
+    enq.add_argument(
+        "--queue",
+        help=f"the job's queue, at most {limits.MAX_QUEUE_LENGTH} characters (default: default)",
+    )
+    enq.add_argument(
+        "--priority", help="an int or low|medium|high|critical; higher runs first (default: 0)"
+    )
+    enq.add_argument(
+        "--max-retries",
+        type=integer,
+        help="retries after the first attempt (default: the task's, else 3)",
+    )
+    enq.add_argument(
+        "--idempotency-key",
+        help="a later enqueue with this key returns this job (default: none)",
+    )
+    enq.add_argument(
+        "--correlation-id", help="carried by the job's log lines (default: a new UUID)"
+    )
+    enq.add_argument(
+        "--delay",
+        type=number,
+        help=f"run no sooner than this many seconds from now, at most {limits.MAX_DELAY:,.0f} "
+        "(ten years) (default: now)",
+    )
+    enq.add_argument(
+        "--run-at",
+        help="run no sooner than this ISO 8601 time with a timezone, e.g. "
+        "2030-01-01T09:00:00+00:00 (default: now)",
+    )
 
-    can = sub.add_parser("cancel", parents=[common], help="cancel a job")
-    can.add_argument("job_id", metavar="ID", type=int)
+    can = sub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a job",
+        description="Cancel a pending job, or ask the worker of a running job to stop it.",
+    )
+    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job id")
 
-    st = sub.add_parser("status", parents=[common], help="counts per queue and status")
-    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st = sub.add_parser(
+        "status",
+        parents=[common],
+        help="counts per queue and status",
+        description="Counts per queue and status, the oldest pending job's age, live workers, "
+        "and pending types that no live worker serves.",
+    )
+    st.add_argument(
+        "--json", action="store_true", help="print JSON instead of a table (default: a table)"
+    )
     return p
 
 
@@ -96,7 +226,10 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _schema(args: argparse.Namespace) -> str:
-    return args.schema or os.environ.get("PGWORKER_SCHEMA") or "pgworker"
+    if args.schema:
+        return args.schema
+    found = os.environ.get("PGWORKER_SCHEMA") or "pgworker"
+    return limits.identifier("PGWORKER_SCHEMA", found, error=ConfigError)
 
 
 async def _migrate(args: argparse.Namespace) -> int:
@@ -109,9 +242,34 @@ async def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(target: str) -> Registry:
+    """The registry of `target`. A module that raises when imported gets its own traceback
+    printed (without pgworker's and importlib's frames), then one line."""
+    try:
+        return load(target)
+    except PgWorkerError:
+        raise
+    except Exception as exc:
+        tb = exc.__traceback__
+        while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        module = target.partition(":")[0]
+        raise ConfigError(
+            "module", f"importing {module!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _not_users(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) or "importlib" in filename
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 async def _run(args: argparse.Namespace) -> int:
     configure(args.log_format, args.log_level)
-    registry = load(args.target)
+    registry = _load(args.target)
     settings = Settings.from_env(
         dsn=_dsn(args),
         concurrency=args.concurrency,
@@ -159,8 +317,12 @@ def _parse_priority(raw: str | None) -> int | str | None:
 async def _enqueue(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise PgWorkerError(f"--payload is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ValidationError(
+            "payload", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        ) from None
+    except ValueError as exc:
+        raise PgWorkerError(f"--payload is not valid JSON: {exc}") from None
     run_at = None
     if args.run_at:
         try:

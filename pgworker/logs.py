@@ -25,25 +25,44 @@ LEVELS = {
 
 def configure(fmt: LogFormat = "console", level: str = "info", stream: Any = None) -> None:
     """Configure structlog for a pgworker process (the CLI calls this; libraries embedding a
-    Worker keep their own structlog configuration)."""
+    Worker keep their own structlog configuration). Lines logged through the standard `logging`
+    module (asyncpg's, Python's warnings) are rendered the same way on the same stream, their
+    tracebacks inside the line, so that a JSON log stays one object per line."""
+    stream = stream or sys.stderr
+    shared: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     tail: list[Any]
     if fmt == "json":
         tail = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     else:
         tail = [structlog.dev.ConsoleRenderer(colors=False)]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            *tail,
-        ],
+        processors=[structlog.contextvars.merge_contextvars, *shared, *tail],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
+    handler = logging.StreamHandler(stream)
+    handler.set_name(_HANDLER)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tail],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+    logging.captureWarnings(True)
     global _base
     _base = None
+
+
+_HANDLER = "pgworker-cli"
 
 
 _base: Any = None
