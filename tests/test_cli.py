@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 import pgworker
 
-from .helpers import ROOT, attempts, spawn_worker, wait_for
+from .helpers import ROOT, all_finished, attempts, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -199,3 +200,181 @@ async def test_run_refuses_an_unmigrated_database(empty_dsn):
     out = cli("run", "tests.apps.basic", "--dsn", empty_dsn)
     assert out.returncode == 2
     assert "run `pgworker migrate`" in out.stderr
+
+
+async def stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        assert worker.wait(timeout=30) == 0
+    finally:
+        worker.kill()
+
+
+async def test_cancel_a_pending_a_running_and_a_finished_job(dsn, conn, tmp_path):
+    pending = (await pgworker.enqueue(conn, "echo", {}, delay=3600)).job.id
+    running = (await pgworker.enqueue(conn, "sleep", {"seconds": 60})).job.id
+    log = tmp_path / "worker.log"
+    worker = start_worker(dsn, log, "--log-format", "json")
+    try:
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 1 FROM pgworker.jobs WHERE status = 'running'"
+            ),
+            timeout=30,
+        )
+        out = cli("cancel", str(running), "--dsn", dsn)
+        assert (out.returncode, out.stdout) == (
+            0,
+            f"job {running} is running: its worker was asked to stop it\n",
+        ), out.stderr
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'cancelled' FROM pgworker.jobs WHERE id = $1", running
+            ),
+            timeout=30,
+        )
+        assert [a["outcome"] for a in await attempts(conn, running)] == ["cancelled"]
+    finally:
+        await stop(worker)
+    out = cli("cancel", str(pending), "--dsn", dsn)
+    assert out.stdout == f"job {pending} cancelled (it was pending)\n", out.stderr
+    assert (await pgworker.get_job(conn, pending)).status == "cancelled"
+    out = cli("cancel", str(pending), "--dsn", dsn)
+    assert out.stdout == f"job {pending} is already cancelled: nothing to cancel\n"
+    missing = cli("cancel", str(running + 1000), "--dsn", dsn)
+    assert missing.returncode == 2 and f"there is no job {running + 1000}" in missing.stderr
+
+
+async def test_enqueue_run_at_is_stored(dsn, conn):
+    out = cli("enqueue", "echo", "--run-at", "2030-01-02T09:30:00+02:00", "--dsn", dsn)
+    assert out.returncode == 0, out.stderr
+    job = await pgworker.get_job(conn, json.loads(out.stdout)["id"])
+    assert job.run_at == datetime(2030, 1, 2, 7, 30, tzinfo=UTC)
+    assert job.status == "pending"
+    naive = cli("enqueue", "echo", "--run-at", "2030-01-02T09:30:00", "--dsn", dsn)
+    assert naive.returncode == 2 and "run_at: must be timezone-aware" in naive.stderr
+    both = cli("enqueue", "echo", "--run-at", "2030-01-02T09:30:00Z", "--delay", "5", "--dsn", dsn)
+    assert both.returncode == 2 and "run_at: give run_at or delay, not both" in both.stderr
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 1
+
+
+async def listeners(conn, dsn: str) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE $2",
+        dsn.rsplit("/", 1)[1],
+        "pgworker-listen:%",
+    )
+
+
+async def test_no_listen_opens_no_listen_connection_and_still_serves_by_polling(
+    dsn, conn, tmp_path
+):
+    listening = start_worker(dsn, tmp_path / "listening.log", "--worker-id", "listening")
+    try:
+        await wait_for(lambda: listeners(conn, dsn), timeout=30)
+    finally:
+        await stop(listening)
+    await wait_for(lambda: conn.fetchval("SELECT count(*) = 0 FROM pgworker.workers"), timeout=30)
+    log = tmp_path / "worker.log"
+    worker = start_worker(dsn, log, "--no-listen", "--poll-interval", "0.2", "--worker-id", "deaf")
+    try:
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 1 FROM pgworker.workers WHERE worker_id = 'deaf'"
+            ),
+            timeout=30,
+        )
+        job = await pgworker.enqueue(conn, "echo", {"n": 1})
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", job.job.id
+            ),
+            timeout=30,
+        )
+        assert await listeners(conn, dsn) == 0
+    finally:
+        await stop(worker)
+
+
+async def test_durable_claims_commit_as_the_server_is_configured(dsn, conn, tmp_path):
+    """The claim sets synchronous_commit for its own transaction: `off` by default, the server's
+    setting with --durable-claims. A trigger records what the claim's transaction runs with."""
+    await conn.execute(f'ALTER DATABASE "{dsn.rsplit("/", 1)[1]}" SET synchronous_commit = local')
+    await conn.execute(
+        """
+        CREATE TABLE claim_commits (job_id bigint, synchronous_commit text);
+        CREATE FUNCTION record_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO claim_commits VALUES (NEW.id, current_setting('synchronous_commit'));
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER record_claim AFTER UPDATE ON pgworker.jobs FOR EACH ROW
+            WHEN (OLD.status = 'pending' AND NEW.status = 'running')
+            EXECUTE FUNCTION record_claim();
+        """
+    )
+    for flags, expected in ((("--durable-claims",), "local"), ((), "off")):
+        job = (await pgworker.enqueue(conn, "echo", {})).job.id
+        worker = start_worker(dsn, tmp_path / f"{expected}.log", *flags)
+        try:
+            await wait_for(
+                lambda job=job: conn.fetchval(
+                    "SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", job
+                ),
+                timeout=30,
+            )
+        finally:
+            await stop(worker)
+        recorded = await conn.fetchval(
+            "SELECT synchronous_commit FROM claim_commits WHERE job_id = $1", job
+        )
+        assert recorded == expected, flags
+
+
+async def test_schema_option_works_end_to_end_on_another_schema(dsn, conn, tmp_path):
+    migrated = cli("migrate", "--schema", "other", "--dsn", dsn)
+    assert migrated.returncode == 0 and migrated.stdout.startswith("applied migrations"), migrated
+    out = cli("enqueue", "echo", "--payload", '{"a": 1}', "--schema", "other", "--dsn", dsn)
+    assert out.returncode == 0, out.stderr
+    done = json.loads(out.stdout)["id"]
+    out = cli("enqueue", "echo", "--delay", "3600", "--schema", "other", "--dsn", dsn)
+    later = json.loads(out.stdout)["id"]
+    out = cli("cancel", str(later), "--schema", "other", "--dsn", dsn)
+    assert out.stdout == f"job {later} cancelled (it was pending)\n", out.stderr
+    worker = start_worker(dsn, tmp_path / "worker.log", "--schema", "other")
+    try:
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'completed' FROM other.jobs WHERE id = $1", done
+            ),
+            timeout=30,
+        )
+        status = json.loads(cli("status", "--json", "--schema", "other", "--dsn", dsn).stdout)
+        assert (
+            status["queues"]["default"]["completed"],
+            status["queues"]["default"]["cancelled"],
+        ) == (1, 1)
+        assert len(status["workers"]) == 1
+    finally:
+        await stop(worker)
+    assert await conn.fetchval("SELECT result FROM other.jobs WHERE id = $1", done) == '{"a": 1}'
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM other.job_attempts") == 1
+
+
+async def test_log_level_warning_hides_the_info_lines(dsn, conn, tmp_path):
+    ok = (await pgworker.enqueue(conn, "echo", {})).job.id
+    bad = (await pgworker.enqueue(conn, "fail", {})).job.id
+    log = tmp_path / "worker.log"
+    worker = start_worker(dsn, log, "--log-format", "json", "--log-level", "warning")
+    try:
+        await wait_for(lambda: all_finished(conn), timeout=30)
+    finally:
+        await stop(worker)
+    assert (await pgworker.get_job(conn, ok)).status == "completed"
+    assert (await pgworker.get_job(conn, bad)).status == "failed"
+    text = log.read_text()
+    lines = json_lines(log)
+    assert len(lines) == len(text.splitlines()), text
+    assert {x["level"] for x in lines} <= {"warning", "error", "critical"}, text
+    assert any(x.get("job_id") == bad for x in lines), text
