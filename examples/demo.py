@@ -137,23 +137,26 @@ async def demo(dsn: str) -> list[str]:
         )
         print("\njobs by status: " + ", ".join(f"{r['status']}={r['n']}" for r in totals))
 
-        # What the README says each job ends as: (status, result, error, attempts' outcomes).
+        # What the README says each job ends as: (status, retries counted, result, error, the
+        # attempts' outcomes).
         expected = {
-            invoice: ("completed", {"sent": 41}, None, ["completed"]),
-            resize: ("completed", {"thumbnail": "cat.png.thumb.png"}, None, ["completed"]),
+            invoice: ("completed", 0, {"sent": 41}, None, ["completed"]),
+            resize: ("completed", 0, {"thumbnail": "cat.png.thumb.png"}, None, ["completed"]),
             crm: (
                 "completed",
+                2,
                 {"synced": 7},
                 "ConnectionError: CRM unavailable (attempt 2)",
                 ["retried", "retried", "completed"],
             ),
             card: (
                 "failed",
+                0,
                 None,
                 "PermanentError: card 4000-0000-0000-0002 declined",
                 ["failed"],
             ),
-            first.job.id: ("completed", {"sent": 42}, None, ["completed"]),
+            first.job.id: ("completed", 0, {"sent": 42}, None, ["completed"]),
         }
         wrong = []
         if again.created or again.job.id != first.job.id:
@@ -166,7 +169,13 @@ async def demo(dsn: str) -> list[str]:
                 "SELECT outcome FROM pgworker.job_attempts WHERE job_id = $1 ORDER BY attempt",
                 job_id,
             )
-            got = (job.status, job.result, job.error, [r["outcome"] for r in found])
+            got = (
+                job.status,
+                job.retry_count,
+                job.result,
+                job.error,
+                [r["outcome"] for r in found],
+            )
             if got != want:
                 wrong.append(f"job {job_id} ({job.type}) ended as {got}, expected {want}")
         jobs = await conn.fetchval(

@@ -283,7 +283,9 @@ async def test_postgres_crashing_mid_run_loses_no_job_and_stops_no_worker(own_cl
     conn = await asyncpg.connect(dsn)
     await pgworker.migrate(conn)
     total = 300
-    await pgworker.enqueue_many(conn, [JobSpec("work", {"n": n, "ms": 40}) for n in range(total)])
+    await pgworker.enqueue_many(
+        conn, [JobSpec("work", {"n": n, "ms": 40, "claim": True}) for n in range(total)]
+    )
     workers = Workers(dsn, tmp_path)
     try:
         procs = [workers.start(name, "--lease", "2", "--concurrency", "5") for name in "ab"]
@@ -310,6 +312,12 @@ async def test_postgres_crashing_mid_run_loses_no_job_and_stops_no_worker(own_cl
                    WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) > 1) AS d"""
         )
         assert completed_twice == 0
+        # A late outcome of a claim the crash undid must not complete the job's next claim.
+        not_by_its_claim = await conn.fetchval(
+            """SELECT count(*) FROM pgworker.jobs
+               WHERE (result->>'claimed_at')::timestamptz IS DISTINCT FROM claimed_at"""
+        )
+        assert not_by_its_claim == 0
         assert "listener reconnected" in workers.log("a") + workers.log("b")
     finally:
         for p in workers.procs:

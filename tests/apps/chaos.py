@@ -14,7 +14,11 @@ registry = pgworker.Registry()
 
 @registry.task("work", retry=pgworker.RetryPolicy(max_retries=10, initial_delay=0.05))
 async def work(ctx: pgworker.JobContext, payload: dict) -> dict:
+    """With `claim` in the payload, the result names the claim that ran it: an outcome written
+    under a later claim of the same job shows as a result whose claim is not the job's."""
     await anyio.sleep(payload.get("ms", 0) / 1000)
+    if payload.get("claim"):
+        return {"n": payload.get("n"), "claimed_at": ctx.job.claimed_at.isoformat()}
     return {"n": payload.get("n")}
 
 
