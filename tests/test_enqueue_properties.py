@@ -1,9 +1,12 @@
-"""Hypothesis-generated enqueue arguments: each call creates a valid job or raises
-ValidationError, and never leaves a partial row."""
+"""Hypothesis-generated enqueue arguments: any arguments create a valid job or raise
+ValidationError and never leave a partial row; valid arguments are accepted, through `enqueue`
+and both paths of `enqueue_many`, and stored as given. Runs are derandomized: a failure
+replays as is."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -13,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgworker
+from pgworker import limits
 
 json_values = st.recursive(
     st.none()
@@ -25,8 +29,20 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-payloads = json_values | st.builds(object) | st.just({"when": datetime.now(UTC)})
-texts = st.none() | st.text(max_size=12) | st.integers()
+payloads = (
+    json_values
+    | st.builds(object)
+    | st.just({"when": datetime.now(UTC)})
+    | st.just({"s": "\udcff"})
+    | st.just({"s": "\x00"})
+)
+texts = (
+    st.none()
+    | st.text(max_size=12)
+    | st.integers()
+    | st.just("\udcff")
+    | st.text(min_size=501, max_size=510)
+)
 priorities = (
     st.none()
     | st.integers(-(2**33), 2**33)
@@ -42,6 +58,7 @@ run_ats = st.none() | st.datetimes(
 delays = (
     st.none()
     | st.floats(-10, 1e6)
+    | st.just(1e13)
     | st.integers(-10, 10**6)
     | st.timedeltas(min_value=timedelta(seconds=-5), max_value=timedelta(days=30))
 )
@@ -71,9 +88,16 @@ def loop():
     loop.close()
 
 
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+replayable = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+
+
+@replayable
 @given(
     type_=texts,
     payload=payloads,
@@ -135,6 +159,113 @@ def test_enqueue_creates_a_valid_job_or_raises_validation_error(
                     assert job.max_retries == retries
                 if run_at is not None:
                     assert job.run_at == run_at
+        finally:
+            await conn.close()
+
+    loop.run_until_complete(attempt())
+
+
+# Valid arguments: text that PostgreSQL stores (no NUL, no lone surrogate) within the bounds.
+storable = st.characters(codec="utf-8", exclude_characters="\x00")
+
+
+def names(max_size: int) -> st.SearchStrategy[str]:
+    return st.text(storable, min_size=1, max_size=max_size)
+
+
+valid_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**62), 2**62)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(storable, max_size=20)
+    | st.just("\\u0000"),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(storable, max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+valid_priorities = (
+    st.none()
+    | st.integers(limits.MIN_INT, limits.MAX_INT)
+    | st.sampled_from(list(pgworker.PRIORITY_LABELS))
+)
+valid_schedules = st.one_of(
+    st.none(),
+    st.builds(
+        lambda at: ("run_at", at),
+        st.datetimes(
+            min_value=datetime(2000, 1, 1),
+            max_value=datetime(2100, 1, 1),
+            timezones=st.just(UTC) | st.just(timezone(timedelta(hours=-7, minutes=-30))),
+        ),
+    ),
+    st.builds(lambda d: ("delay", d), st.floats(0, limits.MAX_DELAY) | st.integers(0, 10**6)),
+    st.builds(
+        lambda d: ("delay", d),
+        st.timedeltas(min_value=timedelta(0), max_value=timedelta(seconds=limits.MAX_DELAY)),
+    ),
+)
+_keys = itertools.count()
+
+
+@replayable
+@given(
+    type_=names(limits.MAX_TYPE_LENGTH),
+    payload=valid_json,
+    queue=st.none() | names(limits.MAX_QUEUE_LENGTH),
+    priority=valid_priorities,
+    retries=st.none() | st.integers(0, limits.MAX_INT),
+    key=st.none() | names(limits.MAX_IDEMPOTENCY_KEY_LENGTH - 12),
+    correlation=st.none() | names(limits.MAX_CORRELATION_ID_LENGTH),
+    schedule=valid_schedules,
+    path=st.sampled_from(["enqueue", "enqueue_many"]),
+)
+def test_valid_arguments_are_accepted_and_stored_as_given(
+    loop, dsn, type_, payload, queue, priority, retries, key, correlation, schedule, path
+):
+    if key is not None:
+        key = f"{key}-{next(_keys)}"  # examples share a database: a key is never reused
+    when = dict([schedule]) if schedule else {}
+
+    async def attempt():
+        conn = await asyncpg.connect(dsn)
+        try:
+            options = dict(
+                queue=queue,
+                priority=priority,
+                max_retries=retries,
+                idempotency_key=key,
+                correlation_id=correlation,
+                **when,
+            )
+            if path == "enqueue":
+                result = await pgworker.enqueue(conn, type_, payload, **options)
+            else:
+                spec = pgworker.JobSpec(type_, payload, **options)
+                [result] = await pgworker.enqueue_many(conn, [spec])
+            assert result.created
+            job = await pgworker.get_job(conn, result.job.id)
+            assert (job.status, job.type, job.queue) == ("pending", type_, queue or "default")
+            if path == "enqueue":
+                assert _same_json(job.payload, payload)  # None means {}
+            else:
+                assert _equal(job.payload, json.loads(json.dumps(payload)))  # a spec keeps null
+            expected = pgworker.PRIORITY_LABELS.get(priority, priority) if priority else 0
+            assert job.priority == expected
+            assert (job.max_retries, job.idempotency_key) == (retries, key)
+            if correlation is not None:
+                assert job.correlation_id == correlation
+            if "run_at" in when:
+                assert job.run_at == when["run_at"]
+            else:
+                delay = when.get("delay", 0)
+                seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+                assert (job.run_at - job.created_at).total_seconds() == pytest.approx(
+                    seconds, abs=1e-3
+                )
+            assert result.job.run_at == job.run_at and result.job.priority == job.priority
         finally:
             await conn.close()
 
