@@ -101,9 +101,10 @@ def identifier(field: str, value: Any, *, error: type[Exception] = ValidationErr
 
 
 def _span(number: float) -> str:
-    for unit, size in (("years", 365 * 86400), ("days", 86400), ("hours", 3600)):
+    for unit, size in (("year", 365 * 86400), ("day", 86400), ("hour", 3600)):
         if number >= size and number % size == 0:
-            return f"{number:,.0f} seconds ({number / size:g} {unit})"
+            n = number / size
+            return f"{number:,.0f} seconds ({n:g} {unit}{'s' if n != 1 else ''})"
     return f"{number:g} seconds"
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from datetime import timedelta
 
 import pytest
 
 import pgworker
-from pgworker import ConfigError, RetryPolicy, Settings
+from pgworker import ConfigError, RetryPolicy, Settings, limits
 
 
 @pytest.mark.parametrize(
@@ -130,3 +134,54 @@ def test_every_public_name_is_importable():
         assert getattr(pgworker, name)
     for child in (pgworker.IdempotencyConflict, pgworker.ValidationError, pgworker.ConfigError):
         assert issubclass(child, pgworker.PgWorkerError)
+
+
+def test_settings_queues_default_to_none_meaning_the_registrys_queues():
+    assert Settings(dsn="postgresql://x").queues is None
+    assert Settings(dsn="postgresql://x", queues=None).queues is None
+    assert Settings(dsn="postgresql://x", queues=["a", "b"]).queues == ("a", "b")
+    env = {"PGWORKER_DSN": "postgresql://x"}
+    assert Settings.from_env(env).queues is None
+    assert Settings.from_env({**env, "PGWORKER_QUEUES": " , "}).queues is None
+    assert Settings.from_env({**env, "PGWORKER_QUEUES": "mail,default"}).queues == (
+        "mail",
+        "default",
+    )
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**env, "PGWORKER_QUEUES": "ok," + "q" * 64})
+    assert info.value.field == "queues"
+
+
+def test_settings_accept_their_bounds_and_timedeltas():
+    s = Settings(
+        dsn="postgresql://x",
+        concurrency=limits.MAX_CONCURRENCY,
+        poll_interval=timedelta(hours=1),
+        shutdown_timeout=0,
+        lease=timedelta(days=1),
+        worker_id="w" * limits.MAX_WORKER_ID_LENGTH,
+        queues=["q" * limits.MAX_QUEUE_LENGTH],
+    )
+    assert (s.poll_interval, s.shutdown_timeout, s.lease) == (3600.0, 0.0, 86400.0)
+    with pytest.raises(ConfigError) as info:
+        Settings(dsn="postgresql://x", poll_interval=3601)
+    assert info.value.field == "poll_interval" and "at most 3,600 seconds (1 hour)" in str(
+        info.value
+    )
+
+
+def test_retry_policy_takes_timedeltas_and_caps_its_delays():
+    policy = RetryPolicy(initial_delay=timedelta(seconds=2), max_delay=limits.MAX_DELAY, jitter=1)
+    assert policy.initial_delay == 2.0
+    assert all(policy.delay(100, random.Random(n)) <= limits.MAX_DELAY for n in range(50))
+
+
+def test_payload_size_limit_is_read_from_the_environment():
+    out = subprocess.run(
+        [sys.executable, "-c", "from pgworker import limits; print(limits.MAX_PAYLOAD_BYTES)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PGWORKER_MAX_PAYLOAD_BYTES": "12345"},
+        check=True,
+    )
+    assert out.stdout.strip() == "12345"
