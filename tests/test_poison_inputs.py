@@ -344,3 +344,39 @@ logging.getLogger("asyncpg.pool").debug("hidden below the level")
     assert (line["level"], line["logger"]) == ("warning", "asyncpg.pool")
     assert "ConnectionRefusedError: connection refused" in line["exception"]
     assert datetime.fromisoformat(line["timestamp"]).tzinfo == UTC
+
+
+@pytest.mark.asyncio
+async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
+    dsn, conn, server_dsn, tmp_path
+):
+    """A worker whose connections are cut while its database refuses new ones: asyncpg's pool
+    logs "Failed to restore the pool connection floor" with a traceback; with --log-format
+    json it is a JSON line like every other line of stderr."""
+    from .helpers import spawn_worker, wait_for
+
+    name = dsn.rsplit("/", 1)[1]
+    log = tmp_path / "worker.log"
+    worker = spawn_worker("tests.apps.basic", dsn, log, "--log-format", "json")
+    try:
+        await wait_for(lambda: conn.fetchval("SELECT count(*) = 1 FROM pgworker.workers"), 30)
+        admin = await asyncpg.connect(server_dsn)
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = $1 AND application_name LIKE 'pgworker%'",
+                name,
+            )
+            await wait_for(lambda: "pool connection floor" in log.read_text(), timeout=30)
+        finally:
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            await admin.close()
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0
+    lines = log.read_text().splitlines()
+    parsed = [json.loads(line) for line in lines]  # every line is one JSON object
+    floor = [x for x in parsed if "pool connection floor" in x["event"]]
+    assert floor and floor[0]["logger"] == "asyncpg.pool", lines
+    assert "Traceback" in floor[0]["exception"]
