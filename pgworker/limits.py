@@ -187,9 +187,9 @@ def json_problem(text: str, value: Any) -> str | None:
     ordinary values: each check runs its exact form only when a C-speed scan says it may fail."""
     if "\\u0000" in text and _JSON_NUL.search(text):
         return "must not contain NUL characters (jsonb cannot store them)"
-    if has_surrogates(text):
+    if not text.isascii() and _SURROGATE.search(text) is not None:
         return "must be valid Unicode (it holds a lone surrogate)"
-    if text.count("[") + text.count("{") > MAX_DEPTH and too_deep(value):
+    if len(text) > MAX_DEPTH and text.count("[") + text.count("{") > MAX_DEPTH and too_deep(value):
         return f"must not nest lists and objects more than {MAX_DEPTH} deep"
     if len(text) * 4 > MAX_PAYLOAD_BYTES and len(text.encode()) > MAX_PAYLOAD_BYTES:
         return (
