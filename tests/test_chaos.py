@@ -23,16 +23,17 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 class Workers:
     """Worker processes of one test, all killed at the end whatever happens."""
 
-    def __init__(self, dsn: str, logs: Path) -> None:
+    def __init__(self, dsn: str, logs: Path, module: str = "tests.apps.chaos") -> None:
         self.dsn = dsn
         self.logs = logs
+        self.module = module
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         chaos = ("--worker-id", name, "--log-format", "json")
         proc = spawn_worker(
-            "tests.apps.chaos", self.dsn, log, *chaos, *args, env={"CHAOS_DSN": self.dsn}
+            self.module, self.dsn, log, *chaos, *args, env={"CHAOS_DSN": self.dsn}
         )
         self.procs.append(proc)
         return proc
