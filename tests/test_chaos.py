@@ -32,9 +32,7 @@ class Workers:
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         chaos = ("--worker-id", name, "--log-format", "json")
-        proc = spawn_worker(
-            self.module, self.dsn, log, *chaos, *args, env={"CHAOS_DSN": self.dsn}
-        )
+        proc = spawn_worker(self.module, self.dsn, log, *chaos, *args, env={"CHAOS_DSN": self.dsn})
         self.procs.append(proc)
         return proc
 
