@@ -67,8 +67,9 @@ async def test_a_cancel_asked_for_while_running_is_not_undone_by_a_retry(dsn, co
         asked.set()
         await wait_for(lambda: all_finished(conn))
     job = await pgworker.get_job(conn, r.job.id)
-    assert (job.status, runs) == ("cancelled", [1])
-    assert job.finished_at is not None
+    assert (job.status, runs, job.retry_count) == ("cancelled", [1], 0)
+    assert job.finished_at is not None and job.run_at <= job.finished_at
+    assert await outcomes(conn, r.job.id) == ["cancelled"]
 
 
 async def test_a_rescued_job_whose_cancel_was_asked_for_ends_cancelled(dsn, conn):

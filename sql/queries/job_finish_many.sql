@@ -2,7 +2,8 @@
 -- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
 -- number), and its attempt row is closed in the same statement. A job whose cancellation was
--- asked for is never requeued. An outcome missing from the result was dropped.
+-- asked for is never requeued: its attempt is closed as `cancelled`, not counted as a retry. An
+-- outcome missing from the result was dropped.
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
 -- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
@@ -14,9 +15,10 @@ WITH done AS (
         result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
         error = CASE WHEN o.error_type IS NULL THEN j.error
                      ELSE o.error_type || coalesce(': ' || nullif(o.error_message, ''), '') END,
-        retry_count = j.retry_count + o.retried,
-        run_at = CASE WHEN o.status = 'pending' THEN now() + make_interval(secs => o.delay)
-                      ELSE j.run_at END,
+        retry_count = j.retry_count + CASE WHEN j.cancel_requested_at IS NULL THEN o.retried
+                                           ELSE 0 END,
+        run_at = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NULL
+                      THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
         finished_at = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NULL THEN NULL
                            ELSE now() END,
         lease_expires_at = NULL,
@@ -27,7 +29,10 @@ WITH done AS (
               claimed_at)
     WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
       AND j.claimed_at = o.claimed_at
-    RETURNING j.id, j.attempts, o.outcome, o.error_type, o.error_message
+    RETURNING j.id, j.attempts,
+              CASE WHEN o.status = 'pending' AND j.status = 'cancelled' THEN 'cancelled'
+                   ELSE o.outcome END AS outcome,
+              o.error_type, o.error_message
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
