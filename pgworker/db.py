@@ -67,6 +67,8 @@ def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
     """What went wrong, for a person: the server answered (no such database, login refused) or
     it did not (down, unreachable, a malformed DSN)."""
     where = "(--dsn, PGWORKER_DSN or DATABASE_URL)"
+    if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+        return too_many_connections(exc)
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
         return DatabaseUnavailable(f"{exc}: create it, or fix the database name in the DSN {where}")
     if isinstance(
@@ -116,8 +118,6 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
                 "enable_bitmapscan": "off",
             },
         )
-    except asyncpg.exceptions.TooManyConnectionsError as exc:
-        raise too_many_connections(exc) from exc
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
         raise _describe(dsn, exc) from exc
 
@@ -237,7 +237,7 @@ def privilege_error(schema: str, exc: BaseException) -> PrivilegeError:
 
 def too_many_connections(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(
-        f"the server refuses more connections ({exc}); a worker needs up to 6 (its pool of 4 "
+        f"the server refuses more connections ({exc}); a worker needs up to 5 (its pool of 4 "
         "and the listener): raise the role's CONNECTION LIMIT or max_connections, or run fewer "
         "processes"
     )

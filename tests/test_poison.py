@@ -507,7 +507,7 @@ async def test_G_no_privilege_on_the_schema_itself(dsn, conn):
 async def test_G_role_connection_limit_at_start_is_database_unavailable(dsn, conn):
     async with role(conn, dsn, limit=1) as role_dsn:
         name = role_dsn.split("://", 1)[1].split("@", 1)[0]
-        with pytest.raises(pgworker.DatabaseUnavailable, match="connections"):
+        with pytest.raises(pgworker.DatabaseUnavailable, match="refuses more connections"):
             with anyio.CancelScope():
                 async with serving(role_dsn):  # the pool takes 1, the listener is refused
                     pytest.fail("the worker started beyond its connection limit")
