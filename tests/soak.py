@@ -4,14 +4,25 @@ PostgreSQL server crashed (an immediate stop, then a restart: claims that had no
 are undone); then a reconciliation table. Bounded in time; exits 1 when the table does not
 reconcile.
 
+A few jobs per thousand are poison (`poison-*` in tests/apps/chaos.py: an exception whose
+`__str__` raises, a handler's own SystemExit, KeyboardInterrupt or CancelledError, a lone
+surrogate or a 5,000-deep value in the result, `Retry(after=1e13)`, a sync handler calling
+`sys.exit(1)`): each must end in its documented state (`POISON`), and no worker may exit but
+those the soak kills itself (every other exit is listed, with the end of its log, and fails the
+table; the exited worker is restarted so that the load goes on). Server crashes and backend
+terminations hit a serving fleet: before each, the soak waits (bounded) until every restarted
+worker has registered, since a worker whose start-up fails (its server down, its connection cut)
+exits by design with one line, `DatabaseUnavailable` (README, "Start-up").
+
 Runs on a throwaway PostgreSQL cluster of its own (local binaries, else the embedded package), or
-on SOAK_DSN when set (then without server crashes). SOAK_JOBS, SOAK_WORKERS, SOAK_SECONDS and
-SOAK_SEED tune it.
+on SOAK_DSN when set (then without server crashes). SOAK_JOBS, SOAK_WORKERS, SOAK_SECONDS,
+SOAK_SEED and SOAK_POISON (the share of poison jobs, default 0.004) tune it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import shutil
@@ -22,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -34,7 +46,45 @@ JOBS = int(os.environ.get("SOAK_JOBS", "50000"))
 WORKERS = int(os.environ.get("SOAK_WORKERS", "4"))
 SECONDS = float(os.environ.get("SOAK_SECONDS", "900"))
 SEED = int(os.environ.get("SOAK_SEED", str(int(time.time()))))
+POISON_SHARE = float(os.environ.get("SOAK_POISON", "0.004"))
 CRASH_STEPS = (2, 5)
+
+
+def _failed_with(check: Callable[[str], bool]) -> Callable[[str, str | None, Any], bool]:
+    return lambda status, error, result: status == "failed" and error is not None and check(error)
+
+
+def _completed_with(check: Callable[[Any], bool]) -> Callable[[str, str | None, Any], bool]:
+    return lambda status, error, result: status == "completed" and check(result)
+
+
+# Each poison type: (the documented end of its job: status, error, result as JSON, `None` when
+# NULL), (the error of each of its failed or retried attempts, `None` for types that complete).
+POISON: dict[str, tuple[Callable[[str, str | None, Any], bool], Callable[[str], bool] | None]] = {
+    "poison-unprintable": (
+        _failed_with(lambda e: e.startswith("Unprintable: <") and "RuntimeError" in e),
+        lambda e: e.startswith("Unprintable: <") and "RuntimeError" in e,
+    ),
+    "poison-system-exit": (_failed_with("SystemExit: 3".__eq__), "SystemExit: 3".__eq__),
+    "poison-keyboard-interrupt": (
+        _failed_with("KeyboardInterrupt".__eq__),
+        "KeyboardInterrupt".__eq__,
+    ),
+    "poison-own-cancel": (
+        _failed_with(lambda e: e.startswith("CancelledError")),
+        lambda e: e.startswith("CancelledError"),
+    ),
+    "poison-surrogate": (
+        _completed_with(lambda r: isinstance(r, dict) and r.get("text") == "bad \ufffd byte"),
+        None,
+    ),
+    "poison-deep": (_completed_with(lambda r: r is None), None),
+    "poison-retry-far": (
+        _failed_with(lambda e: e.startswith("ValidationError: after: must be at most")),
+        lambda e: e.startswith("ValidationError: after: must be at most"),
+    ),
+    "poison-sync-exit": (_failed_with("SystemExit: 1".__eq__), "SystemExit: 1".__eq__),
+}
 
 
 class Fleet:
@@ -43,6 +93,8 @@ class Fleet:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.names: dict[int, str] = {}
         self.started = 0
+        self.killed: set[int] = set()  # the pids the soak SIGKILLed itself
+        self.unexpected: list[str] = []  # every other exit: name, pid, status, end of its log
 
     def start(self, slot: int) -> None:
         self.started += 1
@@ -65,6 +117,33 @@ class Fleet:
             env={"CHAOS_DSN": self.dsn},
         )
 
+    def kill(self, slot: int) -> None:
+        """SIGKILL the worker of `slot` (an exit caused on purpose) and start another."""
+        proc = self.procs[slot]
+        self.killed.add(proc.pid)
+        proc.kill()
+        code = proc.wait()
+        if code != -signal.SIGKILL:  # it had exited on its own before the signal
+            self._exited(slot, code)
+        self.start(slot)
+
+    def check(self) -> None:
+        """Record every worker that exited without the soak killing it, and restart it."""
+        for slot, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is not None and proc.pid not in self.killed:
+                self._exited(slot, code)
+                self.start(slot)
+
+    def _exited(self, slot: int, code: int | None, why: str = "exited on its own") -> None:
+        name = self.names[slot]
+        lines = (self.logs / f"{name}.log").read_text(errors="replace").splitlines()
+        tail = [line if len(line) < 400 else line[:400] + " …" for line in lines[-8:]]
+        self.unexpected.append(
+            f"{name} (pid {self.procs[slot].pid}) {why}, status {code}; its log ends:\n      "
+            + "\n      ".join(tail)
+        )
+
     async def serving(self, conn: asyncpg.Connection, timeout: float = 30) -> None:
         """Wait (bounded) until every worker has registered, so that SIGTERM finds it serving."""
         deadline = time.monotonic() + timeout
@@ -78,20 +157,93 @@ class Fleet:
             await asyncio.sleep(0.1)
 
     def stop(self) -> list[int | None]:
+        """SIGTERM every worker; each must exit 0 (an exit status other than 0 is recorded)."""
+        self.check()
         for p in self.procs.values():
             p.send_signal(signal.SIGTERM)
         codes = []
-        for p in self.procs.values():
+        for slot, p in self.procs.items():
             try:
-                codes.append(p.wait(timeout=60))
+                code: int | None = p.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                self.killed.add(p.pid)
                 p.kill()
-                codes.append(None)
+                p.wait()
+                code = None
+            codes.append(code)
+            if code != 0:
+                self._exited(slot, code, "at SIGTERM")
         return codes
 
 
 def count_in_logs(logs: Path, text: str) -> int:
     return sum(f.read_text(errors="replace").count(text) for f in logs.iterdir() if f.is_file())
+
+
+def log_levels(logs: Path) -> dict[str, int]:
+    """Worker log lines by level (`error` and `critical` only); lines that are not JSON (a
+    traceback printed past the structured logs) are counted as `raw`."""
+    levels: dict[str, int] = {}
+    for f in logs.iterdir():
+        for line in f.read_text(errors="replace").splitlines():
+            try:
+                level = str(json.loads(line).get("level"))
+            except (ValueError, AttributeError):
+                level = "raw"
+            if level in ("error", "critical", "raw"):
+                levels[level] = levels.get(level, 0) + 1
+    return levels
+
+
+async def reconcile_poison(conn: asyncpg.Connection) -> tuple[list[tuple[str, str]], int]:
+    """Per poison type: how many jobs ended as documented, cancelled (a cancel request of the
+    soak's), or failed as lost (their only or last attempt's worker was SIGKILLed, retries
+    spent), and how many did not (with examples); returns the table's rows and the number of
+    jobs or attempts that did not end as documented."""
+    jobs = await conn.fetch(
+        """SELECT j.id, j.type, j.status, j.error, j.result::text AS result,
+                  j.cancel_requested_at IS NOT NULL AS cancel_requested,
+                  coalesce(array_agg(a.outcome || ' ' || coalesce(a.error_type, '')
+                                     || coalesce(': ' || nullif(a.error_message, ''), ''))
+                           FILTER (WHERE a.outcome IN ('failed', 'retried')), '{}') AS errors
+           FROM pgworker.jobs j LEFT JOIN pgworker.job_attempts a ON a.job_id = j.id
+           WHERE j.type LIKE 'poison-%'
+           GROUP BY j.id ORDER BY j.id"""
+    )
+    rows: list[tuple[str, str]] = []
+    wrong: list[str] = []
+    for type_, (ends, attempt_error) in POISON.items():
+        mine = [j for j in jobs if j["type"] == type_]
+        documented = cancelled = lost = 0
+        for j in mine:
+            result = None if j["result"] is None else json.loads(j["result"])
+            bad = [
+                e
+                for e in j["errors"]
+                if attempt_error is None or not attempt_error(e.split(" ", 1)[1])
+            ]
+            if bad:
+                wrong.append(f"job {j['id']} ({type_}): attempt {bad[0]!r}")
+            elif ends(j["status"], j["error"], result):
+                documented += 1
+            elif j["status"] == "cancelled" and j["cancel_requested"]:
+                cancelled += 1
+            elif j["status"] == "failed" and (j["error"] or "").startswith("WorkerLost"):
+                lost += 1
+            else:
+                wrong.append(
+                    f"job {j['id']} ({type_}): {j['status']}, error {j['error']!r},"
+                    f" result {(j['result'] or '')[:80]!r}"
+                )
+        rows.append(
+            (
+                f"  {type_}",
+                f"{len(mine)} jobs: {documented} as documented, {cancelled} cancelled, {lost} lost",
+            )
+        )
+    rows.append(("  not as documented", len(wrong)))
+    rows.extend(("    " + w.split(":", 1)[0], w.split(":", 1)[1].strip()) for w in wrong[:10])
+    return rows, len(wrong)
 
 
 async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) -> bool:
@@ -108,7 +260,9 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
         specs = []
         for n in range(start, min(start + 5000, JOBS)):
             kind = rand.random()
-            if kind < 0.02:
+            if kind < POISON_SHARE:
+                specs.append(JobSpec(rand.choice(list(POISON)), {"n": n}))
+            elif kind < 0.02:
                 specs.append(JobSpec("refuse", {"n": n}, max_retries=0))
             elif kind < 0.04:
                 specs.append(JobSpec("effect", {"n": n}))
@@ -130,19 +284,19 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
         if left == 0:
             break
         await asyncio.sleep(rand.uniform(1.0, 3.0))
+        fleet.check()
         action = rand.random()
         steps += 1
         if crash is not None and steps in CRASH_STEPS:
+            await fleet.serving(conn)
             await asyncio.to_thread(crash)
             crashes += 1
             conn = await asyncpg.connect(dsn)
         elif action < 0.35:
-            slot = rand.randrange(WORKERS)
-            fleet.procs[slot].kill()
-            fleet.procs[slot].wait()
-            fleet.start(slot)
+            fleet.kill(rand.randrange(WORKERS))
             kills += 1
         elif action < 0.7:
+            await fleet.serving(conn)
             terminations += await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE application_name LIKE 'pgworker%' AND pid <> pg_backend_pid()"
@@ -184,14 +338,17 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
     effects = await conn.fetchval("SELECT count(*) FROM chaos_effects")
     retried = await conn.fetch(
         "SELECT job_id, attempt, error_type, error_message FROM pgworker.job_attempts"
-        " WHERE outcome = 'retried' ORDER BY job_id, attempt LIMIT 10"
+        " WHERE outcome = 'retried' AND type NOT LIKE 'poison-%' ORDER BY job_id, attempt"
+        " LIMIT 10"
     )
     effect_jobs_done = await conn.fetchval(
         "SELECT count(*) FROM pgworker.jobs WHERE type = 'effect' AND status = 'completed'"
     )
+    poison_rows, poison_wrong = await reconcile_poison(conn)
     await conn.close()
 
     dropped = await asyncio.to_thread(count_in_logs, logs, "outcome dropped")
+    levels = await asyncio.to_thread(log_levels, logs)
     done = sum(counts.get(s, 0) for s in ("completed", "failed", "cancelled"))
     rows = [
         ("enqueued", JOBS),
@@ -205,12 +362,19 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
         ("  of which explained by a lost, interrupted or retried attempt", again["explained"]),
         ("effect jobs completed / effect rows", f"{effect_jobs_done} / {effects}"),
         ("attempts by outcome", ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))),
+        ("poison jobs, by type", ""),
+        *poison_rows,
         ("workers SIGKILLed and restarted", kills),
+        ("worker exits not caused by the soak", len(fleet.unexpected)),
         ("backends terminated", terminations),
         ("server crashes", crashes),
         ("late outcomes fenced (worker logs)", dropped),
         ("cancel requests", cancels),
         ("worker exit codes at SIGTERM", exits),
+        (
+            "worker log lines: error, critical, not JSON",
+            ", ".join(str(levels.get(k, 0)) for k in ("error", "critical", "raw")),
+        ),
         ("enqueue time / drain time", f"{enqueue_s:.1f} s / {drain_s:.1f} s"),
         ("seed", SEED),
     ]
@@ -218,6 +382,8 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
     print(f"\nsoak: {JOBS} jobs, {WORKERS} worker processes")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
+    for exit_ in fleet.unexpected:
+        print(f"  worker exit: {exit_}")
     for r in retried:
         print(
             f"  retried: job {r['job_id']} attempt {r['attempt']}: {r['error_type']}: "
@@ -232,6 +398,8 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
         and duplicate_effects == 0
         and effects >= effect_jobs_done
         and all(code == 0 for code in exits)
+        and not fleet.unexpected
+        and poison_wrong == 0
     )
     print("RECONCILED" if ok else "NOT RECONCILED")
     return ok
