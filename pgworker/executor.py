@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from .errors import PermanentError, Retry
-from .limits import clamp_delay, clean_text, json_problem
+from .limits import clamp_delay, clean_text, has_surrogates, json_problem
 from .logs import base_logger, enabled, get_logger
 from .models import AttemptResult, Job, JobStatus, Outcome, claimed_job, current_correlation_id
 from .registry import Task
@@ -199,10 +199,9 @@ def _result_text(attempt: Attempt, value: Any) -> str | None:
     except Exception as exc:
         attempt.log.warning("result not stored: not JSON-serialisable", error=describe(exc))
         return None
-    problem = json_problem(text, value)
-    if problem is not None and "surrogate" in problem:
+    if has_surrogates(text):
         text = clean_text(text)
-        problem = json_problem(text, value)
+    problem = json_problem(text, value)
     if problem is not None:
         attempt.log.warning("result not stored", error=f"the result {problem}")
         return None

@@ -15,7 +15,21 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from .errors import ValidationError
+from .errors import ConfigError, ValidationError
+
+
+def _bytes_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name) or ""
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1024 <= value <= 255 * 1024 * 1024:
+        raise ConfigError(name, f"{raw!r} must be a number of bytes from 1024 to 267386880")
+    return value
+
 
 MAX_TYPE_LENGTH = 200
 MAX_QUEUE_LENGTH = 63
@@ -24,7 +38,7 @@ MAX_CORRELATION_ID_LENGTH = 200
 MAX_WORKER_ID_LENGTH = 200
 MAX_DEPTH = 500
 """Nesting of a payload or result (PostgreSQL and Python's json both recurse on it)."""
-MAX_PAYLOAD_BYTES = int(os.environ.get("PGWORKER_MAX_PAYLOAD_BYTES") or 64 * 1024 * 1024)
+MAX_PAYLOAD_BYTES = _bytes_from_env("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024)
 """UTF-8 size of a payload's or result's JSON text; PGWORKER_MAX_PAYLOAD_BYTES changes it (jsonb
 itself refuses values near 256 MB)."""
 MAX_DELAY = 10 * 365 * 86400.0
