@@ -106,30 +106,36 @@ async def supervise(
         while not service.done():
             try:
                 await service.step()
+                health.succeeded()
+                if not service.done():
+                    await service.idle()
             except Exception as exc:
-                kind = db.classify(exc)
-                health.failed(describe(exc))
-                delay = backoff(health.consecutive_failures)
-                fields = {
-                    "service": service.name,
-                    "error": health.last_error,
-                    "kind": kind,
-                    "failures": health.consecutive_failures,
-                    "retry_in_s": round(delay, 2),
-                }
-                if kind == "unexpected":
-                    log.error(f"{service.name} failed; restarting it", exc_info=exc, **fields)
-                else:
-                    log.warning(f"{service.name} failed; retrying", **fields)
-                try:
-                    await service.reset()
-                except Exception as reset_exc:
-                    log.error(f"{service.name}: reset failed", exc_info=reset_exc)
-                with anyio.move_on_after(delay):
-                    await (stop or anyio.Event()).wait()
-                continue
-            health.succeeded()
-            if not service.done():
-                await service.idle()
+                await _recover(service, health, log, exc, stop)
     finally:
         health.state = "stopped"
+
+
+async def _recover(
+    service: Service, health: Health, log: Any, exc: Exception, stop: anyio.Event | None
+) -> None:
+    """Record the failure, log it by its kind, reset the service and wait out the backoff."""
+    kind = db.classify(exc)
+    health.failed(describe(exc))
+    delay = backoff(health.consecutive_failures)
+    fields = {
+        "service": service.name,
+        "error": health.last_error,
+        "kind": kind,
+        "failures": health.consecutive_failures,
+        "retry_in_s": round(delay, 2),
+    }
+    if kind == "unexpected":
+        log.error(f"{service.name} failed unexpectedly; restarting it", exc_info=exc, **fields)
+    else:
+        log.warning(f"{service.name} failed; retrying", **fields)
+    try:
+        await service.reset()
+    except Exception as reset_exc:
+        log.error(f"{service.name}: reset failed", exc_info=reset_exc)
+    with anyio.move_on_after(delay):
+        await (stop or anyio.Event()).wait()

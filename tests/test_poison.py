@@ -619,3 +619,31 @@ async def test_N_a_leader_frozen_at_any_point_of_its_cycle_is_replaced(dsn, conn
     finally:
         codes = procs.stop_all()
     assert codes == [0, 0]
+
+
+# --- the supervised loop -------------------------------------------------------------------
+
+
+async def test_an_unexpected_error_restarts_the_service_not_the_process(dsn, conn, monkeypatch):
+    """A bug in a service's step (here the heartbeat's statement raising RuntimeError twice) is
+    logged, the service retried after the backoff, and its health says so meanwhile."""
+    from pgworker import db
+
+    calls = {"n": 0}
+    real = db.heartbeat
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            raise RuntimeError("a bug")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(db, "heartbeat", flaky)
+    async with serving(dsn, lease=1) as worker:
+        await wait_for(lambda: worker.health()["heartbeat"]["state"] == "retrying", every=0.001)
+        await wait_for(lambda: calls["n"] > 2 and worker.health()["heartbeat"]["state"] == "ok")
+        health = worker.health()["heartbeat"]
+        assert health["last_error"] == "RuntimeError: a bug"
+        assert health["consecutive_failures"] == 0 and health["last_success"] is not None
+        await serves_on(conn)
+    assert {h["state"] for h in worker.health().values()} == {"stopped"}
