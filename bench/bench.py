@@ -41,10 +41,11 @@ sys.path.insert(0, str(REPO))
 import asyncpg  # noqa: E402
 
 from bench.procstat import CpuMeter  # noqa: E402
-from bench.systems import BIN, PEERS, SYSTEMS, System  # noqa: E402
+from bench.systems import BIN, PEERS, SYSTEMS, System, imported_from  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS, "pgqueuer-defaults")
+BASE = "pgworker-base"  # pgworker from --base-src, only when asked for
 WORKLOADS = ("w1", "w2", "w3", "w4")
 POLL_S = 0.02  # completion poll
 CPU_SAMPLE_S = 0.1  # /proc sample (interpolated at the interval's ends)
@@ -114,13 +115,20 @@ class Resources:
 
 
 def launch(
-    res: Resources, argv: list[str], dsn: str, log_path: Path, extra_env: dict[str, str] | None
+    res: Resources,
+    argv: list[str],
+    dsn: str,
+    log_path: Path,
+    extra_env: dict[str, str] | None,
+    src: Path | None = None,
 ) -> subprocess.Popen:
+    """Start `argv` in a session of its own, from this repository, or from the checkout `src`
+    (its cwd and its only PYTHONPATH entry: `python -m pgworker` imports that checkout's)."""
     env = dict(os.environ)
     env.update(
         {
             "BENCH_DSN": dsn,
-            "PYTHONPATH": str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+            "PYTHONPATH": str(src) if src else str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
             "PYTHONUNBUFFERED": "1",
         }
     )
@@ -129,7 +137,7 @@ def launch(
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
             argv,
-            cwd=REPO,
+            cwd=src or REPO,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -219,7 +227,7 @@ async def drain(
     try:
         meter = CpuMeter(postmaster=postmaster_of(poll), exclude={poll.get_server_pid()})
         since = time.time()
-        proc = launch(res, system.worker_argv(dsn), dsn, log_path, None)
+        proc = launch(res, system.worker_argv(dsn), dsn, log_path, None, system.src)
         meter.root = proc.pid
         samples = [(time.time(), *meter.sample())]
         last_sample = samples[0][0]
@@ -762,6 +770,7 @@ def render(report: dict[str, Any]) -> str:
         "pgqueuer": "pgqueuer (concurrency 10)",
         "pgqueuer-defaults": "pgqueuer, own defaults (no concurrency cap)",
         "pgworker@growth": growth_label,
+        BASE: f"pgworker-base (git {cfg.get('base_rev', '?')})",
     }
     head = (
         "| system | bulk enqueue jobs/s | processing jobs/s | worker CPU ms/1k | "
@@ -777,7 +786,9 @@ def render(report: dict[str, Any]) -> str:
         head,
         "|---|---:|---:|---:|---:|---:|---|",
     ]
-    order = [s for s in (*LIB_SYSTEMS, "floor", "pgworker@growth") if s in med]
+    order = [
+        s for s in ("pgworker", BASE, *LIB_SYSTEMS[1:], "floor", "pgworker@growth") if s in med
+    ]
     for name in order:
         m = med[name]
         lat = (
@@ -797,6 +808,7 @@ def render(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines += ratio_lines(med)
+    lines += base_lines(report["runs"])
     lines.append("")
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
     if cfg.get("pgqueuer_note"):
@@ -909,6 +921,46 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def base_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """pgworker against pgworker-base, each figure of each run as a ratio to that run's floor
+    (W3), then the medians of those ratios and new / old."""
+    figures = (
+        ("processing_jps", "processing"),
+        ("worker_cpu_ms_per_1k", "worker CPU/job"),
+        ("pg_cpu_ms_per_1k", "PostgreSQL CPU/job"),
+    )
+    per: dict[str, dict[str, list[float]]] = {"pgworker": {}, BASE: {}}
+    out = [
+        "",
+        "## pgworker (new) against pgworker-base (old), as ratios to each run's floor",
+        "",
+        "| run | system | processing jobs/s | worker CPU ms/1k | PostgreSQL CPU ms/1k |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in runs:
+        floor = r["systems"].get("floor", {})
+        for name in per:
+            m = r["systems"].get(name, {})
+            if not all(m.get(k) and floor.get(k) for k, _ in figures):
+                continue
+            cells = []
+            for k, _ in figures:
+                ratio = m[k] / floor[k]
+                per[name].setdefault(k, []).append(ratio)
+                cells.append(f"{fmt(m[k])} ({ratio:.3f}× floor {fmt(floor[k])})")
+            out.append(f"| {r['run']} | {name} | " + " | ".join(cells) + " |")
+    if not per[BASE] or not per["pgworker"]:
+        return []
+    for k, label in figures:
+        new, old = median(per["pgworker"].get(k, [])), median(per[BASE].get(k, []))
+        if new and old:
+            out.append(
+                f"- {label}, median ratio to the floor: new {new:.3f}×, old {old:.3f}×; "
+                f"new / old {new / old:.3f}"
+            )
+    return out
+
+
 async def versions(dsn: str) -> dict[str, str]:
     from importlib import metadata
 
@@ -932,6 +984,13 @@ async def versions(dsn: str) -> dict[str, str]:
         out["psycopg"] += f" ({psycopg.pq.__impl__})"
     except ImportError:
         pass
+    for name in ("pgworker", BASE):
+        src = SYSTEMS[name].src
+        if src:
+            imported = imported_from(src)  # what its subprocesses import, checked
+            if not Path(imported).is_relative_to(src):
+                raise BenchError(f"{name}: a subprocess run from {src} imports {imported}")
+            out[f"{name} measured"] = f"git {git_rev(src)}, imports {imported}"
     out["PostgreSQL"] = server
     out["Python"] = platform.python_version()
     return out
@@ -985,10 +1044,10 @@ async def hold_lock(dsn: str) -> asyncpg.Connection:
     return conn
 
 
-def git_rev() -> str:
+def git_rev(where: Path = REPO) -> str:
     with contextlib.suppress(Exception):
         return subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -1066,6 +1125,7 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
             "growth_rows": args.growth_rows,
             "systems": args.systems,
             "workloads": sorted(args.workloads),
+            "base_rev": git_rev(args.base_src) if args.base_src else None,
             "pgqueuer_note": (
                 "pgqueuer (concurrency 10): `pgqueuer.run(..., batch_size=5, "
                 "max_concurrent_tasks=10)`, as in the issue's reference figures (pgqueuer "
@@ -1107,7 +1167,7 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
             "(their PostgreSQL CPU is counted too): " + "; ".join(busy) + "\n"
         )
     rev_at_end = git_rev()
-    if rev_at_end != rev_at_start:
+    if rev_at_end != rev_at_start and not SYSTEMS["pgworker"].src:
         text += (
             f"\nNote: the repository moved from {rev_at_start} to {rev_at_end} during the run; "
             "workers started later ran the newer pgworker code.\n"
@@ -1139,6 +1199,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env.get("BENCH_WORKLOADS", ",".join(WORKLOADS)),
         help="comma-separated, of: w1 (throughput), w2 (wake-up latency), w3 (floor), "
         "w4 (pgworker on a grown table)",
+    )
+    p.add_argument(
+        "--base-src",
+        type=Path,
+        default=env.get("BENCH_BASE_SRC") or None,
+        help="a checkout of pgworker (e.g. a git worktree of an older commit) measured as the "
+        f"system {BASE}, beside this one (W1 only)",
+    )
+    p.add_argument(
+        "--src",
+        type=Path,
+        default=env.get("BENCH_SRC") or None,
+        help="measure the systems pgworker and pgworker-durable from this checkout instead of "
+        "this repository (W1 only)",
     )
     p.add_argument("--chunk", type=int, default=5000, help="jobs per batch-enqueue call")
     p.add_argument("--rate", type=float, default=50.0, help="W2 enqueue rate, jobs/s")
@@ -1175,8 +1249,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.workloads = {w.strip().lower() for w in args.workloads.split(",") if w.strip()}
     for s in args.systems:
-        if s not in LIB_SYSTEMS:
-            p.error(f"unknown system {s!r}; choose from {', '.join(LIB_SYSTEMS)}")
+        if s not in LIB_SYSTEMS and s != BASE:
+            p.error(f"unknown system {s!r}; choose from {', '.join(LIB_SYSTEMS)}, {BASE}")
+    if (BASE in args.systems) != bool(args.base_src):
+        p.error(f"the system {BASE} and --base-src (BENCH_BASE_SRC) go together")
+    for name, src in (
+        (BASE, args.base_src),
+        ("pgworker", args.src),
+        ("pgworker-durable", args.src),
+    ):
+        if src:
+            src = src.resolve()
+            if not (src / "pgworker" / "__init__.py").is_file():
+                p.error(f"{src} holds no pgworker package")
+            SYSTEMS[name].src = src
+    args.base_src = SYSTEMS[BASE].src
     for w in args.workloads:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")

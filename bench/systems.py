@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class System:
     #: from the 20 ms poll that saw the last job done (False).
     end_from_db: bool = True
     supports_latency: bool = True
+    #: Where the worker's code comes from: its subprocesses run with this directory as cwd and
+    #: PYTHONPATH (bench.py's launch). None: this repository.
+    src: Path | None = None
 
     def version(self) -> str:
         return _version(self.dist)
@@ -93,6 +97,44 @@ class System:
 # --- pgworker -------------------------------------------------------------------------------
 
 
+# The bulk enqueue of a pgworker checkout given by `src` (--src, --base-src), run by that
+# checkout's code in a process of its own; prints the seconds the enqueue calls took.
+_ENQUEUE_IN_SRC = """
+import asyncio, sys, time
+import asyncpg, pgworker
+
+async def main(dsn, n, chunk):
+    conn = await asyncpg.connect(dsn)
+    try:
+        t0 = time.perf_counter()
+        for i in range(0, n, chunk):
+            specs = [pgworker.JobSpec("noop", {}) for _ in range(min(chunk, n - i))]
+            await pgworker.enqueue_many(conn, specs)
+        print(time.perf_counter() - t0)
+    finally:
+        await conn.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+
+def src_env(src: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(src)}
+
+
+def imported_from(src: Path) -> str:
+    """The file of the `pgworker` package that a subprocess run from `src` imports."""
+    return subprocess.run(
+        [sys.executable, "-c", "import pgworker; print(pgworker.__file__)"],
+        cwd=src,
+        env=src_env(src),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+
+
 class PgWorker(System):
     name = "pgworker"
     dist = "pgworker"
@@ -107,20 +149,48 @@ class PgWorker(System):
     """
     done_sql = "SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'"
 
+    def _cli(self) -> list[str]:
+        # From a checkout of its own: `python -m pgworker` run there imports that checkout's.
+        return [sys.executable, "-m", "pgworker"] if self.src else [str(BIN / "pgworker")]
+
+    @property
+    def supports_latency(self) -> bool:  # type: ignore[override]
+        # W2 enqueues from the benchmark's process, with this repository's pgworker.
+        return self.src is None
+
     async def setup(self, dsn: str) -> None:
         proc = await asyncio.create_subprocess_exec(
-            str(BIN / "pgworker"),
+            *self._cli(),
             "migrate",
             "--dsn",
             dsn,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            cwd=self.src,
+            env=src_env(self.src) if self.src else None,
         )
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
         if proc.returncode != 0:
             raise RuntimeError(f"pgworker migrate failed: {out.decode()}")
 
     async def enqueue_bulk(self, dsn: str, n: int, chunk: int) -> float:
+        if self.src:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _ENQUEUE_IN_SRC,
+                dsn,
+                str(n),
+                str(chunk),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=self.src,
+                env=src_env(self.src),
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{self.name}: enqueue failed: {out.decode()}")
+            return float(out.decode().split()[-1])
         import pgworker
 
         conn = await asyncpg.connect(dsn)
@@ -137,7 +207,7 @@ class PgWorker(System):
 
     def worker_argv(self, dsn: str) -> list[str]:
         return [
-            str(BIN / "pgworker"),
+            *self._cli(),
             "run",
             "bench.apps.pgworker_app",
             "--concurrency",
@@ -160,6 +230,13 @@ class PgWorkerDurable(PgWorker):
 
     name = "pgworker-durable"
     extra_args = ("--durable-claims",)
+
+
+class PgWorkerBase(PgWorker):
+    """pgworker from another checkout (--base-src: a git worktree of an older commit), beside
+    this one in the same run: its own migrations, enqueue, worker and bench app."""
+
+    name = "pgworker-base"
 
 
 # --- procrastinate --------------------------------------------------------------------------
@@ -437,6 +514,7 @@ SYSTEMS: dict[str, System] = {
     for s in (
         PgWorker(),
         PgWorkerDurable(),
+        PgWorkerBase(),
         Procrastinate(),
         PgQueuer(),
         PgQueuerDefaults(),
