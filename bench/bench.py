@@ -958,6 +958,17 @@ def base_lines(runs: list[dict[str, Any]]) -> list[str]:
                 f"- {label}, median ratio to the floor: new {new:.3f}×, old {old:.3f}×; "
                 f"new / old {new / old:.3f}"
             )
+    paired = []
+    for k, label in figures:
+        pairs = [
+            m["pgworker"][k] / m[BASE][k]
+            for m in (r["systems"] for r in runs)
+            if m.get("pgworker", {}).get(k) and m.get(BASE, {}).get(k)
+        ]
+        if pairs:
+            each = ", ".join(f"{x:.3f}" for x in pairs)
+            paired.append(f"{label} {median(pairs):.3f} ({each})")
+    out.append("- new / old within each run, median (per run): " + "; ".join(paired))
     return out
 
 
