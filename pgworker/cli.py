@@ -302,6 +302,12 @@ async def _run(args: argparse.Namespace) -> int:
         tg.start_soon(on_signals)
         await worker.run()
         tg.cancel_scope.cancel()
+    if worker.abandoned:
+        # A handler that ignores its cancellation still runs in a task of this loop, which would
+        # wait for it forever on closing: its job was handed back, so leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

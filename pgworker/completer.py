@@ -74,8 +74,9 @@ class Completer:
         if not self._closing:
             await anyio.sleep(LINGER)  # let the batch fill
 
-    async def reset(self) -> None:
+    async def reset(self, exc: Exception) -> None:
         await self._conn.drop()
+        await db.recover(self._pool, exc)
 
     async def step(self) -> None:
         """Write everything buffered, batch by batch; when closing and all is written, finish."""

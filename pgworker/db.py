@@ -37,6 +37,9 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError,
     asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
     asyncpg.exceptions.OperatorInterventionError,
+    # The database is read-only for now (a standby, a failover under way): `recover` replaces
+    # the sessions, which keep the read-only default they started with.
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
 
 # The server (or asyncpg, encoding a parameter) refused these values: retrying cannot help, the
@@ -61,6 +64,13 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, TRANSIENT_ERRORS):
         return "transient"
     return "unexpected"
+
+
+async def recover(pool: asyncpg.Pool, exc: BaseException) -> None:
+    """After a failed statement: sessions that found the database read-only are replaced, since
+    a session keeps the read-only default it started with."""
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        await pool.expire_connections()
 
 
 def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
@@ -98,7 +108,9 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     no SET), so releasing one needs no reset query: that would cost a round trip per statement."""
 
 
-async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, size: int, application_name: str = "pgworker", lock_timeout: float | None = None
+) -> asyncpg.Pool:
     """A pool for a worker; the server refusing more connections is DatabaseUnavailable."""
     try:
         return await asyncpg.create_pool(
@@ -116,6 +128,7 @@ async def create_pool(dsn: str, size: int, application_name: str = "pgworker") -
                 "application_name": application_name,
                 "plan_cache_mode": "force_generic_plan",
                 "enable_bitmapscan": "off",
+                **({"lock_timeout": str(int(lock_timeout * 1000))} if lock_timeout else {}),
             },
         )
     except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:

@@ -196,16 +196,22 @@ def _result_text(attempt: Attempt, value: Any) -> str | None:
     replaced by U+FFFD, as in error messages."""
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except Exception as exc:
-        attempt.log.warning("result not stored: not JSON-serialisable", error=describe(exc))
+    except BaseException as exc:  # the value's own methods ran: anything may come out
+        _warn(attempt, "result not stored: not JSON-serialisable", error=describe(exc))
         return None
     if has_surrogates(text):
         text = clean_text(text)
     problem = json_problem(text, value)
     if problem is not None:
-        attempt.log.warning("result not stored", error=f"the result {problem}")
+        _warn(attempt, "result not stored", error=f"the result {problem}")
         return None
     return text
+
+
+def _warn(attempt: Attempt, event: str, **fields: Any) -> None:
+    """A warning about the attempt, which the handler's structlog context cannot prevent."""
+    with contextlib.suppress(BaseException):
+        attempt.log.warning(event, **fields)
 
 
 def _completed(attempt: Attempt, value: Any) -> AttemptResult:
@@ -269,12 +275,10 @@ _threads = _DaemonThreads()
 
 def _cancelled_by_worker(attempt: Attempt) -> bool:
     """Whether a cancellation comes from the worker (this attempt's scope: timeout, cancel, lost
-    lease, shutdown; or an enclosing scope) rather than from the handler itself, which may await
-    a task it cancelled: that one is the handler's failure."""
-    if attempt.scope.cancel_called:
-        return True
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    lease, shutdown) rather than from the handler itself, which may await a task it cancelled or
+    cancel its own: that one is the handler's failure. The worker cancels a running handler only
+    through its attempt's scope (slots are tasks of their own, see producer.py)."""
+    return attempt.scope.cancel_called
 
 
 async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult:
@@ -316,6 +320,13 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
                     raise
                 failure = exc
         result = _decide(attempt, task, value, failure)
+    # The handler may have bound what cannot be rendered: its job is still done.
+    with contextlib.suppress(BaseException):
+        _log_outcome(log, attempt, result, started)
+    return result
+
+
+def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: float) -> None:
     failed = result.status is JobStatus.FAILED
     if enabled(log, logging.WARNING if failed else logging.INFO):
         (log.warning if failed else log.info)(
@@ -333,7 +344,6 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
                 {"retry_in_s": round(result.delay, 3)} if result.status is JobStatus.PENDING else {}
             ),
         )
-    return result
 
 
 def _decide(
@@ -373,7 +383,8 @@ def _decide(
             " (max_retries {retries} exhausted)",
         )
     if enabled(attempt.log, logging.DEBUG):
-        attempt.log.debug("handler raised", exc_info=failure)
+        with contextlib.suppress(BaseException):
+            attempt.log.debug("handler raised", exc_info=failure)
     return _retry_or_fail(task, attempt, Outcome.FAILED, _error(failure), _backoff(task, attempt))
 
 

@@ -41,7 +41,8 @@ class Maintenance:
     def done(self) -> bool:
         return False
 
-    async def reset(self) -> None:
+    async def reset(self, exc: Exception) -> None:
+        await db.recover(self._pool, exc)
         if self.leading:
             self._log.warning("maintenance: leadership uncertain after a failure")
         self.leading = False

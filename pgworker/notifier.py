@@ -111,7 +111,7 @@ class Notifier:
     async def idle(self) -> None:
         pass
 
-    async def reset(self) -> None:
+    async def reset(self, exc: Exception) -> None:
         self.close()
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ pending as `interrupted`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -20,11 +21,14 @@ from . import db
 from .completer import Completer
 from .executor import Attempt, execute, failed_by_worker
 from .logs import get_logger
-from .models import Outcome
+from .models import JobStatus, Outcome
 from .notifier import Wakeup
 from .registry import Registry
 from .service import Health, supervise
 from .settings import Settings
+
+ABANDON_AFTER = 5.0
+"""Seconds an interrupted handler gets to end before the worker stops waiting for it."""
 
 
 class _Handoff:
@@ -43,6 +47,10 @@ class _Handoff:
     def close(self) -> None:
         self._closed = True
         self._ready.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def get(self) -> Attempt | None:
         """The next attempt, or None once closed."""
@@ -87,6 +95,8 @@ class Producer:
         # claimed again here has two); and the newest attempt of each job, for cancel requests.
         self.running: set[Attempt] = set()
         self._by_job: dict[int, Attempt] = {}
+        self._slots: set[asyncio.Task[None]] = set()
+        self.abandoned = 0
 
     def stop(self) -> None:
         """Stop claiming now; running attempts get the grace period to finish."""
@@ -130,25 +140,59 @@ class Producer:
 
     async def run(self, health: Health) -> None:
         """Claim until stopped, feeding the attempts to `concurrency` slot tasks; then give running
-        attempts the grace period, and interrupt what still runs after it."""
-        s = self._settings
-        async with anyio.create_task_group() as slots:
-            for _ in range(s.concurrency):
-                slots.start_soon(self._slot)
+        attempts the grace period, and interrupt what still runs after it. Cancelled from outside,
+        hand running attempts back at once."""
+        for _ in range(self._settings.concurrency):
+            self._spawn_slot()
+        try:
             try:
                 await supervise(self, health, self._log, self._stopping)
             finally:
-                await self._conn.drop()
+                with anyio.CancelScope(shield=True):
+                    await self._conn.drop()
             await self._drain()
+        except BaseException:
+            self.interrupt()
+            raise
+        finally:
+            self.stop()
             self._handoff.close()
+            with anyio.CancelScope(shield=True):
+                await self._join_slots()
+
+    def _spawn_slot(self) -> None:
+        """Slots are tasks of their own, not children of a task group: a handler that ignores
+        its cancellation can then be abandoned at shutdown rather than hold the worker forever
+        (Python cannot stop it, only stop waiting for it)."""
+        slot = asyncio.get_running_loop().create_task(self._slot(), name="pgworker-slot")
+        self._slots.add(slot)
+        slot.add_done_callback(self._slots.discard)
+
+    async def _join_slots(self) -> None:
+        """Wait for the slots to end; after ABANDON_AFTER, abandon those whose handler ignores its
+        cancellation, handing their jobs back."""
+        if not self._slots:
+            return
+        _, stuck = await asyncio.wait(set(self._slots), timeout=ABANDON_AFTER)
+        if not stuck:
+            return
+        self.abandoned += len(stuck)
+        for attempt in list(self.running):
+            attempt.log.error(
+                "handler ignored its cancellation: abandoned, its job handed back",
+                waited_s=ABANDON_AFTER,
+            )
+            self._completer.submit(attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED))
+            self._forget(attempt)
 
     # The claim service: one claim per step, as many jobs as there are free slots.
 
     def done(self) -> bool:
         return self._stopping.is_set()
 
-    async def reset(self) -> None:
+    async def reset(self, exc: Exception) -> None:
         await self._conn.drop()
+        await db.recover(self._pool, exc)
 
     async def step(self) -> None:
         s = self._settings
@@ -209,31 +253,70 @@ class Producer:
         """One of `concurrency` long-lived tasks, each running one attempt at a time: cheaper than
         a task per job, and the bound on concurrency by construction. Each attempt starts from
         the slot's own structlog context plus the job's keys, so that nothing a handler binds
-        reaches the next job."""
+        reaches the next job. A cancellation a handler leaves on the task (it cancelled the task
+        it runs in, or left a timeout armed) is absorbed; a task a handler left in a state that
+        cannot be trusted (an anyio cancel scope left entered) is replaced."""
         inherited = structlog.contextvars.get_contextvars()
-        while (attempt := await self._handoff.get()) is not None:
+        while True:
+            try:
+                attempt = await self._handoff.get()
+            except asyncio.CancelledError:
+                if self._handoff.closed:
+                    raise
+                _forget_cancellation()
+                continue
+            if attempt is None:
+                return
             structlog.contextvars.clear_contextvars()
-            structlog.contextvars.bind_contextvars(**inherited, **attempt.keys)
-            await self._execute(attempt)
+            structlog.contextvars.bind_contextvars(**{**inherited, **attempt.keys})
+            sound = await self._execute(attempt)
+            await _absorb_cancellation()
+            if not sound:
+                self._spawn_slot()
+                return
 
-    async def _execute(self, attempt: Attempt) -> None:
+    async def _execute(self, attempt: Attempt) -> bool:
+        """Run the attempt and submit its outcome; False when pgworker itself failed to run it
+        to the end, which leaves this slot's task suspect."""
         task = self._registry[attempt.type]
+        sound = True
         try:
             try:
                 result = await execute(attempt, task, self._settings.worker_id)
-            except Exception as exc:  # a fault of pgworker's own: the attempt fails, the slot lives
+            except BaseException as exc:  # not the handler's: its exceptions are its outcome
+                sound = False
                 result = failed_by_worker(attempt, task, exc)
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             self._completer.submit(result)
         finally:
-            self.running.discard(attempt)
-            if self._by_job.get(attempt.id) is attempt:
-                del self._by_job[attempt.id]
-            if self._saturated:
-                self._wakeup.set()
-            if self._stopping.is_set() and not self.running:
-                self._drained.set()
+            self._forget(attempt)
+        return sound
+
+    def _forget(self, attempt: Attempt) -> None:
+        self.running.discard(attempt)
+        if self._by_job.get(attempt.id) is attempt:
+            del self._by_job[attempt.id]
+        if self._saturated:
+            self._wakeup.set()
+        if self._stopping.is_set() and not self.running:
+            self._drained.set()
+
+
+def _forget_cancellation() -> None:
+    task = asyncio.current_task()
+    while task is not None and task.cancelling():
+        task.uncancel()
+
+
+async def _absorb_cancellation() -> None:
+    """Take a cancellation a handler requested on its slot's task before the next job runs."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        _forget_cancellation()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        _forget_cancellation()
 
 
 class Heartbeat:
@@ -251,8 +334,8 @@ class Heartbeat:
     def done(self) -> bool:
         return False
 
-    async def reset(self) -> None:
-        pass
+    async def reset(self, exc: Exception) -> None:
+        await db.recover(self._producer._pool, exc)
 
     async def idle(self) -> None:
         await anyio.sleep(self._settings.lease / 3)

@@ -36,11 +36,11 @@ def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:
     text column holds neither), and the message is cut at `limit` characters."""
     try:
         name = str(type(exc).__name__)
-    except Exception:
+    except BaseException:  # a hostile class: any method of it may raise anything
         name = "Exception"
     try:
         message = str(exc)
-    except Exception as inner:
+    except BaseException as inner:
         message = f"<its message could not be read: str() raised {type(inner).__name__}>"
     return clean_text(name[:200]), clean_text(message[:limit])
 
@@ -83,8 +83,9 @@ class Health:
 
 class Service(Protocol):
     """What `supervise` runs. `step` does one round of work and raises on failure; `idle` waits
-    for the next round; `reset` forgets what a failure may have broken (a held connection);
-    `done` says the service has finished its work (the worker is stopping)."""
+    for the next round; `reset` forgets what the failure `exc` may have broken (a held
+    connection, read-only sessions); `done` says the service has finished its work (the worker
+    is stopping)."""
 
     name: str
 
@@ -92,7 +93,7 @@ class Service(Protocol):
 
     async def idle(self) -> None: ...
 
-    async def reset(self) -> None: ...
+    async def reset(self, exc: Exception) -> None: ...
 
     def done(self) -> bool: ...
 
@@ -134,7 +135,7 @@ async def _recover(
     else:
         log.warning(f"{service.name} failed; retrying", **fields)
     try:
-        await service.reset()
+        await service.reset(exc)
     except Exception as reset_exc:
         log.error(f"{service.name}: reset failed", exc_info=reset_exc)
     with anyio.move_on_after(delay):

@@ -30,6 +30,9 @@ from .service import Health, describe, supervise
 from .settings import Settings, dsn_from_env
 
 POOL_SIZE = 4
+LOCK_TIMEOUT = 5.0
+"""The longest a worker's statement waits on a lock (shorter with a short lease): a row an
+operator holds locked makes that service retry and say so in `health()`, not hang."""
 
 
 class _Services:
@@ -79,7 +82,7 @@ class Worker:
         served = tuple(dict.fromkeys([DEFAULT_QUEUE, *registry.queues()]))
         if settings is None:
             if queues is not None:
-                options["queues"] = tuple(queues)
+                options["queues"] = queues if isinstance(queues, str) else tuple(queues)
             elif options.get("queues") is None:
                 options["queues"] = served
             settings = Settings(dsn=dsn or dsn_from_env() or "", concurrency=concurrency, **options)
@@ -92,6 +95,10 @@ class Worker:
         self._stop_requested = False
         self._healths: dict[str, Health] = {}
         self._context: contextlib.AbstractAsyncContextManager[Worker] | None = None
+        self._running = False
+        self.abandoned = 0
+        """Handlers abandoned at the last stop because they ignored their cancellation (their
+        jobs were handed back; their tasks still run in this event loop)."""
         self._log = get_logger(worker_id=settings.worker_id)
 
     @property
@@ -129,9 +136,16 @@ class Worker:
         """Open the pool, check the schema and the role's privileges, register, and open the
         listener; close all of it when done, or at once when a step fails."""
         s = self.settings
+        if self._running:
+            raise ConfigError("worker", "is already running: a Worker serves once at a time")
+        self._running = True
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(self._ended)
             pool = await db.create_pool(
-                s.dsn, size=POOL_SIZE, application_name=f"pgworker:{s.worker_id}"
+                s.dsn,
+                size=POOL_SIZE,
+                application_name=f"pgworker:{s.worker_id}",
+                lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
             )
             stack.push_async_callback(_close_pool, pool)
             services = _Services(self, pool)
@@ -145,6 +159,12 @@ class Worker:
             except Exception as exc:
                 raise _start_error(s.schema, exc) from exc
             yield services
+
+    def _ended(self) -> None:
+        """Ready to run again: a stop asked for belonged to the run that ended."""
+        self._running = False
+        self._stop_requested = False
+        self._producer = None
 
     async def _serve(
         self,
@@ -172,7 +192,10 @@ class Worker:
                 listen=s.listen,
             )
             task_status.started()
-            await producer.run(self._healths["producer"])
+            try:
+                await producer.run(self._healths["producer"])
+            finally:
+                self.abandoned = producer.abandoned
             completer.close()
             await completer.finished.wait()
             tg.cancel_scope.cancel()

@@ -162,22 +162,12 @@ def in_a_loop_of_its_own(scenario: Callable[[], Awaitable[None]]) -> Awaitable[N
 # --- what a handler does to structlog's context ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="executor logs 'job completed' in the handler's structlog context: its render raises"
-    " and the completed job is recorded as failed",
-)
 async def test_a_handler_binding_an_unrepresentable_value_still_completes(dsn, conn):
     job = await poison_in_a_claim(dsn, conn, "binds-unrepresentable")
     assert (job.status, job.result, job.error) == ("completed", "done", None)
     assert [r["outcome"] for r in await attempts(conn, job.id)] == ["completed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="producer._slot: bind_contextvars(**inherited, **attempt.keys) raises TypeError when"
-    " the caller's context already binds worker_id/job_id/...: every slot dies",
-)
 async def test_a_caller_that_bound_worker_id_in_structlog_before_starting_the_worker(dsn, conn):
     """A service binds its own `worker_id` (or `correlation_id`) for its logs, then starts an
     embedded worker in that context: the slots inherit it."""
@@ -195,22 +185,12 @@ async def test_a_caller_that_bound_worker_id_in_structlog_before_starting_the_wo
 # --- BaseExceptions where pgworker only catches Exception --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service.error_parts catches only Exception around str(exc), and producer._execute"
-    " only Exception: the worker dies, its claim left running",
-)
 async def test_an_exception_whose_message_raises_a_base_exception(dsn, conn):
     job = await poison_in_a_claim(dsn, conn, "message-aborts")
     assert job.status == "failed"
     assert job.error is not None and job.error.startswith("AbortingMessage")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="executor._result_text catches only Exception around json.dumps: a BaseException"
-    " from the return value's serialisation kills the worker",
-)
 async def test_a_return_value_whose_serialisation_raises_a_base_exception(dsn, conn):
     job = await poison_in_a_claim(dsn, conn, "result-aborts")
     # documented: a return value that cannot be stored leaves `result` empty
@@ -220,11 +200,6 @@ async def test_a_return_value_whose_serialisation_raises_a_base_exception(dsn, c
 # --- what a handler does to the task it runs in ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancel a handler leaves on its slot's task (task.cancel(), an armed asyncio.timeout)"
-    " lands after it returned: the slot dies, and the whole worker stops silently",
-)
 @pytest.mark.parametrize("type_", ["cancels-own-task", "leaves-timeout-armed"])
 async def test_a_cancel_left_on_the_slot_task_does_not_stop_the_worker(dsn, conn, type_):
     poison = await pgworker.enqueue(conn, type_, {})
@@ -235,11 +210,6 @@ async def test_a_cancel_left_on_the_slot_task_does_not_stop_the_worker(dsn, conn
         assert all(h["state"] != "stopped" for h in worker.health().values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a CancelScope a handler leaves entered corrupts its slot's scope stack: leaving the"
-    " worker's block raises RuntimeError('Attempted to exit a cancel scope ...')",
-)
 async def test_a_cancel_scope_left_open_by_a_handler(dsn, conn):
     async def scenario() -> None:
         poison = await pgworker.enqueue(conn2 := await asyncpg.connect(dsn), "leaves-scope-open")
@@ -285,11 +255,6 @@ def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> Awaitable[in
     return anyio.to_thread.run_sync(wait)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="producer._drain interrupts, then the slots' task group waits forever on a handler"
-    " that swallows CancelledError: neither SIGTERM nor a second one ends the process",
-)
 async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(dsn, conn, procs):
     r = await pgworker.enqueue(conn, "stubborn", {})
     a = procs.start("a", "--shutdown-timeout", "0.5")
@@ -304,11 +269,6 @@ async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(dsn, 
     assert [x["outcome"] for x in await attempts(conn, r.job.id)] == ["interrupted"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service.error_parts: str(exc) calling sys.exit() escapes (SystemExit): the process"
-    " exits 1 and leaves its claim running",
-)
 async def test_an_exception_whose_message_calls_sys_exit(dsn, conn, procs):
     poison = await pgworker.enqueue(conn, "str-exits", {})
     a = procs.start("a")
@@ -323,11 +283,6 @@ async def test_an_exception_whose_message_calls_sys_exit(dsn, conn, procs):
     assert procs.stop_all() == [0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the slot's CancelledError ends the worker: `pgworker run` logs 'worker stopped' and"
-    " exits 0 after a handler cancelled its own task",
-)
 async def test_pgworker_run_survives_a_handler_cancelling_its_own_task(dsn, conn, procs):
     poison = await pgworker.enqueue(conn, "cancels-own-task", {})
     a = procs.start("a", "--concurrency", "1")
@@ -341,11 +296,6 @@ async def test_pgworker_run_survives_a_handler_cancelling_its_own_task(dsn, conn
 # --- calls on a Worker -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Worker.__aenter__ overwrites self._context: a second entry starts a second run and"
-    " the first one's exit leaks CancelledError/RuntimeError into the caller",
-)
 async def test_entering_a_running_worker_again_is_refused(dsn, conn):
     async def scenario() -> None:
         c = await asyncpg.connect(dsn)
@@ -370,11 +320,6 @@ async def test_entering_a_running_worker_again_is_refused(dsn, conn):
     await in_a_loop_of_its_own(scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Worker._stop_requested is never reset: a second `async with` on a worker that ran"
-    " once stops at once and silently serves nothing",
-)
 async def test_a_worker_that_ran_once_serves_again_or_says_it_cannot(dsn, conn):
     worker = Worker(registry, dsn, poll_interval=0.05)
     with anyio.fail_after(30):
@@ -387,11 +332,6 @@ async def test_a_worker_that_ran_once_serves_again_or_says_it_cannot(dsn, conn):
             pass  # refusing to run twice is fine; serving nothing silently is not
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.py: tuple(queues) turns queues='mail' into the queues m, a, i, l: the worker"
-    " silently serves nothing",
-)
 async def test_queues_given_as_one_string_is_a_config_error():
     with pytest.raises(pgworker.ConfigError, match="queues"):
         Worker(registry, "postgresql://u@localhost/d", queues="default")  # type: ignore[arg-type]
@@ -422,11 +362,6 @@ async def _no_sessions(conn: asyncpg.Connection) -> bool:
 # --- what an operator does to the database -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="db.classify: ReadOnlySQLTransactionError is 'unexpected' and services release their"
-    " connection to the pool: the read-only sessions are reused after the database is writable",
-)
 async def test_a_database_read_only_for_a_while_is_served_again(dsn, conn):
     """Failover-like: the worker's sessions are (re)opened while the database is read-only
     (`default_transaction_read_only`, as on a standby); once it is writable again, new jobs run."""
@@ -445,11 +380,6 @@ async def test_a_database_read_only_for_a_while_is_served_again(dsn, conn):
         await serves_on(conn, timeout=20)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job_claim.sql inserts attempt rows without ON CONFLICT and the producer has no"
-    " per-row fallback: one job whose attempts were reset fails every claim of its queue",
-)
 async def test_a_job_whose_attempts_were_reset_does_not_stall_its_queue(dsn, conn):
     old = await pgworker.enqueue(conn, "plain", {"old": True})
     async with serving(dsn):
@@ -474,11 +404,6 @@ async def test_a_job_whose_attempts_were_reset_does_not_stall_its_queue(dsn, con
         await wait_for(lambda: _done(conn, old.job.id), timeout=10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="maintenance's statements wait on locks without a lock_timeout, and Health only"
-    " changes when a step ends: a step stuck on a locked leader row reads 'ok' forever",
-)
 async def test_health_is_honest_while_an_operator_holds_the_leader_row(dsn, conn):
     """An operator locks the `leader` row (a long transaction, a SELECT ... FOR UPDATE in psql):
     no rescue happens meanwhile, and `Worker.health()` must not say maintenance is fine."""
