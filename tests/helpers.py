@@ -257,3 +257,46 @@ class PgProxy:
 
 
 UPDATES_ATTEMPTS = re.compile(r"UPDATE\s+\S*job_attempts\b", re.IGNORECASE)
+
+
+async def status_of(conn: Any, job_id: int) -> str:
+    return await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job_id)
+
+
+async def has_status(conn: Any, job_id: int, status: str) -> bool:
+    return await status_of(conn, job_id) == status
+
+
+async def serves_on(conn: Any, timeout: float = 20) -> None:
+    """The worker under test still serves: a `plain` job enqueued now completes."""
+    import pgworker
+
+    after = await pgworker.enqueue(conn, "plain", {"after": True})
+    await wait_for(lambda: has_status(conn, after.job.id, "completed"), timeout=timeout)
+
+
+async def poison_in_a_claim(serving: Any, conn: Any, type_: str, payload: Any = None) -> Any:
+    """Enqueue a poison job with three `plain` ones (one claim takes all four), serve them with
+    `serving` (an async context manager giving a running Worker) until all are done, check that
+    the plain ones completed, that the worker serves on and that none of its services stopped;
+    return the poison job."""
+    import pgworker
+
+    poison = await pgworker.enqueue(conn, type_, {} if payload is None else payload)
+    others = await pgworker.enqueue_many(
+        conn, [pgworker.JobSpec("plain", {"n": n}) for n in range(3)]
+    )
+    async with serving as worker:
+        await wait_for(lambda: all_finished(conn), timeout=20)
+        for r in others:
+            assert await status_of(conn, r.job.id) == "completed"
+        await serves_on(conn)
+        assert all(h["state"] != "stopped" for h in worker.health().values())
+    claims = await conn.fetchval(
+        "SELECT count(DISTINCT claimed_at) FROM pgworker.jobs WHERE id = ANY($1::bigint[])",
+        [poison.job.id, *(r.job.id for r in others)],
+    )
+    assert claims == 1, "the plain jobs were not in the poison job's claim"
+    job = await pgworker.get_job(conn, poison.job.id)
+    assert job is not None
+    return job

@@ -23,7 +23,8 @@ import structlog
 import pgworker
 from pgworker import JobSpec, Worker
 
-from .helpers import attempts, wait_for
+from . import helpers
+from .helpers import all_finished, attempts, has_status, serves_on, status_of, wait_for
 from .test_chaos import Workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -101,20 +102,6 @@ async def leaves_scope_open(ctx: pgworker.JobContext, payload: Any) -> str:
     return "done"
 
 
-async def status_of(conn: asyncpg.Connection, job_id: int) -> str:
-    return await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job_id)
-
-
-async def _is(conn: asyncpg.Connection, job_id: int, status: str) -> bool:
-    return await status_of(conn, job_id) == status
-
-
-async def finished(conn: asyncpg.Connection) -> bool:
-    return not await conn.fetchval(
-        "SELECT count(*) FROM pgworker.jobs WHERE status IN ('pending', 'running')"
-    )
-
-
 @contextlib.asynccontextmanager
 async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
     """A worker serving `dsn`; anything it raises (a BaseException group when it dies) is turned
@@ -131,26 +118,8 @@ async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
         pytest.fail(f"the worker raised {exc!r}")
 
 
-async def serves_on(conn: asyncpg.Connection, timeout: float = 10) -> None:
-    """The worker still serves: a plain job enqueued now completes."""
-    after = await pgworker.enqueue(conn, "plain", {"after": True})
-    await wait_for(lambda: _is(conn, after.job.id, "completed"), timeout=timeout)
-
-
 async def poison_in_a_claim(dsn: str, conn: asyncpg.Connection, type_: str) -> pgworker.Job:
-    """The poison job and three plain ones in one claim: all end, the plain ones completed,
-    the worker serves on and none of its services stopped. Returns the poison job."""
-    poison = await pgworker.enqueue(conn, type_, {})
-    others = await pgworker.enqueue_many(conn, [JobSpec("plain", {"n": n}) for n in range(3)])
-    async with serving(dsn) as worker:
-        await wait_for(lambda: finished(conn), timeout=10)
-        for r in others:
-            assert await status_of(conn, r.job.id) == "completed"
-        await serves_on(conn)
-        assert all(h["state"] != "stopped" for h in worker.health().values())
-    job = await pgworker.get_job(conn, poison.job.id)
-    assert job is not None
-    return job
+    return await helpers.poison_in_a_claim(serving(dsn), conn, type_)
 
 
 def in_a_loop_of_its_own(scenario: Callable[[], Awaitable[None]]) -> Awaitable[None]:
@@ -175,7 +144,7 @@ async def test_a_caller_that_bound_worker_id_in_structlog_before_starting_the_wo
     structlog.contextvars.bind_contextvars(worker_id="web-1", correlation_id="boot")
     try:
         async with serving(dsn):
-            await wait_for(lambda: finished(conn), timeout=10)
+            await wait_for(lambda: all_finished(conn), timeout=10)
     finally:
         structlog.contextvars.clear_contextvars()
     for r in jobs:
@@ -204,7 +173,7 @@ async def test_a_return_value_whose_serialisation_raises_a_base_exception(dsn, c
 async def test_a_cancel_left_on_the_slot_task_does_not_stop_the_worker(dsn, conn, type_):
     poison = await pgworker.enqueue(conn, type_, {})
     async with serving(dsn, concurrency=1) as worker:
-        await wait_for(lambda: _is(conn, poison.job.id, "completed"), timeout=10)
+        await wait_for(lambda: has_status(conn, poison.job.id, "completed"), timeout=10)
         await anyio.sleep(0.1)  # the armed timeout's deadline passes (it is 50 ms)
         await serves_on(conn)
         assert all(h["state"] != "stopped" for h in worker.health().values())
@@ -222,7 +191,7 @@ async def test_a_cancel_scope_left_open_by_a_handler(dsn, conn):
             await conn2.close()
 
     await in_a_loop_of_its_own(scenario)
-    assert await finished(conn)
+    assert await all_finished(conn)
     assert not await conn.fetchval(
         "SELECT count(*) FROM pgworker.job_attempts WHERE outcome = 'running'"
     )
@@ -258,7 +227,7 @@ def _exits_within(proc: subprocess.Popen[bytes], seconds: float) -> Awaitable[in
 async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(dsn, conn, procs):
     r = await pgworker.enqueue(conn, "stubborn", {})
     a = procs.start("a", "--shutdown-timeout", "0.5")
-    await wait_for(lambda: _is(conn, r.job.id, "running"), timeout=30)
+    await wait_for(lambda: has_status(conn, r.job.id, "running"), timeout=30)
     a.send_signal(signal.SIGTERM)
     code = await _exits_within(a, 10)
     if code is None:  # the operator insists: a second signal hands jobs back at once
@@ -279,7 +248,7 @@ async def test_an_exception_whose_message_calls_sys_exit(dsn, conn, procs):
     assert a.poll() is None, "the worker process exited"
     assert await status_of(conn, poison.job.id) == "failed"
     after = await pgworker.enqueue(conn, "work", {"n": 1})
-    await wait_for(lambda: _is(conn, after.job.id, "completed"), timeout=20)
+    await wait_for(lambda: has_status(conn, after.job.id, "completed"), timeout=20)
     assert procs.stop_all() == [0]
 
 
@@ -288,7 +257,9 @@ async def test_pgworker_run_survives_a_handler_cancelling_its_own_task(dsn, conn
     a = procs.start("a", "--concurrency", "1")
     await wait_for(lambda: _done(conn, poison.job.id), timeout=30)
     after = await pgworker.enqueue(conn, "work", {"n": 1})
-    await wait_for(lambda: a.poll() is not None or _is(conn, after.job.id, "completed"), timeout=20)
+    await wait_for(
+        lambda: a.poll() is not None or has_status(conn, after.job.id, "completed"), timeout=20
+    )
     assert a.poll() is None, "the worker process exited"
     assert procs.stop_all() == [0]
 
@@ -383,7 +354,7 @@ async def test_a_database_read_only_for_a_while_is_served_again(dsn, conn):
 async def test_a_job_whose_attempts_were_reset_does_not_stall_its_queue(dsn, conn):
     old = await pgworker.enqueue(conn, "plain", {"old": True})
     async with serving(dsn):
-        await wait_for(lambda: _is(conn, old.job.id, "completed"), timeout=10)
+        await wait_for(lambda: has_status(conn, old.job.id, "completed"), timeout=10)
     # an operator runs the job again "from scratch", counters included
     await conn.execute(
         "UPDATE pgworker.jobs SET status = 'pending', attempts = 0, retry_count = 0,"

@@ -24,7 +24,8 @@ import pytest
 import pgworker
 from pgworker import JobSpec, Worker
 
-from .helpers import attempts, wait_for
+from . import helpers
+from .helpers import all_finished, attempts, has_status, serves_on, status_of, wait_for
 from .test_chaos import Workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -145,16 +146,6 @@ async def held(ctx: pgworker.JobContext, payload: Any) -> str:
     return "done"
 
 
-async def status_of(conn: asyncpg.Connection, job_id: int) -> str:
-    return await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job_id)
-
-
-async def finished(conn: asyncpg.Connection) -> bool:
-    return not await conn.fetchval(
-        "SELECT count(*) FROM pgworker.jobs WHERE status IN ('pending', 'running')"
-    )
-
-
 @contextlib.asynccontextmanager
 async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
     options.setdefault("poll_interval", 0.05)
@@ -162,38 +153,10 @@ async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
         yield worker
 
 
-async def serves_on(conn: asyncpg.Connection) -> None:
-    """The worker still serves: a plain job enqueued now completes."""
-    after = await pgworker.enqueue(conn, "plain", {"after": True})
-    await wait_for(lambda: _is(conn, after.job.id, "completed"), timeout=20)
-
-
-async def _is(conn: asyncpg.Connection, job_id: int, status: str) -> bool:
-    return await status_of(conn, job_id) == status
-
-
 async def poison_in_a_claim(
     dsn: str, conn: asyncpg.Connection, type_: str, payload: Any = None
 ) -> pgworker.Job:
-    """Enqueue the poison job with three plain ones (one claim takes all four), serve until all
-    are done, check the plain ones completed and the worker serves on; return the poison job."""
-    poison = await pgworker.enqueue(conn, type_, payload or {})
-    others = await pgworker.enqueue_many(conn, [JobSpec("plain", {"n": n}) for n in range(3)])
-    async with serving(dsn) as worker:
-        await wait_for(lambda: finished(conn), timeout=20)
-        for r in others:
-            assert await status_of(conn, r.job.id) == "completed"
-        await serves_on(conn)
-        assert all(h["state"] != "stopped" for h in worker.health().values())
-    job = await pgworker.get_job(conn, poison.job.id)
-    assert job is not None
-    # the plain jobs were in the poison job's claim
-    claimed = await conn.fetchval(
-        "SELECT count(DISTINCT claimed_at) FROM pgworker.jobs WHERE id = ANY($1::bigint[])",
-        [poison.job.id, *(r.job.id for r in others)],
-    )
-    assert claimed == 1
-    return job
+    return await helpers.poison_in_a_claim(serving(dsn), conn, type_, payload)
 
 
 # --- A: poison outcomes -------------------------------------------------------------------
@@ -225,7 +188,7 @@ async def test_A_retry_after_beyond_any_timestamp(dsn, conn, type_):
 async def test_A_a_delay_set_past_the_checks_is_capped(dsn, conn):
     poison = await pgworker.enqueue(conn, "retry-far-subclass", {})
     async with serving(dsn):
-        await wait_for(lambda: _is(conn, poison.job.id, "pending"), timeout=20)
+        await wait_for(lambda: has_status(conn, poison.job.id, "pending"), timeout=20)
         await wait_for(
             lambda: conn.fetchval(
                 "SELECT attempts = 1 AND run_at > now() + interval '9 years'"
@@ -277,7 +240,7 @@ async def test_B_a_worker_frozen_past_its_lease_stops_its_stale_attempt(dsn, con
     await wait_for(lambda: _leads(conn, "b"), timeout=30)
     r = await pgworker.enqueue(conn, "work", {"ms": 4000})
     a = procs.start("a", "--lease", "1")
-    await wait_for(lambda: _is(conn, r.job.id, "running"), timeout=30)
+    await wait_for(lambda: has_status(conn, r.job.id, "running"), timeout=30)
     a.send_signal(signal.SIGSTOP)
     try:
         await wait_for(
@@ -289,12 +252,12 @@ async def test_B_a_worker_frozen_past_its_lease_stops_its_stale_attempt(dsn, con
         )
     finally:
         a.send_signal(signal.SIGCONT)
-    await wait_for(lambda: _is(conn, r.job.id, "completed"), timeout=60)
+    await wait_for(lambda: has_status(conn, r.job.id, "completed"), timeout=60)
     rows = await attempts(conn, r.job.id)
     assert [(x["worker_id"], x["outcome"]) for x in rows] == [("a", "lost"), ("a", "completed")]
     assert "lease lost: stopping the attempt" in procs.log("a")
     after = await pgworker.enqueue(conn, "work", {"ms": 0})
-    await wait_for(lambda: _is(conn, after.job.id, "completed"), timeout=30)
+    await wait_for(lambda: has_status(conn, after.job.id, "completed"), timeout=30)
     assert a.poll() is None
     assert procs.stop_all() == [0, 0]
     assert "KeyError" not in procs.log("a")
@@ -365,7 +328,7 @@ async def _run_blocked_outcome(dsn: str, conn: asyncpg.Connection, unblock) -> N
     gate["open"] = anyio.Event()
     r = await pgworker.enqueue(conn, "held", {})
     async with serving(dsn, lease=5) as worker:
-        await wait_for(lambda: _is(conn, r.job.id, "running"), timeout=20)
+        await wait_for(lambda: has_status(conn, r.job.id, "running"), timeout=20)
         locker, tx = await _hold_row_lock(dsn, r.job.id)
         gate["open"].set()
         try:
@@ -378,7 +341,7 @@ async def _run_blocked_outcome(dsn: str, conn: asyncpg.Connection, unblock) -> N
         finally:
             await tx.rollback()
             await locker.close()
-        await wait_for(lambda: _is(conn, r.job.id, "completed"), timeout=30)
+        await wait_for(lambda: has_status(conn, r.job.id, "completed"), timeout=30)
         await wait_for(lambda: worker.health()["completer"]["state"] == "ok", timeout=20)
         await serves_on(conn)
 
@@ -437,7 +400,7 @@ async def test_E_too_many_connections_for_the_role(dsn, conn):
                 ),
                 timeout=30,
             )
-            await wait_for(lambda: finished(conn), timeout=30)
+            await wait_for(lambda: all_finished(conn), timeout=30)
             await conn.execute(f"ALTER ROLE {name} CONNECTION LIMIT -1")
             await serves_on(conn)
             await wait_for(
@@ -458,7 +421,7 @@ async def test_F_a_payload_nested_too_deep_written_around_enqueue(dsn, conn, dep
     )
     others = await pgworker.enqueue_many(conn, [JobSpec("plain", {"n": n}) for n in range(3)])
     async with serving(dsn):
-        await wait_for(lambda: finished(conn), timeout=20)
+        await wait_for(lambda: all_finished(conn), timeout=20)
         await serves_on(conn)
     for r in others:
         assert await status_of(conn, r.job.id) == "completed"
@@ -540,13 +503,13 @@ async def test_H_a_task_of_another_queue_is_served_by_default(dsn, conn):
     mail = await pgworker.enqueue(conn, "mail-only", {}, queue="mail")
     async with serving(dsn) as worker:
         assert set(worker.settings.queues) >= {"default", "mail"}
-        await wait_for(lambda: _is(conn, mail.job.id, "completed"), timeout=20)
+        await wait_for(lambda: has_status(conn, mail.job.id, "completed"), timeout=20)
 
 
 async def test_H_pgworker_run_serves_every_queue_of_its_registry(dsn, conn, procs):
     mail = await pgworker.enqueue(conn, "mail-only", {}, queue="mail")
     procs.start("a")
-    await wait_for(lambda: _is(conn, mail.job.id, "completed"), timeout=30)
+    await wait_for(lambda: has_status(conn, mail.job.id, "completed"), timeout=30)
     assert procs.stop_all() == [0]
 
 
@@ -556,7 +519,7 @@ async def test_H_pgworker_run_serves_every_queue_of_its_registry(dsn, conn, proc
 async def test_J_a_sync_handler_that_never_returns_does_not_keep_the_process(dsn, conn, procs):
     r = await pgworker.enqueue(conn, "forever-sync", {})
     a = procs.start("a", "--shutdown-timeout", "0.5")
-    await wait_for(lambda: _is(conn, r.job.id, "running"), timeout=30)
+    await wait_for(lambda: has_status(conn, r.job.id, "running"), timeout=30)
     a.send_signal(signal.SIGTERM)
     started = time.monotonic()
     assert await anyio.to_thread.run_sync(lambda: a.wait(timeout=20)) == 0
