@@ -140,6 +140,15 @@ async def mail_only(ctx: pgworker.JobContext, payload: Any) -> str:
 gate: dict[str, anyio.Event] = {}
 
 
+@registry.task("stubborn", max_retries=0)
+async def stubborn(ctx: pgworker.JobContext, payload: Any) -> str:
+    """Ignores every cancellation until the test lets it go."""
+    while not gate["release"].is_set():
+        with contextlib.suppress(asyncio.CancelledError):
+            await gate["release"].wait()
+    return "let go"
+
+
 @registry.task("held")
 async def held(ctx: pgworker.JobContext, payload: Any) -> str:
     await gate["open"].wait()
@@ -526,6 +535,24 @@ async def test_J_a_sync_handler_that_never_returns_does_not_keep_the_process(dsn
     assert time.monotonic() - started < 20
     assert await status_of(conn, r.job.id) == "pending"
     assert [x["outcome"] for x in await attempts(conn, r.job.id)] == ["interrupted"]
+
+
+async def test_J_an_async_handler_ignoring_its_cancellation_is_abandoned(dsn, conn):
+    """An embedded worker stops within the grace period plus ABANDON_AFTER, hands the job back,
+    and counts the abandoned handler."""
+    from pgworker.producer import ABANDON_AFTER
+
+    gate["release"] = anyio.Event()
+    r = await pgworker.enqueue(conn, "stubborn", {})
+    try:
+        with anyio.fail_after(ABANDON_AFTER + 10):
+            async with serving(dsn, shutdown_timeout=0.2) as worker:
+                await wait_for(lambda: has_status(conn, r.job.id, "running"), timeout=20)
+        assert worker.abandoned == 1
+        assert await status_of(conn, r.job.id) == "pending"
+        assert [x["outcome"] for x in await attempts(conn, r.job.id)] == ["interrupted"]
+    finally:
+        gate["release"].set()
 
 
 # --- N: a frozen maintenance leader loses its leadership within the lease -------------------
