@@ -320,9 +320,10 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
                     raise
                 failure = exc
         result = _decide(attempt, task, value, failure)
-    # The handler may have bound what cannot be rendered: its job is still done.
-    with contextlib.suppress(BaseException):
+    try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)
+    except BaseException:
+        pass  # the handler bound what cannot be rendered: its job is still done
     return result
 
 

@@ -256,21 +256,27 @@ class Producer:
         reaches the next job. A cancellation a handler leaves on the task (it cancelled the task
         it runs in, or left a timeout armed) is absorbed; a task a handler left in a state that
         cannot be trusted (an anyio cancel scope left entered) is replaced."""
-        inherited = structlog.contextvars.get_contextvars()
+        keys = ("job_id", "attempt", "correlation_id", "worker_id")
+        inherited = {
+            k: v for k, v in structlog.contextvars.get_contextvars().items() if k not in keys
+        }
+        me = asyncio.current_task()
+        assert me is not None
         while True:
             try:
                 attempt = await self._handoff.get()
             except asyncio.CancelledError:
                 if self._handoff.closed:
                     raise
-                _forget_cancellation()
+                _forget_cancellation(me)
                 continue
             if attempt is None:
                 return
             structlog.contextvars.clear_contextvars()
-            structlog.contextvars.bind_contextvars(**{**inherited, **attempt.keys})
+            structlog.contextvars.bind_contextvars(**inherited, **attempt.keys)
             sound = await self._execute(attempt)
-            await _absorb_cancellation()
+            if me.cancelling():
+                await _absorb_cancellation(me)
             if not sound:
                 self._spawn_slot()
                 return
@@ -303,20 +309,17 @@ class Producer:
             self._drained.set()
 
 
-def _forget_cancellation() -> None:
-    task = asyncio.current_task()
-    while task is not None and task.cancelling():
+def _forget_cancellation(task: asyncio.Task[None]) -> None:
+    while task.cancelling():
         task.uncancel()
 
 
-async def _absorb_cancellation() -> None:
+async def _absorb_cancellation(task: asyncio.Task[None]) -> None:
     """Take a cancellation a handler requested on its slot's task before the next job runs."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        _forget_cancellation()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.sleep(0)
-        _forget_cancellation()
+    _forget_cancellation(task)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    _forget_cancellation(task)
 
 
 class Heartbeat:

@@ -11,6 +11,7 @@ Each service exposes its health, which `Worker.health()` reports.
 from __future__ import annotations
 
 import random
+import time
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -54,23 +55,29 @@ def describe(exc: BaseException) -> str:
 class Health:
     """A service's health as `Worker.health()` reports it."""
 
-    __slots__ = ("consecutive_failures", "last_error", "last_success", "state")
+    __slots__ = ("_last_success", "consecutive_failures", "last_error", "state")
 
     def __init__(self) -> None:
         self.state: State = "ok"
-        self.last_success: datetime | None = None
+        self._last_success: float | None = None
         self.consecutive_failures = 0
         self.last_error: str | None = None
 
     def succeeded(self) -> None:
         self.state = "ok"
-        self.last_success = datetime.now(UTC)
+        self._last_success = time.time()
         self.consecutive_failures = 0
 
     def failed(self, error: str) -> None:
         self.state = "retrying"
         self.consecutive_failures += 1
         self.last_error = error
+
+    @property
+    def last_success(self) -> datetime | None:
+        """When a step last succeeded (kept as a number: steps run thousands of times a second)."""
+        t = self._last_success
+        return None if t is None else datetime.fromtimestamp(t, UTC)
 
     def as_dict(self) -> dict[str, Any]:
         return {
