@@ -20,13 +20,14 @@ from typing import Any
 import anyio
 
 from .errors import PermanentError, Retry
-from .limits import clamp_delay, clean_text, has_surrogates, json_problem
+from .limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
 from .logs import base_logger, enabled, get_logger
 from .models import AttemptResult, Job, JobStatus, Outcome, claimed_job, current_correlation_id
 from .registry import Task
 from .service import describe, error_parts
 
 _MESSAGE_LIMIT = 2000
+_TOO_DEEP = f"must not nest lists and objects more than {MAX_DEPTH} deep"
 
 
 class Attempt:
@@ -196,6 +197,9 @@ def _result_text(attempt: Attempt, value: Any) -> str | None:
     replaced by U+FFFD, as in error messages."""
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        _warn(attempt, "result not stored", error=f"the result {_TOO_DEEP}")
+        return None
     except BaseException as exc:  # the value's own methods ran: anything may come out
         _warn(attempt, "result not stored: not JSON-serialisable", error=describe(exc))
         return None
