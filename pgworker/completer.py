@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from datetime import datetime
 
 import anyio
 import asyncpg
@@ -54,6 +55,10 @@ class Completer:
         self.written = 0
         self.dropped = 0
 
+    def unwritten(self) -> list[tuple[int, int, datetime]]:
+        """The attempts whose outcome is submitted and not yet written."""
+        return [(r.job_id, r.attempt, r.claimed_at) for r in (*self._batch, *self._buffer)]
+
     def submit(self, result: AttemptResult) -> None:
         self._buffer.append(result)
         self._ready.set()
@@ -67,6 +72,20 @@ class Completer:
 
     def done(self) -> bool:
         return self.finished.is_set()
+
+    async def flush(self) -> None:
+        """Write what is buffered from the calling task, as the completer's own task would have
+        (its task was cancelled with the worker). Its held connection may have been cancelled in
+        the middle of a statement: a fresh one is taken."""
+        self.close()
+        await self._conn.discard()
+        while not self.done():
+            try:
+                await self.step()
+            except Exception as exc:
+                self._log.warning("outcome write failed; retrying", error=describe(exc))
+                await self.reset(exc)
+                await anyio.sleep(0.2)
 
     async def idle(self) -> None:
         await self._ready.wait()
@@ -82,9 +101,13 @@ class Completer:
         """Write everything buffered, batch by batch; when closing and all is written, finish."""
         while self._batch or self._buffer:
             if not self._batch:
-                self._batch = self._buffer[: self._max_batch]
-                del self._buffer[: self._max_batch]
                 self._uncertain = False
+            # Outcomes that arrived join a batch retried after a failure: a row held locked
+            # elsewhere must not keep the others waiting.
+            room = self._max_batch - len(self._batch)
+            if room > 0 and self._buffer:
+                self._batch += self._buffer[:room]
+                del self._buffer[:room]
             if self._closing and anyio.current_time() > self._give_up_at:
                 self._give_up()
                 break
@@ -109,9 +132,9 @@ class Completer:
             written = await db.finish_many(await self._conn.get(), self._schema, batch)
         except Exception as exc:
             kind = db.classify(exc)
-            if kind == "rejected":
+            if kind == "rejected" or isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
                 self._log.warning(
-                    "outcome batch refused by the database; writing its rows one by one",
+                    "outcome batch not written; writing its rows one by one",
                     error=describe(exc),
                     jobs=len(batch),
                 )
@@ -124,32 +147,46 @@ class Completer:
         self._batch = []
 
     async def _write_one_by_one(self) -> None:
-        """Write each row of the batch alone; a row the database refuses is recorded as a failed
-        attempt instead. Rows written leave the batch as they go, so that a lost connection
+        """Write each row of the batch alone. A row the database refuses is recorded as a failed
+        attempt instead; a row another session holds locked waits for the next step, while the
+        others are written. Rows written leave the batch as they go, so that a lost connection
         midway resumes with the rest."""
-        while self._batch:
-            result = self._batch[0]
-            try:
-                written = await db.finish_many(await self._conn.get(), self._schema, [result])
-            except Exception as exc:
-                if db.classify(exc) != "rejected":
-                    raise
-                result = self._refused(result, exc)
+        deferred: list[AttemptResult] = []
+        locked: Exception | None = None
+        try:
+            while self._batch:
+                result = self._batch[0]
                 try:
                     written = await db.finish_many(await self._conn.get(), self._schema, [result])
-                except Exception as again:
-                    if db.classify(again) != "rejected":
-                        raise
-                    self._log.error(
-                        "outcome not written: the job will be rescued when its lease expires",
-                        job_id=result.job_id,
-                        error=describe(again),
-                    )
-                    self.dropped += 1
-                    self._batch.pop(0)
+                except asyncpg.exceptions.LockNotAvailableError as exc:
+                    deferred.append(self._batch.pop(0))
+                    locked = exc
                     continue
-            await self._settle([result], written, uncertain=self._uncertain)
-            self._batch.pop(0)
+                except Exception as exc:
+                    if db.classify(exc) != "rejected":
+                        raise
+                    result = self._refused(result, exc)
+                    try:
+                        written = await db.finish_many(
+                            await self._conn.get(), self._schema, [result]
+                        )
+                    except Exception as again:
+                        if db.classify(again) != "rejected":
+                            raise
+                        self._log.error(
+                            "outcome not written: the job will be rescued when its lease expires",
+                            job_id=result.job_id,
+                            error=describe(again),
+                        )
+                        self.dropped += 1
+                        self._batch.pop(0)
+                        continue
+                await self._settle([result], written, uncertain=self._uncertain)
+                self._batch.pop(0)
+        finally:
+            self._batch[:0] = deferred
+        if locked is not None:
+            raise locked
 
     def _refused(self, result: AttemptResult, exc: BaseException) -> AttemptResult:
         """The failed attempt recorded in place of an outcome the database refused."""

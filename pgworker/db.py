@@ -49,6 +49,9 @@ REJECTED_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions._base.DataError,
     asyncpg.exceptions.IntegrityConstraintViolationError,
     asyncpg.exceptions.ProgramLimitExceededError,
+    # A trigger of the user's own refusing the row (RAISE EXCEPTION, a failed ASSERT).
+    asyncpg.exceptions.PLPGSQLError,
+    asyncpg.exceptions.TriggeredActionError,
     UnicodeError,
     OverflowError,
 )
@@ -147,6 +150,15 @@ class HeldConnection:
         if self._conn is None:
             self._conn = await self._pool.acquire()
         return self._conn
+
+    async def discard(self) -> None:
+        """Close the connection rather than give it back: it may be in the middle of a
+        statement that was cancelled."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._pool.release(conn)
 
     async def drop(self) -> None:
         """Give the connection back (after an error, or when done); the next `get` takes another."""
@@ -423,10 +435,28 @@ async def resign(conn: Executor, schema: str, worker_id: str) -> None:
     await conn.execute(sql.queries(schema)["leader_release"], worker_id)
 
 
-async def rescue(conn: Executor, schema: str, worker_id: str) -> list[asyncpg.Record]:
-    """Requeue (or fail) jobs whose lease expired, if `worker_id` still leads; returns them with
-    their new status."""
-    return await conn.fetch(sql.queries(schema)["jobs_rescue"], channel(schema), worker_id)
+async def rescue(
+    conn: Executor,
+    schema: str,
+    worker_id: str,
+    *,
+    only: Sequence[int] | None = None,
+    skip: Sequence[int] = (),
+) -> list[asyncpg.Record]:
+    """Requeue (or fail) jobs whose lease expired (`only` these, if given; never those in
+    `skip`), if `worker_id` still leads; returns them with their new status."""
+    return await conn.fetch(
+        sql.queries(schema)["jobs_rescue"],
+        channel(schema),
+        worker_id,
+        None if only is None else list(only),
+        list(skip),
+    )
+
+
+async def expired_jobs(conn: Executor, schema: str, skip: Sequence[int] = ()) -> list[int]:
+    """Ids of jobs whose lease expired, but those in `skip`, oldest first."""
+    return [r["id"] for r in await conn.fetch(sql.queries(schema)["jobs_expired"], list(skip))]
 
 
 async def prune_workers(conn: Executor, schema: str, unseen_for: float) -> None:

@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -27,6 +28,9 @@ from .registry import Task
 from .service import describe, error_parts
 
 _MESSAGE_LIMIT = 2000
+STRAY_CANCELS = 10
+"""How many times a job whose task was cancelled by something other than the worker is handed
+back uncounted before such a cancellation counts as its failure."""
 _TOO_DEEP = f"must not nest lists and objects more than {MAX_DEPTH} deep"
 
 
@@ -52,6 +56,7 @@ class Attempt:
         "retry_count",
         "scope",
         "stopped_as",
+        "task_cancelled",
         "type",
     )
 
@@ -83,6 +88,7 @@ class Attempt:
         }
         self.scope = anyio.CancelScope()
         self.stopped_as: Outcome | None = None
+        self.task_cancelled = False
         self._log: Any = None
 
     @property
@@ -253,10 +259,13 @@ class _DaemonThreads:
                 done.set_result(outcome)
 
         def work() -> None:
+            pid = os.getpid()
             try:
                 outcome = (True, context.run(fn))
             except BaseException as exc:
                 outcome = (False, exc)
+            if os.getpid() != pid:
+                _leave_forked_child()
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(report, outcome)
 
@@ -275,6 +284,17 @@ class _DaemonThreads:
 
 
 _threads = _DaemonThreads()
+
+
+def _leave_forked_child() -> None:
+    """A handler forked and its child came back here (returned, or raised: `sys.exit()`): the
+    child must not go on as a second worker on the parent's connections."""
+    os._exit(0)
+
+
+def _task_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _cancelled_by_worker(attempt: Attempt) -> bool:
@@ -309,6 +329,7 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
             error_message=f"the payload cannot be decoded ({attempt.payload_error})",
         )
     else:
+        pid = os.getpid()
         with attempt.scope:
             try:
                 if task.is_async:
@@ -323,6 +344,9 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
                 ):
                     raise
                 failure = exc
+            finally:
+                if os.getpid() != pid:
+                    _leave_forked_child()
         result = _decide(attempt, task, value, failure)
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)
@@ -354,7 +378,9 @@ def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: flo
 def _decide(
     attempt: Attempt, task: Task, value: Any, failure: BaseException | None
 ) -> AttemptResult:
-    if attempt.scope.cancelled_caught:
+    # Stopped by the worker: whatever the handler's cleanup raised on the way out (a `finally:`
+    # that fails) does not make the stop its failure.
+    if attempt.scope.cancelled_caught or (failure is not None and attempt.scope.cancel_called):
         if attempt.stopped_as is Outcome.INTERRUPTED:
             return attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
         if attempt.stopped_as is Outcome.LOST:
@@ -370,6 +396,19 @@ def _decide(
         return _retry_or_fail(task, attempt, Outcome.TIMED_OUT, timed_out, _backoff(task, attempt))
     if failure is None:
         return _completed(attempt, value)
+    if isinstance(failure, asyncio.CancelledError) and _task_cancelled():
+        # Something called cancel() on the task this handler ran in: the handler itself, or a
+        # task an earlier job on the same slot left behind. Which, nobody can tell: the job is
+        # handed back uncounted (the slot is replaced), up to STRAY_CANCELS times.
+        attempt.task_cancelled = True
+        if attempt.number - attempt.retry_count <= STRAY_CANCELS:
+            return attempt.ends(
+                JobStatus.PENDING,
+                Outcome.INTERRUPTED,
+                error_type="CancelledError",
+                error_message="the task running this job was cancelled by something other than "
+                "the worker (the handler, or a task an earlier handler left behind)",
+            )
     if isinstance(failure, PermanentError):
         error_type, message = _error(failure)
         return attempt.ends(

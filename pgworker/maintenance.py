@@ -15,10 +15,13 @@ import anyio
 
 from . import db
 from .logs import get_logger
+from .service import describe
 from .settings import Settings
 
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
+REFUSED_KEPT = 1000
+"""How many jobs the database refused to rescue are remembered and left out."""
 
 
 def interval(lease: float) -> float:
@@ -35,6 +38,7 @@ class Maintenance:
         self._s = settings
         self._log = get_logger(worker_id=settings.worker_id)
         self._ticks = 0
+        self._refused: list[int] = []
         self.leading = False
         self.rescued = 0
 
@@ -60,7 +64,13 @@ class Maintenance:
         self.leading = leading
         if not leading:
             return
-        for row in await db.rescue(self._pool, s.schema, s.worker_id):
+        try:
+            rescued = await db.rescue(self._pool, s.schema, s.worker_id, skip=self._refused)
+        except Exception as exc:
+            if db.classify(exc) != "rejected":
+                raise
+            rescued = await self._rescue_one_by_one(exc)
+        for row in rescued:
             self.rescued += 1
             self._log.warning(
                 "job rescued: its worker stopped renewing the lease",
@@ -71,6 +81,30 @@ class Maintenance:
         if self._ticks % PRUNE_EVERY == 0:
             await db.prune_workers(self._pool, s.schema, WORKERS_FORGOTTEN_AFTER)
         self._ticks += 1
+
+    async def _rescue_one_by_one(self, refusal: Exception) -> list[Any]:
+        """The database refused the rescue of a batch (a trigger of the user's own, say): rescue
+        each job alone, and leave out from now on those it refuses alone, so that one row never
+        stops the rescue of all others."""
+        s = self._s
+        self._log.warning(
+            "rescue refused by the database; rescuing jobs one by one", error=describe(refusal)
+        )
+        rescued: list[Any] = []
+        for job_id in await db.expired_jobs(self._pool, s.schema, self._refused):
+            try:
+                rescued += await db.rescue(self._pool, s.schema, s.worker_id, only=[job_id])
+            except Exception as exc:
+                if db.classify(exc) != "rejected":
+                    raise
+                self._refused.append(job_id)
+                del self._refused[:-REFUSED_KEPT]
+                self._log.error(
+                    "job not rescued: the database refuses it; fix or delete the row",
+                    job_id=job_id,
+                    error=describe(exc),
+                )
+        return rescued
 
     async def resign(self) -> None:
         """Give the leadership up when the worker stops."""

@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 from collections import deque
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import anyio
 import asyncpg
@@ -24,7 +24,7 @@ from .logs import get_logger
 from .models import JobStatus, Outcome
 from .notifier import Wakeup
 from .registry import Registry
-from .service import Health, supervise
+from .service import Health, describe, supervise
 from .settings import Settings
 
 ABANDON_AFTER = 5.0
@@ -97,6 +97,14 @@ class Producer:
         self._by_job: dict[int, Attempt] = {}
         self._slots: set[asyncio.Task[None]] = set()
         self.abandoned = 0
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self._pool
+
+    def unwritten(self) -> list[tuple[int, int, datetime]]:
+        """(job id, attempt, claimed at) of the attempts whose outcome waits to be written."""
+        return self._completer.unwritten()
 
     def stop(self) -> None:
         """Stop claiming now; running attempts get the grace period to finish."""
@@ -297,7 +305,7 @@ class Producer:
             self._completer.submit(result)
         finally:
             self._forget(attempt)
-        return sound
+        return sound and not attempt.task_cancelled
 
     def _forget(self, attempt: Attempt) -> None:
         self.running.discard(attempt)
@@ -333,12 +341,13 @@ class Heartbeat:
     def __init__(self, producer: Producer, settings: Settings) -> None:
         self._producer = producer
         self._settings = settings
+        self._log = get_logger(worker_id=settings.worker_id)
 
     def done(self) -> bool:
         return False
 
     async def reset(self, exc: Exception) -> None:
-        await db.recover(self._producer._pool, exc)
+        await db.recover(self._producer.pool, exc)
 
     async def idle(self) -> None:
         await anyio.sleep(self._settings.lease / 3)
@@ -347,9 +356,15 @@ class Heartbeat:
         s = self._settings
         producer = self._producer
         attempts = list(producer.running)
-        held = await db.heartbeat(
-            producer._pool, s.schema, [(a.id, a.number, a.claimed_at) for a in attempts], s.lease
-        )
+        # Attempts whose outcome waits to be written keep their lease too: a job done here is not
+        # rescued because its outcome write is slow or blocked.
+        sent = [(a.id, a.number, a.claimed_at) for a in attempts] + producer.unwritten()
+        try:
+            held = await db.heartbeat(producer.pool, s.schema, sent, s.lease)
+        except Exception as exc:
+            if db.classify(exc) != "rejected":
+                raise
+            held = await self._one_by_one(sent, exc)
         await producer.register()
         for attempt in attempts:
             if attempt not in producer.running or attempt.stopped_as is not None:
@@ -360,3 +375,28 @@ class Heartbeat:
                 attempt.stop(Outcome.LOST)
             elif cancel_requested:
                 producer.cancel(attempt.id)
+
+    async def _one_by_one(
+        self, sent: list[tuple[int, int, datetime]], refusal: Exception
+    ) -> dict[tuple[int, int], bool]:
+        """The database refused the batch (a trigger of the user's own, say): extend each lease
+        alone, so that one refused row does not cost every other job its lease. A row refused
+        alone is reported held: its lease runs out, the job is rescued, and the next heartbeat
+        stops the attempt."""
+        s = self._settings
+        held: dict[tuple[int, int], bool] = {}
+        for attempt in sent:
+            try:
+                held |= await db.heartbeat(self._producer.pool, s.schema, [attempt], s.lease)
+            except Exception as exc:
+                if db.classify(exc) != "rejected":
+                    raise
+                held[attempt[:2]] = False
+                self._log.error(
+                    "lease not extended: the database refuses it",
+                    job_id=attempt[0],
+                    attempt=attempt[1],
+                    error=describe(exc),
+                    batch_error=describe(refusal),
+                )
+        return held

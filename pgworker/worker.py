@@ -178,38 +178,48 @@ class Worker:
         if services.notifier is not None:
             running.append(services.notifier)
         self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
-        async with anyio.create_task_group() as tg:
-            for svc in running:
-                tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
-            self._producer = producer
-            if self._stop_requested:
-                producer.stop()
+        try:
+            async with anyio.create_task_group() as tg:
+                for svc in running:
+                    tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
+                self._producer = producer
+                if self._stop_requested:
+                    producer.stop()
+                self._log.info(
+                    "worker started",
+                    queues=list(s.queues),
+                    tasks=[t.name for t in self.registry],
+                    concurrency=s.concurrency,
+                    listen=s.listen,
+                )
+                task_status.started()
+                try:
+                    await producer.run(self._healths["producer"])
+                finally:
+                    self.abandoned = producer.abandoned
+                completer.close()
+                await completer.finished.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            # Cancelled from outside, the services were cancelled with the worker: the outcomes
+            # decided meanwhile (the running jobs handed back) are still written, then the
+            # worker says goodbye, as at any stop.
+            with anyio.CancelScope(shield=True):
+                if not completer.finished.is_set():
+                    await completer.flush()
+                with anyio.move_on_after(5):
+                    try:
+                        await services.maintenance.resign()
+                        await db.unregister_worker(services.pool, s.schema, s.worker_id)
+                    except Exception as exc:
+                        self._log.warning(
+                            "could not unregister from the database", error=describe(exc)
+                        )
             self._log.info(
-                "worker started",
-                queues=list(s.queues),
-                tasks=[t.name for t in self.registry],
-                concurrency=s.concurrency,
-                listen=s.listen,
+                "worker stopped",
+                outcomes_written=completer.written,
+                outcomes_dropped=completer.dropped,
             )
-            task_status.started()
-            try:
-                await producer.run(self._healths["producer"])
-            finally:
-                self.abandoned = producer.abandoned
-            completer.close()
-            await completer.finished.wait()
-            tg.cancel_scope.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            try:
-                await services.maintenance.resign()
-                await db.unregister_worker(services.pool, s.schema, s.worker_id)
-            except Exception as exc:
-                self._log.warning("could not unregister from the database", error=describe(exc))
-        self._log.info(
-            "worker stopped",
-            outcomes_written=completer.written,
-            outcomes_dropped=completer.dropped,
-        )
 
     @contextlib.asynccontextmanager
     async def _serving(self) -> AsyncIterator[Worker]:

@@ -97,14 +97,6 @@ async def outcomes(conn: asyncpg.Connection, job_id: int) -> list[str]:
 # --- the caller cancels the worker ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "cancelled from outside, the slots submit `interrupted` to a completer the same "
-        "cancel already stopped (worker._serve's task group): jobs stay running until their "
-        "lease, then `lost`"
-    ),
-)
 async def test_a_worker_cancelled_from_outside_hands_its_running_jobs_back(dsn, conn):
     """`async with Worker` inside the caller's timeout (or a task group cancelled around it): the
     running jobs are handed back as at any stop, `pending` and `interrupted`, not left `running`
@@ -124,13 +116,6 @@ async def test_a_worker_cancelled_from_outside_hands_its_running_jobs_back(dsn, 
         assert await outcomes(conn, r.job.id) == ["interrupted"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Worker.run cancelled: interrupted outcomes are buffered in the cancelled completer "
-        "and never written; resign/unregister after the task group are skipped"
-    ),
-)
 async def test_a_worker_run_task_cancelled_hands_its_running_jobs_back(dsn, conn):
     r = await pgworker.enqueue(conn, "sleeps", {})
     worker = Worker(registry, dsn, poll_interval=0.05)
@@ -148,13 +133,6 @@ async def test_a_worker_run_task_cancelled_hands_its_running_jobs_back(dsn, conn
 # --- what a handler raises while it is stopped ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "executor.execute treats any non-cancel exception as the handler's failure even when "
-        "its scope was cancelled by the worker: a shutdown fails a max_retries=0 job"
-    ),
-)
 async def test_a_handler_whose_cleanup_raises_at_shutdown_is_handed_back(dsn, conn):
     """Shutdown stopped the handler; its cleanup raised something else on the way out. The job
     was stopped by the worker: `pending`, `interrupted`, not counted as a retry, and never
@@ -172,13 +150,6 @@ async def test_a_handler_whose_cleanup_raises_at_shutdown_is_handed_back(dsn, co
 # --- a handler's leftover task cancels its slot later ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "slots are reused across jobs: a task left by job A cancels the slot while job B runs"
-        " and B is recorded failed (CancelledError, executor._cancelled_by_worker is False)"
-    ),
-)
 async def test_a_stray_cancel_of_a_slot_does_not_fail_the_next_job_on_it(dsn, conn):
     """Job A leaves a watchdog task that cancels A's task later, while job B (innocent) runs on
     the same slot. B did nothing wrong: it completes (or at worst is handed back), it is not
@@ -204,13 +175,6 @@ async def test_a_stray_cancel_of_a_slot_does_not_fail_the_next_job_on_it(dsn, co
 # --- the database refuses, in ways other than a constraint ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "RaiseError (P0001) is not in db.REJECTED_ERRORS: the completer retries the same "
-        "batch forever, no outcome of the worker is written"
-    ),
-)
 async def test_a_trigger_raising_on_one_outcome_does_not_stall_the_others(dsn, conn):
     """A trigger of the user's raises (plain `RAISE EXCEPTION`, SQLSTATE P0001) on one job's
     outcome. That row is refused as a CHECK constraint's would be: the other outcomes of its
@@ -237,13 +201,6 @@ async def test_a_trigger_raising_on_one_outcome_does_not_stall_the_others(dsn, c
     assert job.error.startswith("OutcomeRefused"), job.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "jobs_rescue.sql rescues up to 1000 jobs in one statement; a row the database refuses"
-        " fails it every tick: no job is ever rescued again"
-    ),
-)
 async def test_an_outcome_refused_twice_does_not_stop_every_rescue(dsn, conn):
     """A job whose outcome and whose `OutcomeRefused` replacement are both refused (a trigger
     refusing it any final status) is left to its lease, as documented. Its rescue is refused in
@@ -274,14 +231,6 @@ async def test_an_outcome_refused_twice_does_not_stop_every_rescue(dsn, conn):
 # --- one row held or refused takes the leases of all ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "worker_heartbeat.sql extends all leases in one statement; one refused row fails it, "
-        "every running job loses its lease and is rescued (`failed`, WorkerLost) while "
-        "running"
-    ),
-)
 async def test_a_trigger_refusing_one_heartbeat_keeps_the_other_leases(dsn, conn):
     """A trigger refuses extending one running job's lease. The other running jobs of the
     worker keep theirs: a job whose worker is alive is never taken away."""
@@ -307,14 +256,6 @@ async def test_a_trigger_refusing_one_heartbeat_keeps_the_other_leases(dsn, conn
     assert await outcomes(conn, long.job.id) == ["completed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "one locked row makes the whole heartbeat and outcome batch hit lock_timeout and "
-        "retry: the other jobs' completed outcomes wait, their leases expire and they are "
-        "rescued as failed"
-    ),
-)
 async def test_a_row_locked_by_an_operator_keeps_the_other_leases_and_outcomes(dsn, conn):
     """An operator (or the user's own code) holds one running job's row locked in a long
     transaction. The worker waits at most its lock_timeout on that row; the other jobs keep
@@ -380,13 +321,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the forked child's SystemExit is caught as the handler's failure (executor.execute):"
-        " the child goes on as a second worker on the parent's sockets"
-    ),
-)
 @pytest.mark.parametrize("type_", ["forks", "forks-async"])
 async def test_a_forked_child_that_exits_does_not_become_a_second_worker(dsn, conn, procs, type_):
     """A handler forks; the child ends with sys.exit(). In the child that SystemExit is not the

@@ -2,10 +2,12 @@
 -- a retry, or failed when out of retries, or cancelled when a cancel was asked for; the open
 -- attempt is closed as `lost`. Wakes the workers of the queues that got jobs back ($1: channel).
 -- Fenced by the leadership: nothing happens unless worker $2 holds a live maintenance lease.
+-- $3: only these jobs (NULL: any); $4: never these (rows the database refused to rescue).
 WITH expired AS (
     SELECT id
     FROM {schema}.jobs
     WHERE status = 'running' AND lease_expires_at < now()
+      AND ($3::bigint[] IS NULL OR id = ANY($3::bigint[])) AND NOT (id = ANY($4::bigint[]))
       AND EXISTS (SELECT FROM {schema}.leader
                   WHERE name = 'maintenance' AND worker_id = $2 AND expires_at > now())
     ORDER BY lease_expires_at
