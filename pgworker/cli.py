@@ -14,12 +14,14 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import anyio
+import asyncpg
 
 from . import __version__, cancel, db, limits
 from .enqueue import enqueue
 from .errors import ConfigError, PgWorkerError, ValidationError
 from .logs import configure, get_logger
 from .registry import Registry, load
+from .service import describe
 from .settings import Settings, dsn_from_env
 from .worker import Worker
 
@@ -459,6 +461,16 @@ def _user_error(exc: BaseException) -> PgWorkerError | None:
     return exc if isinstance(exc, PgWorkerError) else None
 
 
+def _refusal(exc: BaseException) -> str | None:
+    """What the server said when it refused a statement (read-only, a privilege, a trigger of
+    the user's own), as one line."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if not isinstance(exc, asyncpg.PostgresError):
+        return None
+    return describe(exc).replace("\n", " ")
+
+
 def _has_uvloop() -> bool:
     """uvloop (a dependency on POSIX) makes the event loop's socket work several times cheaper."""
     try:
@@ -486,7 +498,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:
         error = _user_error(exc)
         if error is None:
-            raise
+            refusal = _refusal(exc)
+            if refusal is None:
+                raise
+            print(
+                f"pgworker {args.command}: error: the database refused it: {refusal}",
+                file=sys.stderr,
+            )
+            return 1
         print(f"pgworker {args.command}: error: {error}", file=sys.stderr)
         return 2
 

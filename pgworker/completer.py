@@ -176,6 +176,8 @@ class Completer:
                         self._log.error(
                             "outcome not written: the job will be rescued when its lease expires",
                             job_id=result.job_id,
+                            attempt=result.attempt,
+                            correlation_id=result.correlation_id,
                             error=describe(again),
                         )
                         self.dropped += 1
@@ -195,6 +197,7 @@ class Completer:
             "outcome refused by the database: recording the attempt as failed",
             job_id=result.job_id,
             attempt=result.attempt,
+            correlation_id=result.correlation_id,
             outcome=result.outcome.value,
             error=error,
         )
@@ -206,6 +209,7 @@ class Completer:
             Outcome.FAILED,
             error_type="OutcomeRefused",
             error_message=f"the database refused this attempt's outcome ({error})",
+            correlation_id=result.correlation_id,
         )
 
     async def _settle(
@@ -232,5 +236,6 @@ class Completer:
                     "outcome dropped: this attempt no longer holds the job",
                     job_id=r.job_id,
                     attempt=r.attempt,
+                    correlation_id=r.correlation_id,
                     outcome=r.outcome.value,
                 )

@@ -138,6 +138,13 @@ async def create_pool(
         raise _describe(dsn, exc) from exc
 
 
+def _gone(conn: asyncpg.Connection) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.exceptions.InterfaceError:  # released back to the pool when it closed
+        return True
+
+
 class HeldConnection:
     """One pooled connection kept across statements by a hot loop (the claim, the outcome writes),
     sparing the pool's acquire and release per statement; replaced after a connection error."""
@@ -147,6 +154,9 @@ class HeldConnection:
         self._conn: asyncpg.Connection | None = None
 
     async def get(self) -> asyncpg.Connection:
+        if self._conn is not None and _gone(self._conn):
+            # The server ended it and the pool took it back: a new one, without a failed try.
+            self._conn = None
         if self._conn is None:
             self._conn = await self._pool.acquire()
         return self._conn

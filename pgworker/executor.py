@@ -111,7 +111,15 @@ class Attempt:
     def ends(self, status: JobStatus, outcome: Outcome, **details: Any) -> AttemptResult:
         """This attempt's result: the job's next status, the attempt's outcome, and the other
         fields of AttemptResult by name."""
-        return AttemptResult(self.id, self.number, self.claimed_at, status, outcome, **details)
+        return AttemptResult(
+            self.id,
+            self.number,
+            self.claimed_at,
+            status,
+            outcome,
+            correlation_id=self.correlation_id,
+            **details,
+        )
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:

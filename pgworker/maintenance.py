@@ -9,6 +9,7 @@ resumes cannot act on an old belief that it still leads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -33,9 +34,12 @@ def interval(lease: float) -> float:
 class Maintenance:
     name = "maintenance"
 
-    def __init__(self, pool: Any, settings: Settings) -> None:
+    def __init__(
+        self, pool: Any, settings: Settings, stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         self._pool = pool
         self._s = settings
+        self._stopping = stopping
         self._log = get_logger(worker_id=settings.worker_id)
         self._ticks = 0
         self._refused: list[int] = []
@@ -56,6 +60,10 @@ class Maintenance:
 
     async def step(self) -> None:
         s = self._s
+        if self._stopping():
+            # A stopping worker (draining its jobs) leaves maintenance to the others at once.
+            await self.resign()
+            return
         leading = await db.lead(self._pool, s.schema, s.worker_id, s.lease)
         if leading != self.leading:
             self._log.info(
@@ -75,6 +83,8 @@ class Maintenance:
             self._log.warning(
                 "job rescued: its worker stopped renewing the lease",
                 job_id=row["id"],
+                attempt=row["attempts"],
+                correlation_id=row["correlation_id"],
                 status=row["status"],
                 lost_worker=row["worker_id"],
             )

@@ -194,7 +194,8 @@ class AttemptResult(NamedTuple):
 
     `job_id`, `attempt` and `claimed_at` name the attempt (its write is fenced by all three);
     `status` is the job's next status; `delay` (seconds) sets its next run_at when pending;
-    `retried` is 1 when the attempt counts against max_retries. A named tuple: one is made per
+    `retried` is 1 when the attempt counts against max_retries; `correlation_id` is for the log
+    lines about the outcome. A named tuple: one is made per
     attempt, and a tuple costs a fraction of a frozen dataclass to build.
     """
 
@@ -208,6 +209,7 @@ class AttemptResult(NamedTuple):
     error_message: str | None = None
     delay: float = 0.0
     retried: int = 0
+    correlation_id: str | None = None
 
 
 # The correlation id of the job running in this context, inherited by jobs it enqueues.

@@ -50,7 +50,7 @@ class _Services:
         )
         self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
         self.heartbeat = Heartbeat(self.producer, s)
-        self.maintenance = Maintenance(pool, s)
+        self.maintenance = Maintenance(pool, s, stopping=self.producer.done)
         self.notifier = (
             Notifier(s.dsn, s.schema, s.queues, worker._wakeup, self.producer.cancel, s.worker_id)
             if s.listen
@@ -70,7 +70,7 @@ class Worker:
         registry: Registry,
         dsn: str | None = None,
         *,
-        concurrency: int = 10,
+        concurrency: int | None = None,
         queues: list[str] | tuple[str, ...] | None = None,
         settings: Settings | None = None,
         **options: Any,
@@ -80,12 +80,19 @@ class Worker:
         if len(registry) == 0:
             raise ConfigError("registry", "has no tasks; register handlers with @registry.task")
         served = tuple(dict.fromkeys([DEFAULT_QUEUE, *registry.queues()]))
+        given = (dsn, concurrency, queues)
+        if settings is not None and (any(v is not None for v in given) or options):
+            raise ConfigError(
+                "settings", "give settings=Settings(...) or the options as keywords, not both"
+            )
         if settings is None:
             if queues is not None:
                 options["queues"] = queues if isinstance(queues, str) else tuple(queues)
             elif options.get("queues") is None:
                 options["queues"] = served
-            settings = Settings(dsn=dsn or dsn_from_env() or "", concurrency=concurrency, **options)
+            if concurrency is not None:
+                options["concurrency"] = concurrency
+            settings = Settings(dsn=dsn or dsn_from_env() or "", **options)
         elif settings.queues is None:
             settings = dataclasses.replace(settings, queues=served)
         self.settings = settings

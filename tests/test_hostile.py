@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -306,6 +307,64 @@ async def test_a_worker_that_ran_once_serves_again_or_says_it_cannot(dsn, conn):
 async def test_queues_given_as_one_string_is_a_config_error():
     with pytest.raises(pgworker.ConfigError, match="queues"):
         Worker(registry, "postgresql://u@localhost/d", queues="default")  # type: ignore[arg-type]
+
+
+async def test_settings_and_keyword_options_together_is_a_config_error():
+    """One of them would be silently ignored."""
+    settings = pgworker.Settings(dsn="postgresql://u@localhost/d", concurrency=2)
+    with pytest.raises(pgworker.ConfigError, match="settings"):
+        Worker(registry, settings=settings, concurrency=4)
+
+
+gate: dict[str, anyio.Event] = {}
+
+
+@registry.task("held-elsewhere", queue="a-only")
+async def held_elsewhere(ctx: pgworker.JobContext, payload: Any) -> str:
+    await gate["open"].wait()
+    return "done"
+
+
+async def leader(conn: asyncpg.Connection) -> str | None:
+    return await conn.fetchval(
+        "SELECT worker_id FROM pgworker.leader WHERE name = 'maintenance' AND expires_at > now()"
+    )
+
+
+async def test_a_draining_worker_leaves_the_leadership_at_once(dsn, conn):
+    """A stopping worker waits for its running jobs; meanwhile another worker leads (rescues
+    must not wait for a long drain)."""
+    gate["open"] = anyio.Event()
+    r = await pgworker.enqueue(conn, "held-elsewhere", {}, queue="a-only")
+    try:
+        with anyio.fail_after(60):
+            async with serving(dsn, worker_id="a", queues=["a-only"], lease=1.0) as a:
+                await wait_for(lambda: has_status(conn, r.job.id, "running"))
+                await wait_for(lambda: _leads(conn, "a"))
+                async with serving(dsn, worker_id="b", lease=1.0):
+                    a.stop()
+                    await wait_for(lambda: _leads(conn, "b"), timeout=10)
+                    assert await status_of(conn, r.job.id) == "running"
+                    gate["open"].set()
+                    await wait_for(lambda: has_status(conn, r.job.id, "completed"))
+    finally:
+        gate["open"].set()
+
+
+async def _leads(conn: asyncpg.Connection, worker_id: str) -> bool:
+    return await leader(conn) == worker_id
+
+
+async def test_a_statement_the_database_refuses_is_one_line_from_the_cli(dsn, conn):
+    db_name = dsn.rsplit("/", 1)[1]
+    await conn.execute(f'ALTER DATABASE "{db_name}" SET default_transaction_read_only = on')
+    result = await anyio.run_process(
+        [sys.executable, "-m", "pgworker", "enqueue", "t", "--dsn", dsn], check=False
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 1
+    assert err.startswith("pgworker enqueue: error: the database refused it:"), err
+    assert "read-only" in err and "Traceback" not in err and err.count("\n") == 1
 
 
 async def test_health_at_every_stage(dsn, conn):

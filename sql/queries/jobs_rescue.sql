@@ -31,7 +31,7 @@ WITH expired AS (
         updated_at = now()
     FROM expired
     WHERE j.id = expired.id
-    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id
+    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = 'lost', finished_at = now(), error_type = 'WorkerLost',
@@ -42,5 +42,6 @@ WITH expired AS (
     SELECT pg_notify($1, q.queue)
     FROM (SELECT DISTINCT queue FROM rescued WHERE status = 'pending') AS q
 )
-SELECT r.id, r.status, r.worker_id, (SELECT count(*) FROM woken) AS queues_woken
+SELECT r.id, r.attempts, r.correlation_id, r.status, r.worker_id,
+       (SELECT count(*) FROM woken) AS queues_woken
 FROM rescued AS r
