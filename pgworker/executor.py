@@ -108,17 +108,30 @@ class Attempt:
             self._log = get_logger(**self.keys)
         return self._log
 
-    def ends(self, status: JobStatus, outcome: Outcome, **details: Any) -> AttemptResult:
+    def ends(
+        self,
+        status: JobStatus,
+        outcome: Outcome,
+        result: str | None = None,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        delay: float = 0.0,
+        retried: int = 0,
+    ) -> AttemptResult:
         """This attempt's result: the job's next status, the attempt's outcome, and the other
-        fields of AttemptResult by name."""
+        fields of AttemptResult (built positionally: one is made per job)."""
         return AttemptResult(
             self.id,
             self.number,
             self.claimed_at,
             status,
             outcome,
-            correlation_id=self.correlation_id,
-            **details,
+            result,
+            error_type,
+            error_message,
+            delay,
+            retried,
+            self.correlation_id,
         )
 
     def stop(self, outcome: Outcome) -> None:
@@ -267,12 +280,11 @@ class _DaemonThreads:
                 done.set_result(outcome)
 
         def work() -> None:
-            pid = os.getpid()
             try:
                 outcome = (True, context.run(fn))
             except BaseException as exc:
                 outcome = (False, exc)
-            if os.getpid() != pid:
+            if _forked:
                 _leave_forked_child()
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 loop.call_soon_threadsafe(report, outcome)
@@ -292,6 +304,25 @@ class _DaemonThreads:
 
 
 _threads = _DaemonThreads()
+
+
+_forked = False
+"""Set in a child process made by fork(); a worker starting there clears it (see `serving`). A
+flag rather than os.getpid() around each handler: that is a system call per job."""
+
+
+def _in_forked_child() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
+
+
+def serving() -> None:
+    """A worker starts in this process: handlers that return here run in it, not in a child."""
+    global _forked
+    _forked = False
 
 
 def _leave_forked_child() -> None:
@@ -337,7 +368,6 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
             error_message=f"the payload cannot be decoded ({attempt.payload_error})",
         )
     else:
-        pid = os.getpid()
         with attempt.scope:
             try:
                 if task.is_async:
@@ -353,7 +383,7 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
                     raise
                 failure = exc
             finally:
-                if os.getpid() != pid:
+                if _forked:
                     _leave_forked_child()
         result = _decide(attempt, task, value, failure)
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job

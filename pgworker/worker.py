@@ -17,7 +17,7 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from . import db
+from . import db, executor
 from .completer import Completer
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .logs import get_logger
@@ -146,6 +146,7 @@ class Worker:
         if self._running:
             raise ConfigError("worker", "is already running: a Worker serves once at a time")
         self._running = True
+        executor.serving()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._ended)
             pool = await db.create_pool(

@@ -348,3 +348,30 @@ async def test_a_forked_child_that_exits_does_not_become_a_second_worker(dsn, co
         for pid in _children(a.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _serve_in_a_forked_process(dsn: str, job_id: int) -> None:
+    async def main() -> None:
+        c = await asyncpg.connect(dsn)
+        try:
+            async with Worker(registry, dsn, poll_interval=0.05):
+                await wait_for(lambda: has_status(c, job_id, "completed"), timeout=20)
+        finally:
+            await c.close()
+
+    asyncio.run(main())
+
+
+async def test_a_worker_started_in_a_forked_process_serves(dsn, conn):
+    """The guard against a handler's forked child must not take a worker that a process manager
+    (multiprocessing, a pre-fork server) started in a forked process for such a child."""
+    import multiprocessing
+
+    r = await pgworker.enqueue(conn, "plain", {})
+    child = multiprocessing.get_context("fork").Process(
+        target=_serve_in_a_forked_process, args=(dsn, r.job.id)
+    )
+    child.start()
+    await anyio.to_thread.run_sync(child.join, 60)
+    assert child.exitcode == 0
+    assert await status_of(conn, r.job.id) == "completed"
