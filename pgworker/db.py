@@ -4,6 +4,7 @@ errors become pgworker's typed errors."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -370,6 +371,22 @@ async def claim(
         code_version,
         None if durable else "off",
     )
+
+
+_ATTEMPT_KEY = re.compile(r"\(job_id, attempt\)=\((\d+), \d+\)")
+
+
+def attempt_conflict(exc: BaseException) -> int | None:
+    """The job whose claim found its attempt number taken (its `attempts` was reset by hand)."""
+    if not isinstance(exc, asyncpg.exceptions.UniqueViolationError):
+        return None
+    found = _ATTEMPT_KEY.search(getattr(exc, "detail", None) or "")
+    return int(found.group(1)) if found else None
+
+
+async def repair_attempts(conn: Executor, schema: str, job_id: int) -> None:
+    """Number the job's next attempt after its last recorded one."""
+    await conn.execute(sql.queries(schema)["job_attempts_repair"], job_id)
 
 
 async def finish_many(conn: Executor, schema: str, results: Sequence[AttemptResult]) -> set[int]:

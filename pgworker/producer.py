@@ -208,18 +208,31 @@ class Producer:
         free = s.concurrency - len(self.running)
         if free <= 0:
             return
-        records = await db.claim(
-            await self._conn.get(),
-            s.schema,
-            queues=s.queues,
-            types=self._types,
-            default_max_retries=self._default_max_retries,
-            limit=free,
-            worker_id=s.worker_id,
-            lease=s.lease,
-            code_version=s.code_version,
-            durable=s.durable_claims,
-        )
+        try:
+            records = await db.claim(
+                await self._conn.get(),
+                s.schema,
+                queues=s.queues,
+                types=self._types,
+                default_max_retries=self._default_max_retries,
+                limit=free,
+                worker_id=s.worker_id,
+                lease=s.lease,
+                code_version=s.code_version,
+                durable=s.durable_claims,
+            )
+        except asyncpg.exceptions.UniqueViolationError as exc:
+            job_id = db.attempt_conflict(exc)
+            if job_id is None:
+                raise
+            self._log.warning(
+                "a job's attempts counter was behind its attempt rows (reset by hand): "
+                "its next attempt is numbered after the last",
+                job_id=job_id,
+            )
+            await db.repair_attempts(self._pool, s.schema, job_id)
+            self._wakeup.set()
+            return
         self._saturated = len(records) == free
         if records:
             claimed_at = records[0]["claimed_at"]

@@ -432,6 +432,9 @@ async def test_a_job_whose_attempts_were_reset_does_not_stall_its_queue(dsn, con
         )
         # the reset job itself ends in a documented state, not stuck pending
         await wait_for(lambda: _done(conn, old.job.id), timeout=10)
+    # its history is kept: the new attempt is numbered after the last recorded one
+    rows = await attempts(conn, old.job.id)
+    assert [(r["attempt"], r["outcome"]) for r in rows] == [(1, "completed"), (2, "completed")]
 
 
 async def test_health_is_honest_while_an_operator_holds_the_leader_row(dsn, conn):

@@ -42,13 +42,6 @@ WITH next AS MATERIALIZED (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
                                        code_version, started_at)
     SELECT id, attempts, type, queue, $4, correlation_id, $7, claimed_at FROM claimed
-    -- A job whose `attempts` an operator reset reuses its numbers: the new attempt replaces the
-    -- old row rather than failing every claim of its queue.
-    ON CONFLICT (job_id, attempt) DO UPDATE
-    SET type = excluded.type, queue = excluded.queue, worker_id = excluded.worker_id,
-        correlation_id = excluded.correlation_id, code_version = excluded.code_version,
-        started_at = excluded.started_at, outcome = 'running', finished_at = NULL,
-        error_type = NULL, error_message = NULL
 )
 SELECT id, type, queue, payload::text AS payload, priority, retry_count, max_retries, attempts,
        idempotency_key, correlation_id, run_at, error, progress::text AS progress, created_at,
