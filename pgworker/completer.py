@@ -147,48 +147,48 @@ class Completer:
         self._batch = []
 
     async def _write_one_by_one(self) -> None:
-        """Write each row of the batch alone. A row the database refuses is recorded as a failed
-        attempt instead; a row another session holds locked waits for the next step, while the
-        others are written. Rows written leave the batch as they go, so that a lost connection
-        midway resumes with the rest."""
+        """Write each row of the batch alone. A row another session holds locked waits for the
+        next step, while the others are written. Rows leave the batch as they go, so that a lost
+        connection midway resumes with the rest."""
         deferred: list[AttemptResult] = []
         locked: Exception | None = None
         try:
             while self._batch:
-                result = self._batch[0]
                 try:
-                    written = await db.finish_many(await self._conn.get(), self._schema, [result])
+                    await self._write_row(self._batch[0])
                 except asyncpg.exceptions.LockNotAvailableError as exc:
-                    deferred.append(self._batch.pop(0))
+                    deferred.append(self._batch[0])
                     locked = exc
-                    continue
-                except Exception as exc:
-                    if db.classify(exc) != "rejected":
-                        raise
-                    result = self._refused(result, exc)
-                    try:
-                        written = await db.finish_many(
-                            await self._conn.get(), self._schema, [result]
-                        )
-                    except Exception as again:
-                        if db.classify(again) != "rejected":
-                            raise
-                        self._log.error(
-                            "outcome not written: the job will be rescued when its lease expires",
-                            job_id=result.job_id,
-                            attempt=result.attempt,
-                            correlation_id=result.correlation_id,
-                            error=describe(again),
-                        )
-                        self.dropped += 1
-                        self._batch.pop(0)
-                        continue
-                await self._settle([result], written, uncertain=self._uncertain)
                 self._batch.pop(0)
         finally:
             self._batch[:0] = deferred
         if locked is not None:
             raise locked
+
+    async def _write_row(self, result: AttemptResult) -> None:
+        """One outcome alone. Refused by the database, it is recorded as a failed attempt
+        instead; refused again, it is left to the rescue."""
+        try:
+            written = await db.finish_many(await self._conn.get(), self._schema, [result])
+        except Exception as exc:
+            if db.classify(exc) != "rejected":
+                raise
+            result = self._refused(result, exc)
+            try:
+                written = await db.finish_many(await self._conn.get(), self._schema, [result])
+            except Exception as again:
+                if db.classify(again) != "rejected":
+                    raise
+                self._log.error(
+                    "outcome not written: the job will be rescued when its lease expires",
+                    job_id=result.job_id,
+                    attempt=result.attempt,
+                    correlation_id=result.correlation_id,
+                    error=describe(again),
+                )
+                self.dropped += 1
+                return
+        await self._settle([result], written, uncertain=self._uncertain)
 
     def _refused(self, result: AttemptResult, exc: BaseException) -> AttemptResult:
         """The failed attempt recorded in place of an outcome the database refused."""

@@ -12,7 +12,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -300,3 +300,23 @@ async def poison_in_a_claim(serving: Any, conn: Any, type_: str, payload: Any = 
     job = await pgworker.get_job(conn, poison.job.id)
     assert job is not None
     return job
+
+
+@contextlib.asynccontextmanager
+async def serving_guarded(registry: Any, dsn: str, **options: Any) -> AsyncIterator[Any]:
+    """A worker serving `dsn`; anything it raises (a BaseException group when it dies) is turned
+    into a test failure, so that a broken worker fails the test rather than the session."""
+    import pytest
+
+    import pgworker
+
+    options.setdefault("poll_interval", 0.05)
+    options.setdefault("concurrency", 4)
+    try:
+        with anyio.fail_after(60):
+            async with pgworker.Worker(registry, dsn, **options) as worker:
+                yield worker
+    except BaseException as exc:
+        if isinstance(exc, AssertionError | pytest.fail.Exception):
+            raise
+        pytest.fail(f"the worker raised {exc!r}")

@@ -11,7 +11,7 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -103,20 +103,8 @@ async def leaves_scope_open(ctx: pgworker.JobContext, payload: Any) -> str:
     return "done"
 
 
-@contextlib.asynccontextmanager
-async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
-    """A worker serving `dsn`; anything it raises (a BaseException group when it dies) is turned
-    into a test failure, so that a broken worker fails the test rather than the session."""
-    options.setdefault("poll_interval", 0.05)
-    options.setdefault("concurrency", 4)
-    try:
-        with anyio.fail_after(60):
-            async with Worker(registry, dsn, **options) as worker:
-                yield worker
-    except BaseException as exc:
-        if isinstance(exc, AssertionError | pytest.fail.Exception):
-            raise
-        pytest.fail(f"the worker raised {exc!r}")
+def serving(dsn: str, **options: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
+    return helpers.serving_guarded(registry, dsn, **options)
 
 
 async def poison_in_a_claim(dsn: str, conn: asyncpg.Connection, type_: str) -> pgworker.Job:

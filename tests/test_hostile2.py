@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -76,18 +75,8 @@ async def innocent(ctx: pgworker.JobContext, payload: Any) -> str:
     return "fine"
 
 
-@contextlib.asynccontextmanager
-async def serving(dsn: str, **options: Any) -> AsyncIterator[Worker]:
-    options.setdefault("poll_interval", 0.05)
-    options.setdefault("concurrency", 4)
-    try:
-        with anyio.fail_after(60):
-            async with Worker(registry, dsn, **options) as worker:
-                yield worker
-    except BaseException as exc:
-        if isinstance(exc, AssertionError | pytest.fail.Exception):
-            raise
-        pytest.fail(f"the worker raised {exc!r}")
+def serving(dsn: str, **options: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
+    return helpers.serving_guarded(registry, dsn, **options)
 
 
 async def outcomes(conn: asyncpg.Connection, job_id: int) -> list[str]:
