@@ -201,7 +201,7 @@ def main() -> None:
     if dsn:
         report(asyncio.run(demo(dsn)))
         return
-    from pgworker.devdb import Cluster
+    from devdb import Cluster  # examples/devdb.py, beside this file
 
     cluster = Cluster(ROOT / ".pgdata")
     print(f"PGWORKER_DSN is not set: using an embedded PostgreSQL in {cluster.data}")

@@ -1,12 +1,9 @@
 """pgworker: background jobs for asyncio services, on PostgreSQL."""
 
-from __future__ import annotations
-
-from typing import Any
-
-from . import db
-from .backoff import RetryPolicy
-from .enqueue import DEFAULT_SCHEMA, enqueue, enqueue_many
+from ._logs import configure_logging
+from ._version import __version__
+from .context import JobContext
+from .enqueue import enqueue, enqueue_many
 from .errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -18,53 +15,16 @@ from .errors import (
     SchemaError,
     ValidationError,
 )
-from .executor import JobContext
-from .models import (
-    PRIORITY_LABELS,
-    AttemptResult,
-    EnqueueResult,
-    Job,
-    JobSpec,
-    JobStatus,
-    Outcome,
-)
+from .models import PRIORITY_LABELS, EnqueueResult, Job, JobSpec, JobStatus
+from .operations import CancelResult, cancel, get_job, migrate
 from .registry import Registry, Task
+from .retry import RetryPolicy
 from .settings import Settings
 from .worker import Worker
 
-__version__ = "0.1.0"
-
-
-async def get_job(conn: db.Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
-    """The job's current row (status, result, error, retry_count, progress), or None."""
-    row = await db.get_job(conn, schema, job_id)
-    return None if row is None else Job.from_record(row)
-
-
-async def cancel(conn: db.Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> str:
-    """Cancel a job. Returns what happened: "cancelled" (it was pending), "cancelling" (it is
-    running: its worker stops it within about a second, its attempt closed as `cancelled`, never
-    retried), or "completed"/"failed"/"cancelled" prefixed by "already " when it had finished.
-    Raises ValidationError when there is no such job."""
-    row = await db.cancel(conn, schema, job_id)
-    if row is None:
-        raise ValidationError("job_id", f"there is no job {job_id}")
-    previous = row["previous"]
-    if previous == "pending":
-        return "cancelled"
-    if previous == "running":
-        return "cancelling"
-    return f"already {previous}"
-
-
-async def migrate(conn: Any, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply pending migrations on an asyncpg Connection; returns the versions applied."""
-    return await db.migrate(conn, schema)
-
-
 __all__ = [
     "PRIORITY_LABELS",
-    "AttemptResult",
+    "CancelResult",
     "ConfigError",
     "DatabaseUnavailable",
     "EnqueueResult",
@@ -73,7 +33,6 @@ __all__ = [
     "JobContext",
     "JobSpec",
     "JobStatus",
-    "Outcome",
     "PermanentError",
     "PgWorkerError",
     "PrivilegeError",
@@ -87,6 +46,7 @@ __all__ = [
     "Worker",
     "__version__",
     "cancel",
+    "configure_logging",
     "enqueue",
     "enqueue_many",
     "get_job",

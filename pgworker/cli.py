@@ -16,12 +16,17 @@ from typing import Any, NoReturn
 import anyio
 import asyncpg
 
-from . import __version__, cancel, db, limits
+from . import _limits as limits
+from ._db.connection import connect
+from ._db.migrations import check_schema
+from ._logs import configure, get_logger
+from ._service import describe
+from ._version import __version__
 from .enqueue import enqueue
 from .errors import ConfigError, PgWorkerError, ValidationError
-from .logs import configure, get_logger
+from .models import DEFAULT_SCHEMA, JobStatus
+from .operations import cancel, migrate, status
 from .registry import Registry, load
-from .service import describe
 from .settings import Settings, dsn_from_env
 from .worker import Worker
 
@@ -230,14 +235,14 @@ def _dsn(args: argparse.Namespace) -> str:
 def _schema(args: argparse.Namespace) -> str:
     if args.schema:
         return args.schema
-    found = os.environ.get("PGWORKER_SCHEMA") or "pgworker"
+    found = os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
     return limits.identifier("PGWORKER_SCHEMA", found, error=ConfigError)
 
 
 async def _migrate(args: argparse.Namespace) -> int:
-    conn = await db.connect(_dsn(args))
+    conn = await connect(_dsn(args))
     try:
-        applied = await db.migrate(conn, _schema(args))
+        applied = await migrate(conn, schema=_schema(args))
     finally:
         await conn.close()
     print(f"applied migrations {applied}" if applied else "schema is up to date")
@@ -337,7 +342,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
             run_at = datetime.fromisoformat(args.run_at)
         except ValueError as exc:
             raise PgWorkerError(f"--run-at {args.run_at!r} is not an ISO 8601 time") from exc
-    conn = await db.connect(_dsn(args))
+    conn = await connect(_dsn(args))
     try:
         result = await enqueue(
             conn,
@@ -371,7 +376,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    conn = await db.connect(_dsn(args))
+    conn = await connect(_dsn(args))
     try:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))
     finally:
@@ -384,7 +389,7 @@ async def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+STATUSES = tuple(s.value for s in JobStatus)
 
 
 def _age(seconds: float | None) -> str:
@@ -397,10 +402,10 @@ def _age(seconds: float | None) -> str:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    conn = await db.connect(_dsn(args))
+    conn = await connect(_dsn(args))
     try:
-        await db.check_schema(conn, _schema(args))
-        found = await db.status(conn, _schema(args), LIVE_WITHIN)
+        await check_schema(conn, _schema(args))
+        found = await status(conn, schema=_schema(args), live_within=LIVE_WITHIN)
     finally:
         await conn.close()
     queues: dict[str, dict[str, Any]] = {}

@@ -8,24 +8,25 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import anyio
 import anyio.lowlevel
 
-from . import db, limits
+from . import _limits as limits
+from ._db.connection import Executor, transaction
+from ._db.queries import Queries, queries
+from .context import current_correlation_id
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,
-    PRIORITY_LABELS,
+    DEFAULT_SCHEMA,
     EnqueueResult,
     Job,
     JobSpec,
     JobStatus,
-    current_correlation_id,
 )
 
-DEFAULT_SCHEMA = "pgworker"
 T = TypeVar("T")
 U = TypeVar("U")
 
@@ -41,19 +42,6 @@ def _in_batch(exc: ValidationError, at: int | None) -> ValidationError:
         return exc
     message = str(exc)[len(exc.field) + 2 :]
     return ValidationError(_name(at, exc.field), message)
-
-
-def _priority(value: Any) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, str):
-        if value in PRIORITY_LABELS:
-            return PRIORITY_LABELS[value]
-        labels = ", ".join(PRIORITY_LABELS)
-        raise ValidationError("priority", f"unknown label {value!r}; use an int or one of {labels}")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError("priority", f"must be an int or a label, got {value!r}")
-    return limits.count("priority", value, minimum=limits.MIN_INT)
 
 
 def _not_serialisable(value: Any) -> Any:
@@ -91,20 +79,33 @@ def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
     return None, limits.seconds("delay", delay)
 
 
-def _fields(spec: JobSpec, at: int | None) -> tuple[Any, ...]:
-    """Validate a spec's fields but its payload: type, queue, priority, max_retries, key,
-    correlation id (None: inherited below, else the database makes one), run_at, delay."""
+class _Fields(NamedTuple):
+    """A spec's validated fields but its payload. `correlation_id` None: the database makes one."""
+
+    type: str
+    queue: str
+    priority: int
+    max_retries: int | None
+    idempotency_key: str | None
+    correlation_id: str | None
+    run_at: datetime | None
+    delay: float | None
+
+
+def _fields(spec: JobSpec, at: int | None) -> _Fields:
+    """Validate a spec's fields but its payload (the correlation id, when not given, is the
+    running job's)."""
     try:
         run_at, delay = _schedule(spec.run_at, spec.delay)
         correlation = spec.correlation_id
         if correlation is None:
             correlation = current_correlation_id.get()
         max_retries = spec.max_retries
-        return (
+        return _Fields(
             limits.name("type", spec.type, limits.MAX_TYPE_LENGTH),
             limits.name("queue", spec.queue, limits.MAX_QUEUE_LENGTH, required=False)
             or DEFAULT_QUEUE,
-            _priority(spec.priority),
+            limits.priority("priority", spec.priority),
             None if max_retries is None else limits.count("max_retries", max_retries),
             limits.name(
                 "idempotency_key",
@@ -122,13 +123,6 @@ def _fields(spec: JobSpec, at: int | None) -> tuple[Any, ...]:
         raise _in_batch(exc, at) from None
 
 
-def _prepare(spec: JobSpec) -> tuple[Any, ...]:
-    """Validate one spec into the parameters of job_insert.sql."""
-    type_, queue, priority, max_retries, key, correlation, run_at, delay = _fields(spec, None)
-    payload = _payload(None, spec.payload)
-    return type_, queue, payload, priority, max_retries, key, correlation, run_at, delay
-
-
 def _result(row: Any, key: str | None) -> EnqueueResult:
     if not row["matches"]:
         raise IdempotencyConflict(key or "", row["id"])
@@ -136,7 +130,7 @@ def _result(row: Any, key: str | None) -> EnqueueResult:
 
 
 async def enqueue(
-    conn: db.Executor,
+    conn: Executor,
     type: str,
     payload: Any = None,
     *,
@@ -167,13 +161,26 @@ async def enqueue(
         run_at,
         delay,
     )
-    args = _prepare(spec)
-    limits.identifier("schema", schema)
-    row = await db.insert_job(conn, schema, *args)
+    f = _fields(spec, None)
+    text = _payload(None, spec.payload)
+    q = queries(limits.identifier("schema", schema))
+    row = await q.job_insert(
+        conn,
+        f.type,
+        f.queue,
+        text,
+        f.priority,
+        f.max_retries,
+        f.idempotency_key,
+        f.correlation_id,
+        f.run_at,
+        f.delay,
+    )
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
-        found = await db.get_jobs_by_keys(conn, schema, [args[5]], [args[0]], [args[2]])
-        row = found.get(args[5])
+        key = f.idempotency_key or ""
+        found = await q.job_get_by_keys(conn, [key], [f.type], [text])
+        row = found.get(key)
         if row is None:
             raise PgWorkerError(
                 f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
@@ -183,7 +190,7 @@ async def enqueue(
 
 
 async def enqueue_many(
-    conn: db.Executor, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
+    conn: Executor, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
@@ -196,23 +203,23 @@ async def enqueue_many(
             plain = False
     if not specs:
         return []
-    limits.identifier("schema", schema)
+    q = queries(limits.identifier("schema", schema))
     if plain:
-        return await _copy_many(conn, schema, specs)
-    unique: list[tuple[int, tuple[Any, ...]]] = []  # (index in specs, validated fields)
+        return await _copy_many(conn, q, specs)
+    unique: list[tuple[int, _Fields]] = []  # (index in specs, validated fields)
     texts: list[str] = []  # the payloads of `unique` as JSON
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, spec in enumerate(specs):
         fields = _fields(spec, i)
         text = _payload(i, spec.payload)
-        key = fields[4]
+        key = fields.idempotency_key
         if key is not None:
             if key in first_of_key:
                 j = first_of_key[key]
                 first = specs[unique[j][0]]
                 same_payload = _canonical(first.payload, i) == _canonical(spec.payload, i)
-                if first.type != fields[0] or not same_payload:
+                if first.type != fields.type or not same_payload:
                     raise IdempotencyConflict(key, None)
                 repeats[i] = j
                 continue
@@ -220,16 +227,15 @@ async def enqueue_many(
         unique.append((i, fields))
         texts.append(text)
     batch = _batch_json(unique, texts)
-    async with db.transaction(conn) as c:
-        inserted = {r["ord"] - 1: r for r in await db.insert_jobs(c, schema, batch)}
+    async with transaction(conn) as c:
+        inserted = {r["ord"] - 1: r for r in await q.job_insert_many(c, batch)}
         taken = [n for n in range(len(unique)) if n not in inserted]
         existing = {}
         if taken:
-            existing = await db.get_jobs_by_keys(
+            existing = await q.job_get_by_keys(
                 c,
-                schema,
-                [unique[n][1][4] for n in taken],
-                [unique[n][1][0] for n in taken],
+                [unique[n][1].idempotency_key or "" for n in taken],
+                [unique[n][1].type for n in taken],
                 [texts[n] for n in taken],
             )
         unique_results = []
@@ -248,13 +254,13 @@ async def enqueue_many(
                     )
                 )
                 continue
-            row = existing.get(fields[4])
+            row = existing.get(fields.idempotency_key or "")
             if row is None:
                 raise PgWorkerError(
-                    f"specs[{i}]: idempotency_key {fields[4]!r}: the job holding it vanished "
-                    "during the enqueue; try again"
+                    f"specs[{i}]: idempotency_key {fields.idempotency_key!r}: the job holding it "
+                    "vanished during the enqueue; try again"
                 )
-            unique_results.append(_result(row, fields[4]))
+            unique_results.append(_result(row, fields.idempotency_key))
     results: list[EnqueueResult] = []
     u = iter(unique_results)
     for i in range(len(specs)):
@@ -285,9 +291,7 @@ def _copy_text(value: str) -> str:
     return value.translate(_COPY_ESCAPES)
 
 
-async def _copy_many(
-    conn: db.Executor, schema: str, specs: Sequence[JobSpec]
-) -> list[EnqueueResult]:
+async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
     """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
     INSERT. Ids are taken from the sequence first, so that the results can carry them. Specs are
     checked and encoded a chunk at a time while the server writes the chunk before: the two
@@ -297,14 +301,15 @@ async def _copy_many(
     invalid: list[ValidationError] = []
     # Specs with only a type and a payload share their validated fields and the text around
     # the payload in their COPY line: (fields, text before the payload, text after it).
-    bare: dict[str, tuple[tuple[Any, ...], str, str]] = {}
+    bare: dict[str, tuple[_Fields, str, str]] = {}
 
-    def shape_of(spec: JobSpec, i: int) -> tuple[tuple[Any, ...], str, str]:
+    def shape_of(spec: JobSpec, i: int) -> tuple[_Fields, str, str]:
         f = _fields(spec, i)
-        max_retries = r"\N" if f[3] is None else f[3]
-        return f, f"{_copy_text(f[0])}\t{_copy_text(f[1])}\t", f"\t{f[2]}\t{max_retries}\t"
+        max_retries = r"\N" if f.max_retries is None else f.max_retries
+        head = f"{_copy_text(f.type)}\t{_copy_text(f.queue)}\t"
+        return f, head, f"\t{f.priority}\t{max_retries}\t"
 
-    def encode(start: int, end: int) -> list[tuple[str, tuple[Any, ...], str, Any]]:
+    def encode(start: int, end: int) -> list[tuple[str, _Fields, str, Any]]:
         """Check and encode specs[start:end]: each row's COPY line but its id, and what its
         result needs (fields, correlation id, payload)."""
         rows = []
@@ -328,7 +333,7 @@ async def _copy_many(
             encoded = _payload(i, payload)
             if "\\" in encoded:  # JSON text escapes tabs and newlines itself
                 encoded = encoded.replace("\\", "\\\\")
-            correlation = f[5]
+            correlation = f.correlation_id
             if correlation is None:
                 correlation = field = fresh[i - start]
             else:
@@ -364,14 +369,12 @@ async def _copy_many(
                 return
             yield numbered(start, rows, ids, now)
 
-    async with db.transaction(conn) as c:
+    async with transaction(conn) as c:
         # The ids are asked for first; the first chunk is encoded while the server makes them.
-        (ids, now), first = await _concurrently(
-            db.reserve_job_ids(c, schema, len(specs)), first_chunk
-        )
+        (ids, now), first = await _concurrently(q.job_ids_reserve(c, len(specs)), first_chunk)
         if invalid:
             raise invalid[0]
-        await db.copy_jobs(c, schema, _COPY_COLUMNS, chunks(first, ids, now))
+        await q.jobs_copy(c, _COPY_COLUMNS, chunks(first, ids, now))
         if invalid:
             raise invalid[0]
     return results
@@ -402,20 +405,20 @@ _SLOT = "\x00"
 _SLOT_JSON = '"\\u0000"'
 
 
-def _batch_json(unique: list[tuple[int, tuple[Any, ...]]], texts: list[str]) -> str:
+def _batch_json(unique: list[tuple[int, _Fields]], texts: list[str]) -> str:
     """The whole batch as one JSON text (see job_insert_many.sql), from the validated fields and
     the payloads' JSON texts: one encoding of the rows, whatever the payloads."""
     rows = [
         {
             "p": _SLOT,
-            "t": f[0],
-            "q": f[1],
-            "pr": f[2],
-            "m": f[3],
-            "k": f[4],
-            "c": f[5],
-            "r": f[6].isoformat() if f[6] else None,
-            "d": f[7],
+            "t": f.type,
+            "q": f.queue,
+            "pr": f.priority,
+            "m": f.max_retries,
+            "k": f.idempotency_key,
+            "c": f.correlation_id,
+            "r": f.run_at.isoformat() if f.run_at else None,
+            "d": f.delay,
         }
         for _, f in unique
     ]
@@ -434,7 +437,7 @@ def _canonical(payload: Any, i: int) -> str:
 
 
 def _new_job(
-    fields: tuple[Any, ...],
+    f: _Fields,
     payload: Any,
     job_id: int,
     correlation_id: str,
@@ -442,27 +445,26 @@ def _new_job(
     created_at: datetime,
 ) -> Job:
     """A job just inserted, from the values sent and the few the database chose."""
-    type_, queue, priority, max_retries, key, _correlation, _run_at, _delay = fields
     return Job(
-        job_id,
-        type_,
-        queue,
-        payload,
-        priority,
-        JobStatus.PENDING,
-        0,
-        max_retries,
-        0,
-        key,
-        correlation_id,
-        run_at,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        created_at,
-        created_at,
-        None,
+        id=job_id,
+        type=f.type,
+        queue=f.queue,
+        payload=payload,
+        priority=f.priority,
+        status=JobStatus.PENDING,
+        retry_count=0,
+        max_retries=f.max_retries,
+        attempts=0,
+        idempotency_key=f.idempotency_key,
+        correlation_id=correlation_id,
+        run_at=run_at,
+        claimed_at=None,
+        worker_id=None,
+        lease_expires_at=None,
+        error=None,
+        progress=None,
+        result=None,
+        created_at=created_at,
+        updated_at=created_at,
+        finished_at=None,
     )

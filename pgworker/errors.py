@@ -63,7 +63,7 @@ class Retry(Exception):
     ValidationError when constructed, which inside a handler is the attempt's ordinary failure."""
 
     def __init__(self, after: float | timedelta = 0.0, reason: str | None = None) -> None:
-        from .limits import seconds  # limits imports this module
+        from ._limits import seconds  # _limits imports this module
 
         delay = seconds("after", after)
         super().__init__(reason or f"retry requested in {delay:g}s")

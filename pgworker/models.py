@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -35,7 +34,11 @@ class Outcome(StrEnum):
 PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}
 
 DEFAULT_QUEUE = "default"
+DEFAULT_SCHEMA = "pgworker"
 DEFAULT_MAX_RETRIES = 3
+
+
+_UNSET: Any = object()
 
 
 def _json(text: str | None) -> Any:
@@ -69,12 +72,14 @@ class Job:
     finished_at: datetime | None
 
     @classmethod
-    def from_record(cls, r: Any) -> Job:
+    def from_record(cls, r: Any, payload: Any = _UNSET) -> Job:
+        """The job from a row with its columns by name, JSON ones as text (see
+        `_db/files.job_columns`); `payload` when the caller already decoded it."""
         return cls(
             id=r["id"],
             type=r["type"],
             queue=r["queue"],
-            payload=_json(r["payload"]),
+            payload=_json(r["payload"]) if payload is _UNSET else payload,
             priority=r["priority"],
             status=JobStatus(r["status"]),
             retry_count=r["retry_count"],
@@ -93,36 +98,6 @@ class Job:
             updated_at=r["updated_at"],
             finished_at=r["finished_at"],
         )
-
-
-def claimed_job(
-    r: Any, claimed_at: datetime, worker_id: str, lease_expires_at: datetime, payload: Any
-) -> Job:
-    """A job as its claim left it, from the columns the claim returns (see job_claim.sql) and
-    the ones it set."""
-    return Job(
-        r["id"],
-        r["type"],
-        r["queue"],
-        payload,
-        r["priority"],
-        JobStatus.RUNNING,
-        r["retry_count"],
-        r["max_retries"],
-        r["attempts"],
-        r["idempotency_key"],
-        r["correlation_id"],
-        r["run_at"],
-        claimed_at,
-        worker_id,
-        lease_expires_at,
-        r["error"],
-        _json(r["progress"]),
-        None,
-        r["created_at"],
-        claimed_at,
-        None,
-    )
 
 
 @dataclass(slots=True)
@@ -210,7 +185,3 @@ class AttemptResult(NamedTuple):
     delay: float = 0.0
     retried: int = 0
     correlation_id: str | None = None
-
-
-# The correlation id of the job running in this context, inherited by jobs it enqueues.
-current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlation_id", default=None)

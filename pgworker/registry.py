@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backoff import RetryPolicy
+from . import _limits as limits
 from .errors import ConfigError
-from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, PRIORITY_LABELS
+from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
+from .retry import RetryPolicy
 
 Handler = Callable[..., Any]
 
@@ -30,17 +31,6 @@ class Task:
     timeout: float | None
     retry: RetryPolicy
     is_async: bool
-
-
-def _priority(value: int | str) -> int:
-    if isinstance(value, str):
-        if value not in PRIORITY_LABELS:
-            labels = ", ".join(PRIORITY_LABELS)
-            raise ConfigError("priority", f"unknown label {value!r}; use an int or {labels}")
-        return PRIORITY_LABELS[value]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError("priority", f"must be an int or a label, got {value!r}")
-    return value
 
 
 class Registry:
@@ -84,7 +74,7 @@ class Registry:
                     f"{max_retries} differs from retry.max_retries={retry.max_retries}; give one",
                 )
             policy = RetryPolicy(max_retries, policy.initial_delay, policy.max_delay, policy.jitter)
-        prio = _priority(priority)
+        prio = limits.priority("priority", priority, error=ConfigError)
 
         def register(fn: Handler) -> Handler:
             if not callable(fn):

@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from . import limits
+from . import _limits as limits
 from .errors import ConfigError
+from .models import DEFAULT_SCHEMA
 
 
 def dsn_from_env(env: Mapping[str, str] | None = None) -> str | None:
@@ -41,7 +42,7 @@ class Settings:
     lease: float = 30.0
     listen: bool = True
     durable_claims: bool = False
-    schema: str = "pgworker"
+    schema: str = DEFAULT_SCHEMA
     code_version: str | None = None
 
     def __post_init__(self) -> None:

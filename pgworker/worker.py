@@ -1,5 +1,5 @@
 """The Worker: a pool, and the services that share it (claims with their slots, heartbeat,
-completer, listener, maintenance), each run by the one supervised loop of service.py.
+completer, listener, maintenance), each run by the one supervised loop of _service.py.
 
 Start-up either completes or raises one documented error (DatabaseUnavailable, SchemaError,
 ConfigError, PrivilegeError) with everything it opened closed. `async with Worker(...)` serves in
@@ -17,16 +17,19 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from . import db, executor
-from .completer import Completer
+from . import _executor
+from ._completer import Completer
+from ._db.connection import create_pool, privilege_error, too_many_connections
+from ._db.migrations import check_privileges, check_schema
+from ._heartbeat import Heartbeat
+from ._logs import get_logger
+from ._maintenance import Maintenance
+from ._notifier import Notifier, Wakeup
+from ._producer import Producer
+from ._service import Health, describe, supervise
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
-from .logs import get_logger
-from .maintenance import Maintenance
 from .models import DEFAULT_QUEUE
-from .notifier import Notifier, Wakeup
-from .producer import Heartbeat, Producer
 from .registry import Registry
-from .service import Health, describe, supervise
 from .settings import Settings, dsn_from_env
 
 POOL_SIZE = 4
@@ -50,7 +53,7 @@ class _Services:
         )
         self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
         self.heartbeat = Heartbeat(self.producer, s)
-        self.maintenance = Maintenance(pool, s, stopping=self.producer.done)
+        self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
         self.notifier = (
             Notifier(s.dsn, s.schema, s.queues, worker._wakeup, self.producer.cancel, s.worker_id)
             if s.listen
@@ -146,10 +149,10 @@ class Worker:
         if self._running:
             raise ConfigError("worker", "is already running: a Worker serves once at a time")
         self._running = True
-        executor.serving()
+        _executor.serving()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._ended)
-            pool = await db.create_pool(
+            pool = await create_pool(
                 s.dsn,
                 size=POOL_SIZE,
                 application_name=f"pgworker:{s.worker_id}",
@@ -158,9 +161,9 @@ class Worker:
             stack.push_async_callback(_close_pool, pool)
             services = _Services(self, pool)
             try:
-                await db.check_schema(pool, s.schema)
-                await db.check_privileges(pool, s.schema)
-                await services.producer.register()
+                await check_schema(pool, s.schema)
+                await check_privileges(pool, s.schema)
+                await services.heartbeat.register()
                 if services.notifier is not None:
                     await services.notifier.connect()
                     stack.callback(services.notifier.close)
@@ -218,7 +221,7 @@ class Worker:
                 with anyio.move_on_after(5):
                     try:
                         await services.maintenance.resign()
-                        await db.unregister_worker(services.pool, s.schema, s.worker_id)
+                        await services.heartbeat.unregister()
                     except Exception as exc:
                         self._log.warning(
                             "could not unregister from the database", error=describe(exc)
@@ -274,9 +277,9 @@ def _start_error(schema: str, exc: Exception) -> Exception:
     if isinstance(exc, PgWorkerError):
         return exc
     if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
-        return db.privilege_error(schema, exc)
+        return privilege_error(schema, exc)
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
-        return db.too_many_connections(exc)
+        return too_many_connections(exc)
     if isinstance(
         exc,
         asyncpg.exceptions.UndefinedTableError

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 import pgworker
-from pgworker import devdb
+from examples import devdb
 
 
 def with_database(dsn: str, name: str) -> str:

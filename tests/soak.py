@@ -38,7 +38,8 @@ from typing import Any
 import asyncpg
 
 import pgworker
-from pgworker import JobSpec, devdb
+from examples import devdb
+from pgworker import JobSpec
 
 from .helpers import spawn_worker
 

@@ -13,7 +13,8 @@ import asyncpg
 import pytest
 
 import pgworker
-from pgworker import JobSpec, devdb
+from examples import devdb
+from pgworker import JobSpec
 
 from .helpers import attempts, spawn_worker, wait_for
 

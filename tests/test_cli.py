@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import pgworker
+from pgworker._db import files
 
 from .helpers import ROOT, all_finished, attempts, spawn_worker, wait_for
 
@@ -57,7 +58,7 @@ async def test_migrate_twice_at_once_is_safe(empty_dsn, conn):
     ]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    versions = [m.version for m in pgworker.sql.migrations("pgworker")]
+    versions = [m.version for m in files.migrations("pgworker")]
     assert sorted(o[0].decode().strip() for o in outs) == [
         f"applied migrations {versions}",
         "schema is up to date",

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgworker
-from pgworker import limits
+from pgworker import _limits as limits
 
 json_values = st.recursive(
     st.none()

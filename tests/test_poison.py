@@ -540,7 +540,7 @@ async def test_J_a_sync_handler_that_never_returns_does_not_keep_the_process(dsn
 async def test_J_an_async_handler_ignoring_its_cancellation_is_abandoned(dsn, conn):
     """An embedded worker stops within the grace period plus ABANDON_AFTER, hands the job back,
     and counts the abandoned handler."""
-    from pgworker.producer import ABANDON_AFTER
+    from pgworker._producer import ABANDON_AFTER
 
     gate["release"] = anyio.Event()
     r = await pgworker.enqueue(conn, "stubborn", {})
@@ -617,10 +617,10 @@ async def test_N_a_leader_frozen_at_any_point_of_its_cycle_is_replaced(dsn, conn
 async def test_an_unexpected_error_restarts_the_service_not_the_process(dsn, conn, monkeypatch):
     """A bug in a service's step (here the heartbeat's statement raising RuntimeError twice) is
     logged, the service retried after the backoff, and its health says so meanwhile."""
-    from pgworker import db
+    from pgworker._db.queries import Queries
 
     calls = {"n": 0}
-    real = db.heartbeat
+    real = Queries.worker_heartbeat
 
     async def flaky(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -628,7 +628,7 @@ async def test_an_unexpected_error_restarts_the_service_not_the_process(dsn, con
             raise RuntimeError("a bug")
         return await real(*args, **kwargs)
 
-    monkeypatch.setattr(db, "heartbeat", flaky)
+    monkeypatch.setattr(Queries, "worker_heartbeat", flaky)
     async with serving(dsn, lease=1) as worker:
         await wait_for(lambda: worker.health()["heartbeat"]["state"] == "retrying", every=0.001)
         await wait_for(lambda: calls["n"] > 2 and worker.health()["heartbeat"]["state"] == "ok")

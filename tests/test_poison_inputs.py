@@ -15,7 +15,8 @@ import asyncpg
 import pytest
 
 import pgworker
-from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError, limits
+from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError
+from pgworker import _limits as limits
 
 from .helpers import ROOT
 from .test_cli import cli, cli_env
@@ -323,7 +324,7 @@ def test_M_stdlib_logging_comes_out_as_structured_lines():
     standard `logging` module: with the CLI's configuration it is one JSON line on stderr."""
     script = """
 import logging
-from pgworker.logs import configure
+from pgworker._logs import configure
 configure("json", "info")
 try:
     raise ConnectionRefusedError("connection refused")

@@ -16,7 +16,8 @@ import structlog
 from structlog.testing import capture_logs
 
 import pgworker
-from pgworker import JobSpec, RetryPolicy, notifier
+from pgworker import JobSpec, RetryPolicy
+from pgworker import _notifier as notifier
 
 from .helpers import (
     ROOT,

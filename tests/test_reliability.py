@@ -8,10 +8,14 @@ import anyio
 import pytest
 
 import pgworker
-from pgworker import db
+from pgworker._db import files
+from pgworker._db.connection import create_pool
+from pgworker._db.queries import queries
 from pgworker.models import AttemptResult, JobStatus, Outcome
 
 from .helpers import all_finished, attempts, fake_claim, wait_for
+
+Q = queries("pgworker")
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -60,12 +64,12 @@ async def test_a_late_outcome_is_fenced(conn):
     first = await fake_claim(conn, r.job.id)
     second = await fake_claim(conn, r.job.id)  # a second owner took over: attempt 2
     late = AttemptResult(r.job.id, 1, first, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
-    assert await db.finish_many(conn, "pgworker", [late]) == set()
+    assert await Q.job_finish_many(conn, [late]) == set()
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, job.attempts) == ("running", None, 2)
-    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, first)], 30.0) == {}
+    assert await Q.worker_heartbeat(conn, [(r.job.id, 1, first)], 30.0) == {}
     owner = AttemptResult(r.job.id, 2, second, JobStatus.COMPLETED, Outcome.COMPLETED, '"mine"')
-    assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
+    assert await Q.job_finish_many(conn, [owner]) == {r.job.id}
     assert (await pgworker.get_job(conn, r.job.id)).result == "mine"
     assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["running", "completed"]
 
@@ -84,19 +88,15 @@ async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
     current = await fake_claim(conn, r.job.id, worker_id="alive", lease_s=30)
     assert lost != current
     late = AttemptResult(r.job.id, 1, lost, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
-    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, lost)], 30.0) == {}
-    assert await db.finish_many(conn, "pgworker", [late]) == set()
-    assert await db.attempt_outcomes(conn, "pgworker", [(r.job.id, 1, lost)]) == {}
-    assert await db.heartbeat(conn, "pgworker", [(r.job.id, 1, current)], 30.0) == {
-        (r.job.id, 1): False
-    }
+    assert await Q.worker_heartbeat(conn, [(r.job.id, 1, lost)], 30.0) == {}
+    assert await Q.job_finish_many(conn, [late]) == set()
+    assert await Q.attempt_outcomes(conn, [(r.job.id, 1, lost)]) == {}
+    assert await Q.worker_heartbeat(conn, [(r.job.id, 1, current)], 30.0) == {(r.job.id, 1): False}
     owner = AttemptResult(r.job.id, 1, current, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"')
-    assert await db.finish_many(conn, "pgworker", [owner]) == {r.job.id}
+    assert await Q.job_finish_many(conn, [owner]) == {r.job.id}
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, job.worker_id) == ("completed", "ok", "alive")
-    assert await db.attempt_outcomes(conn, "pgworker", [(r.job.id, 1, current)]) == {
-        r.job.id: "completed"
-    }
+    assert await Q.attempt_outcomes(conn, [(r.job.id, 1, current)]) == {r.job.id: "completed"}
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -104,9 +104,8 @@ async def test_claims_wait_for_the_wal_flush_only_when_durable(conn, durable):
     await pgworker.enqueue(conn, "t", {})
     server_default = await conn.fetchval("SHOW synchronous_commit")
     async with conn.transaction():
-        claimed = await db.claim(
+        claimed = await Q.job_claim(
             conn,
-            "pgworker",
             queues=["default"],
             types=["t"],
             default_max_retries=[3],
@@ -145,7 +144,7 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         )
         for job_id, claimed_at in claims.items()
     ]
-    assert await db.finish_many(conn, "pgworker", batch) == set(ids) - stale
+    assert await Q.job_finish_many(conn, batch) == set(ids) - stale
     rows = await conn.fetch(
         """SELECT j.status, a.outcome, count(*) FROM pgworker.jobs j
            JOIN pgworker.job_attempts a ON a.job_id = j.id GROUP BY 1, 2 ORDER BY 1"""
@@ -155,13 +154,13 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         ("running", "running", len(stale)),
     ]
 
-    pool = await db.create_pool(dsn, size=1)
+    pool = await create_pool(dsn, size=1)
     try:
         async with pool.acquire() as c:
             await c.execute(
                 "PREPARE w(bigint[], integer[], text[], text[], text[], text[], text[], "
                 "float8[], integer[], timestamptz[]) AS "
-                + pgworker.sql.queries("pgworker")["job_finish_many"]
+                + files.queries("pgworker")["job_finish_many"]
             )
             plan = "\n".join(
                 r[0]

@@ -83,7 +83,7 @@ CREATE TABLE {schema}.workers (
 -- only if the enqueuing transaction commits. The payload is the queue name.
 CREATE FUNCTION {schema}.notify_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '_jobs', q.queue)
+    PERFORM pg_notify({jobs_channel}, q.queue)
     FROM (SELECT DISTINCT queue FROM new_jobs WHERE status = 'pending') AS q;
     RETURN NULL;
 END

@@ -1,7 +1,6 @@
 -- Claim up to $3 due jobs of the worker's queues ($1) and types ($2), highest priority first, then
 -- oldest run_at, then id. Each claimed job gets an attempt row, and the task's max_retries ($6,
--- aligned with $2) where the enqueuer gave none. The rows carry the columns the claim did not
--- set itself, and its time (the worker knows the rest: running, its own id, the lease).
+-- aligned with $2) where the enqueuer gave none. The rows are whole jobs as the claim left them.
 -- With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
 -- claims"); with NULL it commits as the server is configured.
 WITH next AS MATERIALIZED (
@@ -34,18 +33,14 @@ WITH next AS MATERIALIZED (
         updated_at = now()
     -- = ANY(array), not a join: an index scan even in a generic plan that cannot know the limit.
     WHERE j.id = ANY(ARRAY(SELECT id FROM next))
-    RETURNING j.id, j.type, j.queue, j.payload, j.priority, j.retry_count, j.max_retries,
-              j.attempts, j.idempotency_key, j.correlation_id, j.run_at, j.error, j.progress,
-              j.created_at, j.claimed_at
+    RETURNING {job_columns}
 ), opened AS (
     -- started_at is the claim's time: outcome checks match an attempt row by it.
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
                                        code_version, started_at)
     SELECT id, attempts, type, queue, $4, correlation_id, $7, claimed_at FROM claimed
 )
-SELECT id, type, queue, payload::text AS payload, priority, retry_count, max_retries, attempts,
-       idempotency_key, correlation_id, run_at, error, progress::text AS progress, created_at,
-       claimed_at
+SELECT *
 FROM claimed
 WHERE (SELECT set_config('synchronous_commit',
                          coalesce($8::text, current_setting('synchronous_commit')), true))

@@ -1,7 +1,7 @@
 -- The jobs holding idempotency keys ($1), each with whether it was created with the type ($2)
 -- and payload ($3) given beside its key.
 SELECT k.key AS requested_key, false AS created,
-       j.fingerprint IS NOT DISTINCT FROM md5(k.type || chr(31) || k.payload::jsonb::text) AS matches,
+       j.fingerprint IS NOT DISTINCT FROM {schema}.fingerprint(k.type, k.payload::jsonb) AS matches,
        {job_columns}
 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(key, type, payload)
 JOIN {schema}.jobs AS j ON j.idempotency_key = k.key

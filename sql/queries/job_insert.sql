@@ -4,7 +4,7 @@ WITH ins AS (
     INSERT INTO {schema}.jobs AS j (type, queue, payload, priority, max_retries, idempotency_key,
                                     fingerprint, correlation_id, run_at)
     VALUES ($1, $2, $3::jsonb, $4, $5, $6::text,
-            CASE WHEN $6::text IS NOT NULL THEN md5($1 || chr(31) || $3::jsonb::text) END,
+            CASE WHEN $6::text IS NOT NULL THEN {schema}.fingerprint($1, $3::jsonb) END,
             coalesce($7, gen_random_uuid()::text),
             coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))))
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -12,7 +12,7 @@ WITH ins AS (
 )
 SELECT true AS created, true AS matches, ins.* FROM ins
 UNION ALL
-SELECT false, j.fingerprint IS NOT DISTINCT FROM md5($1 || chr(31) || $3::jsonb::text),
+SELECT false, j.fingerprint IS NOT DISTINCT FROM {schema}.fingerprint($1, $3::jsonb),
        {job_columns}
 FROM {schema}.jobs AS j
 WHERE $6::text IS NOT NULL AND j.idempotency_key = $6::text AND NOT EXISTS (SELECT FROM ins)

@@ -16,7 +16,7 @@ WITH input AS MATERIALIZED (
     OVERRIDING SYSTEM VALUE
     SELECT id, type, queue, coalesce(payload, 'null'), priority, max_retries, idempotency_key,
            CASE WHEN idempotency_key IS NOT NULL
-                THEN md5(type || chr(31) || coalesce(payload, 'null')::text) END,
+                THEN {schema}.fingerprint(type, coalesce(payload, 'null')) END,
            coalesce(correlation_id, gen_random_uuid()::text),
            coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0)))
     FROM input

@@ -1,37 +1,36 @@
--- Jobs whose lease expired (their worker died, froze or was cut off): back to pending, counted as
--- a retry, or failed when out of retries, or cancelled when a cancel was asked for; the open
--- attempt is closed as `lost`. Wakes the workers of the queues that got jobs back ($1: channel).
--- Fenced by the leadership: nothing happens unless worker $2 holds a live maintenance lease.
--- $3: only these jobs (NULL: any); $4: never these (rows the database refused to rescue).
+-- Apply what the leader decided for jobs whose lease expired (their worker died, froze or was cut
+-- off): $1-$6, one array per field, aligned: job id, attempt, claimed at, next status ('pending'
+-- or 'failed'), seconds until it runs again, 1 when counted as a retry. A job whose cancellation
+-- was asked for is cancelled instead of requeued. The open attempt is closed as `lost`, and the
+-- workers of the queues that got jobs back are woken.
+-- Fenced twice: by the leadership (nothing happens unless worker $7 holds a live maintenance
+-- lease) and by the attempt (a job renewed, finished or claimed again since is left alone).
 WITH expired AS (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE status = 'running' AND lease_expires_at < now()
-      AND ($3::bigint[] IS NULL OR id = ANY($3::bigint[])) AND NOT (id = ANY($4::bigint[]))
+    SELECT j.id, o.status, o.delay, o.retried
+    FROM unnest($1::bigint[], $2::integer[], $3::timestamptz[], $4::text[], $5::float8[],
+                $6::integer[]) AS o(id, attempt, claimed_at, status, delay, retried)
+    JOIN {schema}.jobs AS j ON j.id = o.id
+    WHERE j.status = 'running' AND j.lease_expires_at < now() AND j.attempts = o.attempt
+      AND j.claimed_at = o.claimed_at
       AND EXISTS (SELECT FROM {schema}.leader
-                  WHERE name = 'maintenance' AND worker_id = $2 AND expires_at > now())
-    ORDER BY lease_expires_at
-    LIMIT 1000
-    FOR UPDATE SKIP LOCKED
+                  WHERE name = 'maintenance' AND worker_id = $7 AND expires_at > now())
+    FOR UPDATE OF j SKIP LOCKED
 ), rescued AS (
     UPDATE {schema}.jobs AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                      WHEN j.retry_count < coalesce(j.max_retries, 0) THEN 'pending'
-                      ELSE 'failed' END,
-        retry_count = CASE WHEN j.cancel_requested_at IS NULL
-                            AND j.retry_count < coalesce(j.max_retries, 0)
-                           THEN j.retry_count + 1 ELSE j.retry_count END,
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE e.status END,
+        retry_count = j.retry_count + CASE WHEN j.cancel_requested_at IS NULL THEN e.retried
+                                           ELSE 0 END,
         error = 'WorkerLost: worker ' || coalesce(j.worker_id, '?')
                 || ' stopped renewing its lease (crashed, frozen or cut off)',
-        run_at = now(),
-        finished_at = CASE WHEN j.cancel_requested_at IS NULL
-                            AND j.retry_count < coalesce(j.max_retries, 0)
-                           THEN NULL ELSE now() END,
+        run_at = CASE WHEN e.status = 'pending' AND j.cancel_requested_at IS NULL
+                      THEN now() + make_interval(secs => e.delay) ELSE j.run_at END,
+        finished_at = CASE WHEN e.status = 'pending' AND j.cancel_requested_at IS NULL THEN NULL
+                           ELSE now() END,
         lease_expires_at = NULL,
         updated_at = now()
-    FROM expired
-    WHERE j.id = expired.id
-    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id
+    FROM expired AS e
+    WHERE j.id = e.id
+    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id, j.run_at
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = 'lost', finished_at = now(), error_type = 'WorkerLost',
@@ -39,9 +38,9 @@ WITH expired AS (
     FROM rescued AS r
     WHERE a.job_id = r.id AND a.attempt = r.attempts AND a.outcome = 'running'
 ), woken AS (
-    SELECT pg_notify($1, q.queue)
+    SELECT pg_notify({jobs_channel}, q.queue)
     FROM (SELECT DISTINCT queue FROM rescued WHERE status = 'pending') AS q
 )
-SELECT r.id, r.attempts, r.correlation_id, r.status, r.worker_id,
+SELECT r.id, r.attempts, r.correlation_id, r.status, r.worker_id, r.run_at,
        (SELECT count(*) FROM woken) AS queues_woken
 FROM rescued AS r

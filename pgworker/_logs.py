@@ -62,6 +62,13 @@ def configure(fmt: LogFormat = "console", level: str = "info", stream: Any = Non
     _base = None
 
 
+def configure_logging(format: LogFormat = "console", level: str = "info") -> None:
+    """Send pgworker's events (and every other structlog or `logging` line) to stderr, as
+    readable lines or JSON objects, from `level` up. The CLI calls it; an application embedding
+    a Worker may, or keep its own logging configuration."""
+    configure(format, level)
+
+
 _HANDLER = "pgworker-cli"
 
 

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import ConfigError, ValidationError
+from .models import PRIORITY_LABELS
 
 
 def _bytes_from_env(name: str, default: int) -> int:
@@ -156,6 +157,20 @@ def count(
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise _bad(error, field, f"must be an int from {minimum} to {maximum}, got {value!r}")
     return value
+
+
+def priority(field: str, value: Any, *, error: type[Exception] = ValidationError) -> int:
+    """A priority: an int (higher runs first) or one of PRIORITY_LABELS; None is 0."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        if value in PRIORITY_LABELS:
+            return PRIORITY_LABELS[value]
+        labels = ", ".join(PRIORITY_LABELS)
+        raise _bad(error, field, f"unknown label {value!r}; use an int or one of {labels}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(error, field, f"must be an int or a label, got {value!r}")
+    return count(field, value, minimum=MIN_INT, error=error)
 
 
 def moment(field: str, value: Any, *, error: type[Exception] = ValidationError) -> datetime:

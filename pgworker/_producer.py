@@ -8,23 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 from collections import deque
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import anyio
 import asyncpg
 import structlog
 
-from . import db
-from .completer import Completer
-from .executor import Attempt, execute, failed_by_worker
-from .logs import get_logger
+from ._completer import Completer
+from ._db.connection import HeldConnection, recover
+from ._db.queries import attempt_conflict, queries
+from ._executor import Attempt, execute, failed_by_worker
+from ._logs import get_logger
+from ._notifier import Wakeup
+from ._service import Health, supervise
 from .models import JobStatus, Outcome
-from .notifier import Wakeup
 from .registry import Registry
-from .service import Health, describe, supervise
 from .settings import Settings
 
 ABANDON_AFTER = 5.0
@@ -77,14 +76,14 @@ class Producer:
         wakeup: Wakeup,
     ) -> None:
         self._pool = pool
-        self._conn = db.HeldConnection(pool)
+        self._conn = HeldConnection(pool)
+        self._q = queries(settings.schema)
         self._registry = registry
         self._settings = settings
         self._completer = completer
         self._wakeup = wakeup
         self._types = [t.name for t in registry]
         self._default_max_retries = [t.retry.max_retries for t in registry]
-        self._lease = timedelta(seconds=settings.lease)
         self._handoff = _Handoff()
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
@@ -101,6 +100,10 @@ class Producer:
     @property
     def pool(self) -> asyncpg.Pool:
         return self._pool
+
+    @property
+    def types(self) -> list[str]:
+        return self._types
 
     def unwritten(self) -> list[tuple[int, int, datetime]]:
         """(job id, attempt, claimed at) of the attempts whose outcome waits to be written."""
@@ -123,20 +126,6 @@ class Producer:
         if attempt is not None and attempt.stopped_as is None:
             attempt.log.info("cancel requested: stopping the job")
             attempt.stop(Outcome.CANCELLED)
-
-    async def register(self) -> None:
-        """Record (or refresh) this worker in the `workers` table that `pgworker status` reads."""
-        s = self._settings
-        await db.register_worker(
-            self._pool,
-            s.schema,
-            s.worker_id,
-            socket.gethostname(),
-            os.getpid(),
-            s.queues,
-            self._types,
-            s.concurrency,
-        )
 
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
@@ -200,7 +189,7 @@ class Producer:
 
     async def reset(self, exc: Exception) -> None:
         await self._conn.drop()
-        await db.recover(self._pool, exc)
+        await recover(self._pool, exc)
 
     async def step(self) -> None:
         s = self._settings
@@ -209,9 +198,8 @@ class Producer:
         if free <= 0:
             return
         try:
-            records = await db.claim(
+            records = await self._q.job_claim(
                 await self._conn.get(),
-                s.schema,
                 queues=s.queues,
                 types=self._types,
                 default_max_retries=self._default_max_retries,
@@ -222,7 +210,7 @@ class Producer:
                 durable=s.durable_claims,
             )
         except asyncpg.exceptions.UniqueViolationError as exc:
-            job_id = db.attempt_conflict(exc)
+            job_id = attempt_conflict(exc)
             if job_id is None:
                 raise
             self._log.warning(
@@ -230,15 +218,12 @@ class Producer:
                 "its next attempt is numbered after the last",
                 job_id=job_id,
             )
-            await db.repair_attempts(self._pool, s.schema, job_id)
+            await self._q.job_attempts_repair(self._pool, job_id)
             self._wakeup.set()
             return
         self._saturated = len(records) == free
-        if records:
-            claimed_at = records[0]["claimed_at"]
-            claim = (claimed_at, s.worker_id, claimed_at + self._lease)
-            for record in records:
-                self._start(Attempt(record, claim))
+        for record in records:
+            self._start(Attempt(record))
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)
@@ -341,75 +326,3 @@ async def _absorb_cancellation(task: asyncio.Task[None]) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(0)
     _forget_cancellation(task)
-
-
-class Heartbeat:
-    """The heartbeat service: every third of the lease, extend the leases of all running attempts
-    in one statement, say the worker is alive, act on cancel requests the notifications missed,
-    and stop the attempts whose lease was lost (their job was rescued and may already run
-    elsewhere)."""
-
-    name = "heartbeat"
-
-    def __init__(self, producer: Producer, settings: Settings) -> None:
-        self._producer = producer
-        self._settings = settings
-        self._log = get_logger(worker_id=settings.worker_id)
-
-    def done(self) -> bool:
-        return False
-
-    async def reset(self, exc: Exception) -> None:
-        await db.recover(self._producer.pool, exc)
-
-    async def idle(self) -> None:
-        await anyio.sleep(self._settings.lease / 3)
-
-    async def step(self) -> None:
-        s = self._settings
-        producer = self._producer
-        attempts = list(producer.running)
-        # Attempts whose outcome waits to be written keep their lease too: a job done here is not
-        # rescued because its outcome write is slow or blocked.
-        sent = [(a.id, a.number, a.claimed_at) for a in attempts] + producer.unwritten()
-        try:
-            held = await db.heartbeat(producer.pool, s.schema, sent, s.lease)
-        except Exception as exc:
-            if db.classify(exc) != "rejected":
-                raise
-            held = await self._one_by_one(sent, exc)
-        await producer.register()
-        for attempt in attempts:
-            if attempt not in producer.running or attempt.stopped_as is not None:
-                continue
-            cancel_requested = held.get((attempt.id, attempt.number))
-            if cancel_requested is None:
-                attempt.log.warning("lease lost: stopping the attempt")
-                attempt.stop(Outcome.LOST)
-            elif cancel_requested:
-                producer.cancel(attempt.id)
-
-    async def _one_by_one(
-        self, sent: list[tuple[int, int, datetime]], refusal: Exception
-    ) -> dict[tuple[int, int], bool]:
-        """The database refused the batch (a trigger of the user's own, say): extend each lease
-        alone, so that one refused row does not cost every other job its lease. A row refused
-        alone is reported held: its lease runs out, the job is rescued, and the next heartbeat
-        stops the attempt."""
-        s = self._settings
-        held: dict[tuple[int, int], bool] = {}
-        for attempt in sent:
-            try:
-                held |= await db.heartbeat(self._producer.pool, s.schema, [attempt], s.lease)
-            except Exception as exc:
-                if db.classify(exc) != "rejected":
-                    raise
-                held[attempt[:2]] = False
-                self._log.error(
-                    "lease not extended: the database refuses it",
-                    job_id=attempt[0],
-                    attempt=attempt[1],
-                    error=describe(exc),
-                    batch_error=describe(refusal),
-                )
-        return held

@@ -1,11 +1,12 @@
-"""Retry policy: validated numbers and a pure delay computation."""
+"""Retries: the policy a task declares, and the one rule that decides whether a failed attempt
+is retried and when (the executor and the rescue of lost jobs both apply it)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-from . import limits
+from . import _limits as limits
 from .errors import ConfigError
 
 
@@ -39,3 +40,16 @@ class RetryPolicy:
         base = min(self.initial_delay * 2.0 ** min(max(retry - 1, 0), 64), self.max_delay)
         spread = (rand or random).uniform(-self.jitter, self.jitter)
         return min(base * (1.0 + spread), limits.MAX_DELAY)
+
+
+def next_retry(
+    policy: RetryPolicy, retry_count: int, max_retries: int | None, after: float | None = None
+) -> float | None:
+    """Seconds until a job whose attempt failed (transiently) runs again, or None when that
+    failure is final. `retry_count` is how many retries the job had; `max_retries` its own limit
+    (None: the policy's); `after` a delay the handler asked for (`Retry(after=)`), else the
+    policy's backoff for this retry."""
+    retries = policy.max_retries if max_retries is None else max_retries
+    if retry_count >= retries:
+        return None
+    return limits.clamp_delay(policy.delay(retry_count + 1) if after is None else after)

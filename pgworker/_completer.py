@@ -18,10 +18,11 @@ from datetime import datetime
 import anyio
 import asyncpg
 
-from . import db
-from .logs import get_logger
+from ._db.connection import HeldConnection, classify, recover
+from ._db.queries import queries
+from ._logs import get_logger
+from ._service import describe
 from .models import AttemptResult, JobStatus, Outcome
-from .service import describe
 
 LINGER = 0.003
 
@@ -40,7 +41,8 @@ class Completer:
     ) -> None:
         self.give_up_after = give_up_after
         self._pool = pool
-        self._conn = db.HeldConnection(pool)
+        self._conn = HeldConnection(pool)
+        self._q = queries(schema)
         self._on_requeued = on_requeued
         self._schema = schema
         self._max_batch = max_batch
@@ -95,7 +97,7 @@ class Completer:
 
     async def reset(self, exc: Exception) -> None:
         await self._conn.drop()
-        await db.recover(self._pool, exc)
+        await recover(self._pool, exc)
 
     async def step(self) -> None:
         """Write everything buffered, batch by batch; when closing and all is written, finish."""
@@ -129,9 +131,9 @@ class Completer:
     async def _write(self) -> None:
         batch = self._batch
         try:
-            written = await db.finish_many(await self._conn.get(), self._schema, batch)
+            written = await self._q.job_finish_many(await self._conn.get(), batch)
         except Exception as exc:
-            kind = db.classify(exc)
+            kind = classify(exc)
             if kind == "rejected" or isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
                 self._log.warning(
                     "outcome batch not written; writing its rows one by one",
@@ -169,15 +171,15 @@ class Completer:
         """One outcome alone. Refused by the database, it is recorded as a failed attempt
         instead; refused again, it is left to the rescue."""
         try:
-            written = await db.finish_many(await self._conn.get(), self._schema, [result])
+            written = await self._q.job_finish_many(await self._conn.get(), [result])
         except Exception as exc:
-            if db.classify(exc) != "rejected":
+            if classify(exc) != "rejected":
                 raise
             result = self._refused(result, exc)
             try:
-                written = await db.finish_many(await self._conn.get(), self._schema, [result])
+                written = await self._q.job_finish_many(await self._conn.get(), [result])
             except Exception as again:
-                if db.classify(again) != "rejected":
+                if classify(again) != "rejected":
                     raise
                 self._log.error(
                     "outcome not written: the job will be rescued when its lease expires",
@@ -221,8 +223,8 @@ class Completer:
         missing = [r for r in batch if r.job_id not in written]
         if missing and uncertain:
             with contextlib.suppress(Exception):
-                recorded = await db.attempt_outcomes(
-                    self._pool, self._schema, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
+                recorded = await self._q.attempt_outcomes(
+                    self._pool, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )
                 written |= {r.job_id for r in missing if recorded.get(r.job_id) == r.outcome}
         self.written += len(written)

@@ -12,8 +12,9 @@ from typing import Any
 import anyio
 import asyncpg
 
-from . import db
-from .logs import get_logger
+from ._db.connection import connect
+from ._db.queries import queries
+from ._logs import get_logger
 
 CHECK_EVERY = 5.0
 CHECK_TIMEOUT = 5.0
@@ -55,8 +56,9 @@ class Notifier:
     ) -> None:
         self._dsn = dsn
         self._schema = schema
-        self._jobs_channel = db.channel(schema)
-        self._cancel_channel = db.cancel_channel(schema)
+        self._q = queries(schema)
+        self._jobs_channel = self._q.jobs_channel
+        self._cancel_channel = self._q.cancel_channel
         self._ping_channel = f"{schema}_ping_{uuid.uuid4().hex[:12]}"
         self._queues = frozenset(queues)
         self._wakeup = wakeup
@@ -82,7 +84,7 @@ class Notifier:
     async def connect(self) -> None:
         """Open the LISTEN connection; the worker calls this at start-up, so that an unusable
         database is an error there, and each step calls it again after a loss."""
-        conn = await db.connect(
+        conn = await connect(
             self._dsn, server_settings={"application_name": f"pgworker-listen:{self._worker_id}"}
         )
         try:
@@ -101,7 +103,7 @@ class Notifier:
     async def _healthy(self, conn: asyncpg.Connection) -> bool:
         self._pong = anyio.Event()
         with anyio.move_on_after(CHECK_TIMEOUT):
-            await db.notify(conn, self._schema, self._ping_channel, "ping")
+            await self._q.notify(conn, self._ping_channel, "ping")
             await self._pong.wait()
         return self._pong.is_set()
 

@@ -20,12 +20,14 @@ from typing import Any
 
 import anyio
 
+from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
+from ._logs import base_logger, enabled, get_logger
+from ._service import describe, error_parts
+from .context import JobContext, current_correlation_id
 from .errors import PermanentError, Retry
-from .limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
-from .logs import base_logger, enabled, get_logger
-from .models import AttemptResult, Job, JobStatus, Outcome, claimed_job, current_correlation_id
+from .models import AttemptResult, Job, JobStatus, Outcome
 from .registry import Task
-from .service import describe, error_parts
+from .retry import next_retry
 
 _MESSAGE_LIMIT = 2000
 STRAY_CANCELS = 10
@@ -40,7 +42,6 @@ class Attempt:
     for, which most handlers never do."""
 
     __slots__ = (
-        "_claim",
         "_job",
         "_log",
         "_record",
@@ -60,15 +61,13 @@ class Attempt:
         "type",
     )
 
-    def __init__(self, record: Any, claim: tuple[datetime, str, datetime]) -> None:
-        """`record` is a row of job_claim.sql; `claim` its time, the worker's id and the lease's
-        end."""
+    def __init__(self, record: Any) -> None:
+        """`record` is a row of job_claim.sql: the job as its claim left it."""
         self._record = record
-        self._claim = claim
         self._job: Job | None = None
         self.id: int = record["id"]
         self.number: int = record["attempts"]
-        self.claimed_at: datetime = claim[0]
+        self.claimed_at: datetime = record["claimed_at"]
         self.type: str = record["type"]
         self.queue: str = record["queue"]
         self.payload: Any = None
@@ -84,7 +83,7 @@ class Attempt:
             "job_id": self.id,
             "attempt": self.number,
             "correlation_id": self.correlation_id,
-            "worker_id": claim[1],
+            "worker_id": record["worker_id"],
         }
         self.scope = anyio.CancelScope()
         self.stopped_as: Outcome | None = None
@@ -95,10 +94,7 @@ class Attempt:
     def job(self) -> Job:
         """The job as the claim left it."""
         if self._job is None:
-            claimed_at, worker_id, lease_expires_at = self._claim
-            self._job = claimed_job(
-                self._record, claimed_at, worker_id, lease_expires_at, self.payload
-            )
+            self._job = Job.from_record(self._record, payload=self.payload)
         return self._job
 
     @property
@@ -140,51 +136,6 @@ class Attempt:
         self.scope.cancel()
 
 
-class JobContext:
-    """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
-
-    __slots__ = ("_attempt", "worker_id")
-
-    def __init__(self, attempt: Attempt, worker_id: str) -> None:
-        self._attempt = attempt
-        self.worker_id = worker_id
-
-    @property
-    def job(self) -> Job:
-        return self._attempt.job
-
-    @property
-    def job_id(self) -> int:
-        return self._attempt.id
-
-    @property
-    def attempt(self) -> int:
-        return self._attempt.number
-
-    @property
-    def correlation_id(self) -> str:
-        return self._attempt.correlation_id
-
-    @property
-    def payload(self) -> Any:
-        return self._attempt.payload
-
-    @property
-    def type(self) -> str:
-        return self._attempt.type
-
-    @property
-    def queue(self) -> str:
-        return self._attempt.queue
-
-    @property
-    def log(self) -> Any:
-        return self._attempt.log
-
-    def __repr__(self) -> str:
-        return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, type={self.type!r})"
-
-
 def _error(exc: BaseException) -> tuple[str, str]:
     return error_parts(exc, _MESSAGE_LIMIT)
 
@@ -194,14 +145,14 @@ def _retry_or_fail(
     attempt: Attempt,
     outcome: Outcome,
     error: tuple[str, str],
-    delay: float,
+    after: float | None = None,
     why_final: str = "",
 ) -> AttemptResult:
-    """Back to pending after `delay` seconds, counted as a retry, while retries remain; else
-    failed. `outcome` is the attempt's when final (`failed` becomes `retried` when retried)."""
+    """Back to pending, counted as a retry, when `next_retry` says so; else failed. `outcome` is
+    the attempt's when final (`failed` becomes `retried` when retried)."""
     error_type, message = error
-    retries = attempt.max_retries if attempt.max_retries is not None else task.retry.max_retries
-    if attempt.retry_count < retries:
+    delay = next_retry(task.retry, attempt.retry_count, attempt.max_retries, after)
+    if delay is not None:
         return attempt.ends(
             JobStatus.PENDING,
             Outcome.RETRIED if outcome is Outcome.FAILED else outcome,
@@ -210,6 +161,7 @@ def _retry_or_fail(
             delay=delay,
             retried=1,
         )
+    retries = task.retry.max_retries if attempt.max_retries is None else attempt.max_retries
     return attempt.ends(
         JobStatus.FAILED,
         outcome,
@@ -431,7 +383,7 @@ def _decide(
                 error_message="cancelled by an operator",
             )
         timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s")
-        return _retry_or_fail(task, attempt, Outcome.TIMED_OUT, timed_out, _backoff(task, attempt))
+        return _retry_or_fail(task, attempt, Outcome.TIMED_OUT, timed_out)
     if failure is None:
         return _completed(attempt, value)
     if isinstance(failure, asyncio.CancelledError) and _task_cancelled():
@@ -467,17 +419,13 @@ def _decide(
     if enabled(attempt.log, logging.DEBUG):
         with contextlib.suppress(BaseException):
             attempt.log.debug("handler raised", exc_info=failure)
-    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(failure), _backoff(task, attempt))
+    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(failure))
 
 
 def failed_by_worker(attempt: Attempt, task: Task, exc: BaseException) -> AttemptResult:
     """The outcome of an attempt that pgworker itself failed to run to the end (a bug): an
     ordinary failure, retried while retries remain."""
-    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(exc), _backoff(task, attempt))
-
-
-def _backoff(task: Task, attempt: Attempt) -> float:
-    return clamp_delay(task.retry.delay(attempt.retry_count + 1))
+    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(exc))
 
 
 def _number(value: Any) -> float:

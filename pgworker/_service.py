@@ -17,8 +17,8 @@ from typing import Any, Literal, Protocol
 
 import anyio
 
-from . import db
-from .limits import clean_text
+from ._db.connection import classify
+from ._limits import clean_text
 
 State = Literal["ok", "retrying", "stopped"]
 
@@ -127,7 +127,7 @@ async def _recover(
     service: Service, health: Health, log: Any, exc: Exception, stop: anyio.Event | None
 ) -> None:
     """Record the failure, log it by its kind, reset the service and wait out the backoff."""
-    kind = db.classify(exc)
+    kind = classify(exc)
     health.failed(describe(exc))
     delay = backoff(health.consecutive_failures)
     fields = {

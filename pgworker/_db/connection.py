@@ -1,0 +1,213 @@
+"""Connections: the pool and the connections hot loops hold, and what a database error means for
+the service that met it (reconnect, back off, or handle the row alone)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+
+from ..errors import DatabaseUnavailable, PrivilegeError, SchemaError
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.ConnectionFailureError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.PostgresConnectionError,
+    # asyncpg can report a connection killed mid-protocol this way.
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+# The server refused this statement or connection for now: retry after a backoff.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout, pg_cancel_backend
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.OperatorInterventionError,
+    # The database is read-only for now (a standby, a failover under way): `recover` replaces
+    # the sessions, which keep the read-only default they started with.
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+)
+
+# The server (or asyncpg, encoding a parameter) refused these values: retrying cannot help, the
+# row must be handled on its own.
+REJECTED_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions._base.DataError,
+    asyncpg.exceptions.IntegrityConstraintViolationError,
+    asyncpg.exceptions.ProgramLimitExceededError,
+    # A trigger of the user's own refusing the row (RAISE EXCEPTION, a failed ASSERT).
+    asyncpg.exceptions.PLPGSQLError,
+    asyncpg.exceptions.TriggeredActionError,
+    UnicodeError,
+    OverflowError,
+)
+
+
+def classify(exc: BaseException) -> str:
+    """What a failed statement means for the service that sent it: "rejected" (the values),
+    "connection" (reconnect), "transient" (back off, retry) or "unexpected"."""
+    if isinstance(exc, REJECTED_ERRORS):
+        return "rejected"
+    if isinstance(exc, (*CONNECTION_ERRORS, DatabaseUnavailable)):
+        return "connection"
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return "transient"
+    return "unexpected"
+
+
+async def recover(pool: asyncpg.Pool, exc: BaseException) -> None:
+    """After a failed statement: sessions that found the database read-only are replaced, since
+    a session keeps the read-only default it started with."""
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        await pool.expire_connections()
+
+
+def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+    """What went wrong, for a person: the server answered (no such database, login refused) or
+    it did not (down, unreachable, a malformed DSN)."""
+    where = "(--dsn, PGWORKER_DSN or DATABASE_URL)"
+    if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+        return too_many_connections(exc)
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        return DatabaseUnavailable(f"{exc}: create it, or fix the database name in the DSN {where}")
+    if isinstance(
+        exc,
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError
+        | asyncpg.exceptions.InvalidPasswordError,
+    ):
+        return DatabaseUnavailable(
+            f"the server refused the login ({exc}); check the user and password in the DSN {where}"
+        )
+    return DatabaseUnavailable(
+        f"cannot reach the database ({type(exc).__name__}: {exc}); check the DSN "
+        f"{where} and that PostgreSQL is running"
+    )
+
+
+async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    kwargs.setdefault("timeout", 10)
+    try:
+        return await asyncpg.connect(dsn, **kwargs)
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+        raise _describe(dsn, exc) from exc
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The worker's pooled connections never change session state (no LISTEN, no session locks,
+    no SET), so releasing one needs no reset query: that would cost a round trip per statement."""
+
+
+async def create_pool(
+    dsn: str, size: int, application_name: str = "pgworker", lock_timeout: float | None = None
+) -> asyncpg.Pool:
+    """A pool for a worker; the server refusing more connections is DatabaseUnavailable."""
+    try:
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=1,
+            max_size=size,
+            timeout=10,
+            reset=_keep_session,
+            # The worker's statements are few, prepared once, and their plans do not depend on
+            # the values: planning them again on each execution would double their cost. They
+            # all reach a handful of rows by key, where a bitmap plan only ever loses: it would
+            # AND in the partial index of running jobs, whose dead entries pile up between
+            # vacuums, and read all of them on every outcome write.
+            server_settings={
+                "application_name": application_name,
+                "plan_cache_mode": "force_generic_plan",
+                "enable_bitmapscan": "off",
+                **({"lock_timeout": str(int(lock_timeout * 1000))} if lock_timeout else {}),
+            },
+        )
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+        raise _describe(dsn, exc) from exc
+
+
+def _gone(conn: asyncpg.Connection) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.exceptions.InterfaceError:  # released back to the pool when it closed
+        return True
+
+
+class HeldConnection:
+    """One pooled connection kept across statements by a hot loop (the claim, the outcome writes),
+    sparing the pool's acquire and release per statement; replaced after a connection error."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._conn: asyncpg.Connection | None = None
+
+    async def get(self) -> asyncpg.Connection:
+        if self._conn is not None and _gone(self._conn):
+            # The server ended it and the pool took it back: a new one, without a failed try.
+            self._conn = None
+        if self._conn is None:
+            self._conn = await self._pool.acquire()
+        return self._conn
+
+    async def discard(self) -> None:
+        """Close the connection rather than give it back: it may be in the middle of a
+        statement that was cancelled."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._pool.release(conn)
+
+    async def drop(self) -> None:
+        """Give the connection back (after an error, or when done); the next `get` takes another."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            # A connection that died was already handed back by the pool: nothing left to do.
+            with contextlib.suppress(*CONNECTION_ERRORS):
+                await self._pool.release(conn)
+
+
+@contextlib.asynccontextmanager
+async def transaction(conn: Executor) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as c, c.transaction():
+            yield c
+    else:
+        async with conn.transaction():
+            yield conn
+
+
+@contextlib.contextmanager
+def schema_errors(schema: str) -> Iterator[None]:
+    """A missing schema or table becomes SchemaError, saying what to run."""
+    try:
+        yield
+    except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError) as e:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is missing ({e}); run `pgworker migrate` first"
+        ) from e
+
+
+def privilege_error(schema: str, exc: BaseException) -> PrivilegeError:
+    return PrivilegeError(
+        f"the database role lacks a privilege on the pgworker schema {schema!r} ({exc}); grant "
+        "USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on its tables"
+    )
+
+
+def too_many_connections(exc: BaseException) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the server refuses more connections ({exc}); a worker needs up to 5 (its pool of 4 "
+        "and the listener): raise the role's CONNECTION LIMIT or max_connections, or run fewer "
+        "processes"
+    )

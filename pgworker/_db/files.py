@@ -1,0 +1,93 @@
+"""The named SQL files, read once from the package.
+
+`sql/` lives at the repository root, where readers look for it; `pgworker/sql` is a symbolic link
+to it in the repository and the directory itself in a wheel (see pyproject.toml), so the same
+`importlib.resources` lookup serves an editable install and an installed wheel.
+
+Placeholders: `{schema}` becomes the quoted schema name, `{jobs_channel}` and `{cancel_channel}`
+the NOTIFY channels as SQL literals, `{job_columns}` the columns of a `Job`, and `{name}` the
+fragment `_name.sql`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+
+from .. import _limits
+from ..models import DEFAULT_SCHEMA, Job
+
+JSON_COLUMNS = frozenset({"payload", "progress", "result"})
+"""The jsonb columns of `jobs`, read as text: pgworker decodes them itself, only when needed."""
+
+
+def sql_dir() -> Traversable:
+    return files("pgworker") / "sql"
+
+
+def jobs_channel(schema: str) -> str:
+    """The NOTIFY channel that announces new jobs; the payload is the queue."""
+    return f"{schema}_jobs"
+
+
+def cancel_channel(schema: str) -> str:
+    """The NOTIFY channel that asks workers to cancel a running job; the payload is its id."""
+    return f"{schema}_cancel"
+
+
+def job_columns() -> str:
+    """The select list of a `jobs` row aliased `j`, in the order of `Job`'s fields."""
+    return ", ".join(
+        f"j.{f.name}::text AS {f.name}" if f.name in JSON_COLUMNS else f"j.{f.name}"
+        for f in fields(Job)
+    )
+
+
+def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
+    _limits.identifier("schema", schema)
+    for name, fragment in fragments.items():
+        text = text.replace("{" + name + "}", fragment)
+    return (
+        text.replace("{jobs_channel}", f"'{jobs_channel(schema)}'")
+        .replace("{cancel_channel}", f"'{cancel_channel(schema)}'")
+        .replace("{job_columns}", job_columns())
+        .replace("{schema}", f'"{schema}"')
+    )
+
+
+def _sql_files(folder: str) -> list[Traversable]:
+    return sorted(
+        (p for p in (sql_dir() / folder).iterdir() if p.name.endswith(".sql")),
+        key=lambda p: p.name,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def queries(schema: str) -> dict[str, str]:
+    """Every query of `sql/queries`, keyed by file stem, rendered for `schema`."""
+    found = {p.name.removesuffix(".sql"): p.read_text() for p in _sql_files("queries")}
+    fragments = {k[1:]: v.strip() for k, v in found.items() if k.startswith("_")}
+    return {k: _render(v, schema, fragments) for k, v in found.items() if not k.startswith("_")}
+
+
+@cache
+def migrations(schema: str) -> tuple[Migration, ...]:
+    """The numbered migrations of `sql/migrations`, in order."""
+    found = []
+    for p in _sql_files("migrations"):
+        number, _, name = p.name.removesuffix(".sql").partition("_")
+        found.append(Migration(int(number), name, _render(p.read_text(), schema, {})))
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return migrations(DEFAULT_SCHEMA)[-1].version

@@ -1,0 +1,68 @@
+"""The schema: applying the numbered migrations of `sql/migrations`, and checking that the
+database holds what this code needs before a worker starts."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from ..errors import PrivilegeError, SchemaError
+from . import files
+from .connection import Executor
+from .queries import queries
+
+
+async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
+    """Apply the migrations not yet applied, each in its own transaction, under an advisory lock
+    so that concurrent runs apply each migration once. Returns the versions applied now."""
+    q = queries(schema)
+    applied_now = []
+    await q.migrations_lock(conn)
+    try:
+        await q.migrations_bootstrap(conn)
+        done = await q.migrations_applied(conn)
+        for m in files.migrations(schema):
+            if m.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await q.migrations_record(conn, m.version, m.name)
+            applied_now.append(m.version)
+    finally:
+        await q.migrations_unlock(conn)
+    return applied_now
+
+
+async def schema_version(conn: Executor, schema: str) -> int | None:
+    q = queries(schema)
+    if not await q.migrations_table_exists(conn):
+        return None
+    return await q.migrations_latest(conn)
+
+
+async def check_schema(conn: Executor, schema: str) -> None:
+    """Raise SchemaError, saying what to run, unless the schema is exactly at the code's version."""
+    expected = files.latest_version()
+    found = await schema_version(conn, schema)
+    if found is None:
+        raise SchemaError(f"the pgworker schema {schema!r} is missing; run `pgworker migrate`")
+    if found < expected:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is at version {found}, this pgworker needs "
+            f"{expected}; run `pgworker migrate`"
+        )
+    if found > expected:
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is at version {found}, newer than this pgworker "
+            f"(version {expected}); upgrade pgworker on this host"
+        )
+
+
+async def check_privileges(conn: Executor, schema: str) -> None:
+    """Raise PrivilegeError naming the first privilege a worker needs and lacks."""
+    missing = await queries(schema).privileges_missing(conn)
+    if missing:
+        needed = ", ".join(f"{r['privilege']} on {r['object']}" for r in missing)
+        raise PrivilegeError(
+            f"the database role lacks {needed}; grant it (GRANT {missing[0]['privilege']} ON "
+            f"{missing[0]['object']} TO <role>) or run the worker as the schema's owner"
+        )

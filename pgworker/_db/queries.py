@@ -1,0 +1,288 @@
+"""The one place that runs pgworker's SQL: a `Queries` bound to a schema has one method per file
+of `sql/queries`, named after it, and every statement pgworker sends goes through one of them.
+Rows leave as mappings read by column name; callers never see how a statement is written."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterable, Sequence
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+import asyncpg
+
+from ..models import AttemptResult
+from . import files
+from .connection import Executor, privilege_error, schema_errors, transaction
+
+Row = asyncpg.Record
+"""A row, read by column name."""
+
+AttemptKey = tuple[int, int, datetime]
+"""(job id, attempt number, claimed at): what fences every write about an attempt."""
+
+_ATTEMPT_KEY = re.compile(r"\(job_id, attempt\)=\((\d+), \d+\)")
+
+
+def attempt_conflict(exc: BaseException) -> int | None:
+    """The job whose claim found its attempt number taken (its `attempts` was reset by hand)."""
+    if not isinstance(exc, asyncpg.exceptions.UniqueViolationError):
+        return None
+    found = _ATTEMPT_KEY.search(getattr(exc, "detail", None) or "")
+    return int(found.group(1)) if found else None
+
+
+def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
+    return [
+        [job_id for job_id, _, _ in attempts],
+        [attempt for _, attempt, _ in attempts],
+        [claimed_at for _, _, claimed_at in attempts],
+    ]
+
+
+@cache
+def queries(schema: str) -> Queries:
+    """The queries of `schema`, made once per schema."""
+    return Queries(schema)
+
+
+class Queries:
+    """pgworker's statements for one schema. Each method takes the connection (or pool) to run
+    on as its first argument: the caller chooses where, this object says what."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.jobs_channel = files.jobs_channel(schema)
+        self.cancel_channel = files.cancel_channel(schema)
+        self._sql = files.queries(schema)
+
+    # --- enqueue ---------------------------------------------------------------------------
+
+    async def job_insert(self, conn: Executor, *args: Any) -> Row | None:
+        with schema_errors(self.schema):
+            return await conn.fetchrow(self._sql["job_insert"], *args)
+
+    async def job_insert_many(self, conn: asyncpg.Connection, batch: str) -> list[Row]:
+        """Insert the jobs of `batch`, a JSON array (see job_insert_many.sql)."""
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["job_insert_many"], batch)
+
+    async def job_ids_reserve(self, conn: asyncpg.Connection, n: int) -> tuple[list[int], Any]:
+        """`n` new job ids for a batch that COPY writes, and the transaction's time."""
+        with schema_errors(self.schema):
+            reserved = await conn.fetchrow(self._sql["job_ids_reserve"], n)
+        return reserved["ids"], reserved["now"]
+
+    async def jobs_copy(
+        self, conn: asyncpg.Connection, columns: list[str], chunks: AsyncIterable[bytes]
+    ) -> None:
+        """Write rows into `jobs` with COPY (text format), the fastest path in; each chunk is
+        sent as soon as it is made. COPY has no .sql file: asyncpg speaks its protocol."""
+        with schema_errors(self.schema):
+            await conn.copy_to_table(
+                "jobs", schema_name=self.schema, columns=columns, source=chunks, format="text"
+            )
+
+    async def job_get_by_keys(
+        self,
+        conn: Executor,
+        keys: Sequence[str],
+        types: Sequence[str],
+        payloads: Sequence[str],
+    ) -> dict[str, Row]:
+        """The jobs holding `keys`, keyed by key, each with `matches`: created with that type
+        and payload or not."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["job_get_by_keys"], keys, types, payloads)
+        return {r["requested_key"]: r for r in rows}
+
+    async def job_get(self, conn: Executor, job_id: int) -> Row | None:
+        with schema_errors(self.schema):
+            return await conn.fetchrow(self._sql["job_get"], job_id)
+
+    async def notify(self, conn: Executor, channel: str, payload: str) -> None:
+        await conn.execute(self._sql["notify"], channel, payload)
+
+    # --- claim, outcomes, heartbeat ----------------------------------------------------------
+
+    async def job_claim(
+        self,
+        conn: Executor,
+        *,
+        queues: Sequence[str],
+        types: Sequence[str],
+        default_max_retries: Sequence[int],
+        limit: int,
+        worker_id: str,
+        lease: float,
+        code_version: str | None,
+        durable: bool = False,
+    ) -> list[Row]:
+        """Claim up to `limit` jobs in one statement; the rows are whole jobs. Unless `durable`,
+        the claim commits without waiting for its WAL flush."""
+        return await conn.fetch(
+            self._sql["job_claim"],
+            queues,
+            types,
+            limit,
+            worker_id,
+            lease,
+            default_max_retries,
+            code_version,
+            None if durable else "off",
+        )
+
+    async def job_attempts_repair(self, conn: Executor, job_id: int) -> None:
+        """Number the job's next attempt after its last recorded one."""
+        await conn.execute(self._sql["job_attempts_repair"], job_id)
+
+    async def job_finish_many(self, conn: Executor, results: Sequence[AttemptResult]) -> set[int]:
+        """Write outcomes in one statement; returns the job ids written (the others were
+        fenced)."""
+        rows = await conn.fetch(
+            self._sql["job_finish_many"],
+            [r.job_id for r in results],
+            [r.attempt for r in results],
+            [r.status.value for r in results],
+            [r.outcome.value for r in results],
+            [r.result for r in results],
+            [r.error_type for r in results],
+            [r.error_message for r in results],
+            [r.delay for r in results],
+            [r.retried for r in results],
+            [r.claimed_at for r in results],
+        )
+        return {r["id"] for r in rows}
+
+    async def attempt_outcomes(
+        self, conn: Executor, attempts: Sequence[AttemptKey]
+    ) -> dict[int, str]:
+        """The recorded outcome of these attempts, by job id."""
+        rows = await conn.fetch(self._sql["attempt_outcomes"], *_attempt_arrays(attempts))
+        return {r["job_id"]: r["outcome"] for r in rows}
+
+    async def worker_register(
+        self,
+        conn: Executor,
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        types: Sequence[str],
+        concurrency: int,
+    ) -> None:
+        await conn.execute(
+            self._sql["worker_register"],
+            worker_id,
+            hostname,
+            pid,
+            list(queues),
+            list(types),
+            concurrency,
+        )
+
+    async def worker_heartbeat(
+        self, conn: Executor, running: Sequence[AttemptKey], lease: float
+    ) -> dict[tuple[int, int], bool]:
+        """Extend the leases of `running` attempts in one statement. Returns the (job id,
+        attempt) still held, each with whether an operator asked to cancel it."""
+        rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
+        return {(r["id"], r["attempts"]): r["cancel_requested"] for r in rows}
+
+    async def worker_unregister(self, conn: Executor, worker_id: str) -> None:
+        await conn.execute(self._sql["worker_unregister"], worker_id)
+
+    # --- what the leader does ----------------------------------------------------------------
+
+    async def leader_take(self, conn: Executor, worker_id: str, lease: float) -> bool:
+        """Take the maintenance leadership, or renew it, for `lease` seconds: a lease row, taken
+        only when free or expired, so that a leader that freezes loses it when its lease runs
+        out."""
+        return await conn.fetchval(self._sql["leader_take"], worker_id, lease) is not None
+
+    async def leader_release(self, conn: Executor, worker_id: str) -> None:
+        """Give the leadership up (a stopping worker), so that another worker takes it at once."""
+        await conn.execute(self._sql["leader_release"], worker_id)
+
+    async def jobs_expired(self, conn: Executor, skip: Sequence[int] = ()) -> list[Row]:
+        """Jobs whose lease expired, but those in `skip`, oldest first."""
+        return await conn.fetch(self._sql["jobs_expired"], list(skip))
+
+    async def jobs_rescue(
+        self,
+        conn: Executor,
+        worker_id: str,
+        decided: Sequence[tuple[AttemptKey, str, float, int]],
+    ) -> list[Row]:
+        """Apply the leader's decisions ((attempt, next status, delay, retried) per expired job)
+        if `worker_id` still leads; returns the jobs written with their new status."""
+        keys = [d[0] for d in decided]
+        return await conn.fetch(
+            self._sql["jobs_rescue"],
+            *_attempt_arrays(keys),
+            [d[1] for d in decided],
+            [d[2] for d in decided],
+            [d[3] for d in decided],
+            worker_id,
+        )
+
+    async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
+        await conn.execute(self._sql["workers_prune"], unseen_for)
+
+    # --- operators ----------------------------------------------------------------------------
+
+    async def job_cancel(self, conn: Executor, job_id: int) -> Row | None:
+        """Cancel a job; returns its previous status (and worker), or None when it does not
+        exist. A running job's worker is notified when the transaction commits."""
+        with schema_errors(self.schema):
+            async with transaction(conn) as c:
+                row = await c.fetchrow(self._sql["job_cancel"], job_id)
+                if row is not None and row["previous"] == "running":
+                    await self.notify(c, self.cancel_channel, str(job_id))
+                return row
+
+    async def status_counts(self, conn: Executor) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["status_counts"])
+
+    async def status_oldest_pending(self, conn: Executor) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["status_oldest_pending"])
+
+    async def status_unserved(self, conn: Executor, live_within: float) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["status_unserved"], live_within)
+
+    async def status_workers(self, conn: Executor, live_within: float) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["status_workers"], live_within)
+
+    async def privileges_missing(self, conn: Executor) -> list[Row]:
+        try:
+            return await conn.fetch(self._sql["privileges_missing"], self.schema)
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise privilege_error(self.schema, exc) from exc
+
+    # --- migrations ---------------------------------------------------------------------------
+
+    async def migrations_lock(self, conn: asyncpg.Connection) -> None:
+        await conn.execute(self._sql["migrations_lock"], self.schema)
+
+    async def migrations_unlock(self, conn: asyncpg.Connection) -> None:
+        await conn.execute(self._sql["migrations_unlock"], self.schema)
+
+    async def migrations_bootstrap(self, conn: asyncpg.Connection) -> None:
+        await conn.execute(self._sql["migrations_bootstrap"])
+
+    async def migrations_applied(self, conn: asyncpg.Connection) -> set[int]:
+        return {r["version"] for r in await conn.fetch(self._sql["migrations_applied"])}
+
+    async def migrations_record(self, conn: asyncpg.Connection, version: int, name: str) -> None:
+        await conn.execute(self._sql["migrations_record"], version, name)
+
+    async def migrations_table_exists(self, conn: Executor) -> bool:
+        return bool(await conn.fetchval(self._sql["migrations_table_exists"], self.schema))
+
+    async def migrations_latest(self, conn: Executor) -> int | None:
+        return await conn.fetchval(self._sql["migrations_latest"])

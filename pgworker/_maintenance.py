@@ -1,0 +1,147 @@
+"""Maintenance: what the leader does (see _leadership.py). At each tick it rescues the jobs whose
+lease expired (their worker died, froze or was cut off) and, now and then, forgets workers long
+gone. A rescued job is retried under the same rule as a failed attempt (`retry.next_retry`, with
+its task's policy), so it waits for its backoff; out of retries, it fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from ._db.connection import classify, recover
+from ._db.queries import AttemptKey, Row, queries
+from ._leadership import Leadership
+from ._logs import get_logger
+from ._service import describe
+from .registry import Registry
+from .retry import RetryPolicy, next_retry
+from .settings import Settings
+
+WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
+PRUNE_EVERY = 60
+REFUSED_KEPT = 1000
+"""How many jobs the database refused to rescue are remembered and left out."""
+
+Decision = tuple[AttemptKey, str, float, int]
+"""(attempt, next status, seconds until it runs again, 1 when counted as a retry)."""
+
+
+def interval(lease: float) -> float:
+    """The leadership is renewed and expired leases looked for every half lease, at most every
+    5 s."""
+    return min(lease / 2, 5.0)
+
+
+class Maintenance:
+    name = "maintenance"
+
+    def __init__(
+        self,
+        pool: Any,
+        settings: Settings,
+        registry: Registry | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._pool = pool
+        self._s = settings
+        self._q = queries(settings.schema)
+        self._registry = registry
+        self._stopping = stopping
+        self._log = get_logger(worker_id=settings.worker_id)
+        self._ticks = 0
+        self._refused: list[int] = []
+        self.leadership = Leadership(pool, settings)
+        self.rescued = 0
+
+    @property
+    def leading(self) -> bool:
+        return self.leadership.leading
+
+    def done(self) -> bool:
+        return False
+
+    async def reset(self, exc: Exception) -> None:
+        await recover(self._pool, exc)
+        self.leadership.uncertain()
+
+    async def idle(self) -> None:
+        await anyio.sleep(interval(self._s.lease))
+
+    async def step(self) -> None:
+        if self._stopping():
+            # A stopping worker (draining its jobs) leaves maintenance to the others at once.
+            await self.resign()
+            return
+        if not await self.leadership.renew():
+            return
+        decided = [
+            self._decide(row) for row in await self._q.jobs_expired(self._pool, self._refused)
+        ]
+        if decided:
+            for row in await self._rescue(decided):
+                self.rescued += 1
+                self._log.warning(
+                    "job rescued: its worker stopped renewing the lease",
+                    job_id=row["id"],
+                    attempt=row["attempts"],
+                    correlation_id=row["correlation_id"],
+                    status=row["status"],
+                    run_at=row["run_at"].isoformat(),
+                    lost_worker=row["worker_id"],
+                )
+        if self._ticks % PRUNE_EVERY == 0:
+            await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
+        self._ticks += 1
+
+    def _policy(self, type_: str) -> RetryPolicy:
+        """The retry policy of the job's task, when this worker serves it; else the default."""
+        if self._registry is not None and type_ in self._registry:
+            return self._registry[type_].retry
+        return RetryPolicy()
+
+    def _decide(self, row: Row) -> Decision:
+        key = (row["id"], row["attempts"], row["claimed_at"])
+        delay = next_retry(self._policy(row["type"]), row["retry_count"], row["max_retries"])
+        if delay is None:
+            return key, "failed", 0.0, 0
+        return key, "pending", delay, 1
+
+    async def _rescue(self, decided: Sequence[Decision]) -> list[Row]:
+        try:
+            return await self._q.jobs_rescue(self._pool, self._s.worker_id, decided)
+        except Exception as exc:
+            if classify(exc) != "rejected":
+                raise
+            return await self._rescue_one_by_one(decided, exc)
+
+    async def _rescue_one_by_one(
+        self, decided: Sequence[Decision], refusal: Exception
+    ) -> list[Row]:
+        """The database refused the rescue of a batch (a trigger of the user's own, say): rescue
+        each job alone, and leave out from now on those it refuses alone, so that one row never
+        stops the rescue of all others."""
+        self._log.warning(
+            "rescue refused by the database; rescuing jobs one by one", error=describe(refusal)
+        )
+        rescued: list[Row] = []
+        for decision in decided:
+            try:
+                rescued += await self._q.jobs_rescue(self._pool, self._s.worker_id, [decision])
+            except Exception as exc:
+                if classify(exc) != "rejected":
+                    raise
+                job_id = decision[0][0]
+                self._refused.append(job_id)
+                del self._refused[:-REFUSED_KEPT]
+                self._log.error(
+                    "job not rescued: the database refuses it; fix or delete the row",
+                    job_id=job_id,
+                    error=describe(exc),
+                )
+        return rescued
+
+    async def resign(self) -> None:
+        """Give the leadership up when the worker stops."""
+        await self.leadership.resign()
