@@ -31,6 +31,7 @@ chaos: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples bench
 	$(VENV)/bin/ruff format --check pgworker tests examples bench
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format pgworker tests examples bench
