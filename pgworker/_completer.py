@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import anyio
 import asyncpg
@@ -197,10 +198,7 @@ class Completer:
         error = describe(exc)[:500]
         self._log.error(
             "outcome refused by the database: recording the attempt as failed",
-            job_id=result.job_id,
-            attempt=result.attempt,
-            correlation_id=result.correlation_id,
-            outcome=result.outcome.value,
+            **_keys(result),
             error=error,
         )
         return AttemptResult(
@@ -235,9 +233,15 @@ class Completer:
             else:
                 self.dropped += 1
                 self._log.warning(
-                    "outcome dropped: this attempt no longer holds the job",
-                    job_id=r.job_id,
-                    attempt=r.attempt,
-                    correlation_id=r.correlation_id,
-                    outcome=r.outcome.value,
+                    "outcome dropped: this attempt no longer holds the job", **_keys(r)
                 )
+
+
+def _keys(result: AttemptResult) -> dict[str, Any]:
+    """The fields of a log line about an outcome."""
+    return {
+        "job_id": result.job_id,
+        "attempt": result.attempt,
+        "correlation_id": result.correlation_id,
+        "outcome": result.outcome.value,
+    }

@@ -40,7 +40,7 @@ class Heartbeat:
             s.worker_id,
             socket.gethostname(),
             os.getpid(),
-            s.queues,
+            s.served_queues,
             self._producer.types,
             s.concurrency,
         )

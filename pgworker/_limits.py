@@ -13,7 +13,7 @@ import math
 import os
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 from .errors import ConfigError, ValidationError
 from .models import PRIORITY_LABELS
@@ -62,7 +62,7 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _bad(error: type[Exception], field: str, message: str) -> Exception:
-    return error(field, message)  # type: ignore[call-arg]
+    return error(field, message)
 
 
 def has_surrogates(text: str) -> bool:
@@ -79,6 +79,24 @@ def clean_text(text: str) -> str:
     return text
 
 
+@overload
+def name(
+    field: str,
+    value: Any,
+    max_length: int,
+    *,
+    required: Literal[True] = True,
+    error: type[Exception] = ValidationError,
+) -> str: ...
+@overload
+def name(
+    field: str,
+    value: Any,
+    max_length: int,
+    *,
+    required: bool,
+    error: type[Exception] = ValidationError,
+) -> str | None: ...
 def name(
     field: str,
     value: Any,

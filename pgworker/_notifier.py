@@ -70,12 +70,12 @@ class Notifier:
         self._log = get_logger(worker_id=worker_id)
         self.reconnects = 0
 
-    def _on_job(self, _conn: Any, _pid: int, _channel: str, queue: str) -> None:
+    def _on_job(self, _conn: Any, _pid: int, _channel: str, queue: object) -> None:
         if queue in self._queues:
             self._wakeup.set()
 
-    def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: str) -> None:
-        if job_id.isdigit():
+    def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: object) -> None:
+        if isinstance(job_id, str) and job_id.isdigit():
             self._on_cancel(int(job_id))
 
     def _on_ping(self, *_args: Any) -> None:

@@ -200,7 +200,7 @@ class Producer:
         try:
             records = await self._q.job_claim(
                 await self._conn.get(),
-                queues=s.queues,
+                queues=s.served_queues,
                 types=self._types,
                 default_max_retries=self._default_max_retries,
                 limit=free,

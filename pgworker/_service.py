@@ -28,7 +28,8 @@ BACKOFF_CAP = 5.0
 
 def backoff(failures: int) -> float:
     """Seconds to wait after the `failures`-th failure in a row: capped exponential, ±50%."""
-    return min(BACKOFF_BASE * 2 ** min(failures - 1, 16), BACKOFF_CAP) * random.uniform(0.5, 1.5)
+    base: float = min(BACKOFF_BASE * 2.0 ** min(failures - 1, 16), BACKOFF_CAP)
+    return base * random.uniform(0.5, 1.5)
 
 
 def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:

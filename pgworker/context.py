@@ -4,6 +4,7 @@ current context (jobs enqueued from a handler inherit it)."""
 from __future__ import annotations
 
 from contextvars import ContextVar
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .models import Job
@@ -15,6 +16,12 @@ current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlatio
 """The correlation id of the job running in this context, inherited by jobs it enqueues."""
 
 
+def _forward(path: str) -> Any:
+    """A read-only attribute of the context that reads the attempt's (one line per field, and
+    as fast as a hand-written property)."""
+    return property(attrgetter(path))
+
+
 class JobContext:
     """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
 
@@ -24,37 +31,17 @@ class JobContext:
         self._attempt = attempt
         self.worker_id = worker_id
 
-    @property
-    def job(self) -> Job:
-        return self._attempt.job
-
-    @property
-    def job_id(self) -> int:
-        return self._attempt.id
-
-    @property
-    def attempt(self) -> int:
-        return self._attempt.number
-
-    @property
-    def correlation_id(self) -> str:
-        return self._attempt.correlation_id
-
-    @property
-    def payload(self) -> Any:
-        return self._attempt.payload
-
-    @property
-    def type(self) -> str:
-        return self._attempt.type
-
-    @property
-    def queue(self) -> str:
-        return self._attempt.queue
-
-    @property
-    def log(self) -> Any:
-        return self._attempt.log
+    job: Job = _forward("_attempt.job")
+    """The job as its claim left it."""
+    job_id: int = _forward("_attempt.id")
+    attempt: int = _forward("_attempt.number")
+    """This attempt's number, from 1."""
+    correlation_id: str = _forward("_attempt.correlation_id")
+    payload: Any = _forward("_attempt.payload")
+    type: str = _forward("_attempt.type")
+    queue: str = _forward("_attempt.queue")
+    log: Any = _forward("_attempt.log")
+    """A logger bound to the job's keys."""
 
     def __repr__(self) -> str:
         return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, type={self.type!r})"

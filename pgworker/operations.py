@@ -6,11 +6,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-import asyncpg
-
 from . import _limits as limits
 from ._db import migrations
-from ._db.connection import Executor
+from ._db.connection import Conn, Executor
 from ._db.queries import queries
 from .errors import ValidationError
 from .models import DEFAULT_SCHEMA, Job
@@ -49,7 +47,7 @@ async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -
     return CancelResult(f"already {previous}")
 
 
-async def migrate(conn: asyncpg.Connection, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
+async def migrate(conn: Conn, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
     """Apply pending migrations on an asyncpg Connection; returns the versions applied."""
     return await migrations.migrate(conn, limits.identifier("schema", schema))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import _limits as limits
 from .errors import ConfigError
-from .models import DEFAULT_SCHEMA
+from .models import DEFAULT_QUEUE, DEFAULT_SCHEMA
 
 
 def dsn_from_env(env: Mapping[str, str] | None = None) -> str | None:
@@ -45,6 +45,11 @@ class Settings:
     schema: str = DEFAULT_SCHEMA
     code_version: str | None = None
 
+    @property
+    def served_queues(self) -> tuple[str, ...]:
+        """The queues a started worker serves (a Worker fills `queues` in when it is None)."""
+        return self.queues or (DEFAULT_QUEUE,)
+
     def __post_init__(self) -> None:
         if not isinstance(self.dsn, str) or not self.dsn:
             raise ConfigError(
@@ -67,7 +72,8 @@ class Settings:
             )
             object.__setattr__(self, name, value)
         if self.queues is not None:
-            if isinstance(self.queues, str) or not self.queues:
+            given: object = self.queues
+            if isinstance(given, str) or not self.queues:
                 raise ConfigError(
                     "queues", f"must be a non-empty list of names or None, got {self.queues!r}"
                 )

@@ -55,7 +55,9 @@ class _Services:
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
         self.notifier = (
-            Notifier(s.dsn, s.schema, s.queues, worker._wakeup, self.producer.cancel, s.worker_id)
+            Notifier(
+                s.dsn, s.schema, s.served_queues, worker._wakeup, self.producer.cancel, s.worker_id
+            )
             if s.listen
             else None
         )
@@ -90,7 +92,8 @@ class Worker:
             )
         if settings is None:
             if queues is not None:
-                options["queues"] = queues if isinstance(queues, str) else tuple(queues)
+                names: object = queues  # a str is refused by Settings, naming the field
+                options["queues"] = names if isinstance(names, str) else tuple(queues)
             elif options.get("queues") is None:
                 options["queues"] = served
             if concurrency is not None:
@@ -198,7 +201,7 @@ class Worker:
                     producer.stop()
                 self._log.info(
                     "worker started",
-                    queues=list(s.queues),
+                    queues=list(s.served_queues),
                     tasks=[t.name for t in self.registry],
                     concurrency=s.concurrency,
                     listen=s.listen,

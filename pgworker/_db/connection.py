@@ -8,10 +8,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from ..errors import DatabaseUnavailable, PrivilegeError, SchemaError
 
-Executor = asyncpg.Connection | asyncpg.Pool
+Conn = asyncpg.Connection | PoolConnectionProxy
+"""A connection of one's own, or one taken from a pool."""
+Executor = Conn | asyncpg.Pool
+"""Where a statement may run: a connection, or any connection of a pool."""
 
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -52,6 +56,14 @@ REJECTED_ERRORS: tuple[type[BaseException], ...] = (
     UnicodeError,
     OverflowError,
 )
+
+
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    asyncpg.PostgresError,
+    ValueError,
+)
+"""What connecting raises when the DSN, the server or the login is wrong."""
 
 
 def classify(exc: BaseException) -> str:
@@ -99,7 +111,7 @@ async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     kwargs.setdefault("timeout", 10)
     try:
         return await asyncpg.connect(dsn, **kwargs)
-    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+    except _CONNECT_ERRORS as exc:
         raise _describe(dsn, exc) from exc
 
 
@@ -131,11 +143,11 @@ async def create_pool(
                 **({"lock_timeout": str(int(lock_timeout * 1000))} if lock_timeout else {}),
             },
         )
-    except (*CONNECTION_ERRORS, asyncpg.PostgresError, ValueError) as exc:
+    except _CONNECT_ERRORS as exc:
         raise _describe(dsn, exc) from exc
 
 
-def _gone(conn: asyncpg.Connection) -> bool:
+def _gone(conn: Conn) -> bool:
     try:
         return conn.is_closed()
     except asyncpg.exceptions.InterfaceError:  # released back to the pool when it closed
@@ -148,9 +160,9 @@ class HeldConnection:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._conn: asyncpg.Connection | None = None
+        self._conn: PoolConnectionProxy | None = None
 
-    async def get(self) -> asyncpg.Connection:
+    async def get(self) -> PoolConnectionProxy:
         if self._conn is not None and _gone(self._conn):
             # The server ended it and the pool took it back: a new one, without a failed try.
             self._conn = None
@@ -177,7 +189,7 @@ class HeldConnection:
 
 
 @contextlib.asynccontextmanager
-async def transaction(conn: Executor) -> AsyncIterator[asyncpg.Connection]:
+async def transaction(conn: Executor) -> AsyncIterator[Conn]:
     """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool."""
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as c, c.transaction():

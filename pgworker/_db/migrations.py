@@ -3,15 +3,13 @@ database holds what this code needs before a worker starts."""
 
 from __future__ import annotations
 
-import asyncpg
-
 from ..errors import PrivilegeError, SchemaError
 from . import files
-from .connection import Executor
+from .connection import Conn, Executor
 from .queries import queries
 
 
-async def migrate(conn: asyncpg.Connection, schema: str) -> list[int]:
+async def migrate(conn: Conn, schema: str) -> list[int]:
     """Apply the migrations not yet applied, each in its own transaction, under an advisory lock
     so that concurrent runs apply each migration once. Returns the versions applied now."""
     q = queries(schema)

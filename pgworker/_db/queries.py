@@ -14,7 +14,7 @@ import asyncpg
 
 from ..models import AttemptResult
 from . import files
-from .connection import Executor, privilege_error, schema_errors, transaction
+from .connection import Conn, Executor, privilege_error, schema_errors, transaction
 
 Row = asyncpg.Record
 """A row, read by column name."""
@@ -63,20 +63,19 @@ class Queries:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_insert"], *args)
 
-    async def job_insert_many(self, conn: asyncpg.Connection, batch: str) -> list[Row]:
+    async def job_insert_many(self, conn: Conn, batch: str) -> list[Row]:
         """Insert the jobs of `batch`, a JSON array (see job_insert_many.sql)."""
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["job_insert_many"], batch)
 
-    async def job_ids_reserve(self, conn: asyncpg.Connection, n: int) -> tuple[list[int], Any]:
+    async def job_ids_reserve(self, conn: Conn, n: int) -> tuple[list[int], Any]:
         """`n` new job ids for a batch that COPY writes, and the transaction's time."""
         with schema_errors(self.schema):
             reserved = await conn.fetchrow(self._sql["job_ids_reserve"], n)
+        assert reserved is not None  # one row, always
         return reserved["ids"], reserved["now"]
 
-    async def jobs_copy(
-        self, conn: asyncpg.Connection, columns: list[str], chunks: AsyncIterable[bytes]
-    ) -> None:
+    async def jobs_copy(self, conn: Conn, columns: list[str], chunks: AsyncIterable[bytes]) -> None:
         """Write rows into `jobs` with COPY (text format), the fastest path in; each chunk is
         sent as soon as it is made. COPY has no .sql file: asyncpg speaks its protocol."""
         with schema_errors(self.schema):
@@ -266,23 +265,24 @@ class Queries:
 
     # --- migrations ---------------------------------------------------------------------------
 
-    async def migrations_lock(self, conn: asyncpg.Connection) -> None:
+    async def migrations_lock(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_lock"], self.schema)
 
-    async def migrations_unlock(self, conn: asyncpg.Connection) -> None:
+    async def migrations_unlock(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_unlock"], self.schema)
 
-    async def migrations_bootstrap(self, conn: asyncpg.Connection) -> None:
+    async def migrations_bootstrap(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_bootstrap"])
 
-    async def migrations_applied(self, conn: asyncpg.Connection) -> set[int]:
+    async def migrations_applied(self, conn: Conn) -> set[int]:
         return {r["version"] for r in await conn.fetch(self._sql["migrations_applied"])}
 
-    async def migrations_record(self, conn: asyncpg.Connection, version: int, name: str) -> None:
+    async def migrations_record(self, conn: Conn, version: int, name: str) -> None:
         await conn.execute(self._sql["migrations_record"], version, name)
 
     async def migrations_table_exists(self, conn: Executor) -> bool:
         return bool(await conn.fetchval(self._sql["migrations_table_exists"], self.schema))
 
     async def migrations_latest(self, conn: Executor) -> int | None:
-        return await conn.fetchval(self._sql["migrations_latest"])
+        latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
+        return latest
