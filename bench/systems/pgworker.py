@@ -1,0 +1,310 @@
+"""pgworker, as the benchmark drives it: through its public API (`pgworker.enqueue_many`,
+`pgworker.enqueue`), its CLI (`pgworker migrate`, `pgworker run`) and plain SQL on its tables.
+What only pgworker has is here too: the check of its attempt rows, the count of its claim and
+outcome statements, W4's pre-filled table and the EXPLAIN of its claim."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+from typing import Any
+
+import asyncpg
+
+from bench.measure import BIN, REPO, log, src_env
+from bench.systems.base import CONCURRENCY, System
+
+# The bulk enqueue of a pgworker checkout given by `src` (--src, --base-src), run by that
+# checkout's code in a process of its own; prints the seconds the enqueue calls took.
+_ENQUEUE_IN_SRC = """
+import asyncio, sys, time
+import asyncpg, pgworker
+
+async def main(dsn, n, chunk):
+    conn = await asyncpg.connect(dsn)
+    try:
+        t0 = time.perf_counter()
+        for i in range(0, n, chunk):
+            specs = [pgworker.JobSpec("noop", {}) for _ in range(min(chunk, n - i))]
+            await pgworker.enqueue_many(conn, specs)
+        print(time.perf_counter() - t0)
+    finally:
+        await conn.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
+CHECK_SQL = """
+SELECT count(*) AS jobs,
+       count(*) FILTER (WHERE j.status = 'completed' AND a.n = 1 AND a.completed = 1) AS ok,
+       coalesce(sum(a.n), 0)::bigint AS attempts
+FROM pgworker.jobs AS j
+LEFT JOIN (SELECT job_id, count(*) AS n, count(*) FILTER (WHERE outcome = 'completed') AS completed
+           FROM pgworker.job_attempts GROUP BY job_id) AS a ON a.job_id = j.id
+WHERE j.id > $1
+"""
+
+# W4: finished jobs spread over the past week, one completed attempt row each.
+PREFILL_JOBS = """
+INSERT INTO pgworker.jobs (type, queue, payload, priority, status, retry_count, max_retries,
+                           attempts, correlation_id, run_at, claimed_at, worker_id,
+                           heartbeat_at, created_at, updated_at, finished_at)
+SELECT 'noop', 'default', '{}', 0, 'completed', 0, 3, 1, md5(g::text), t, t, 'prefill',
+       t, t, t + interval '5 ms', t + interval '5 ms'
+FROM (SELECT g, now() - interval '7 days' + g * interval '500 ms' AS t
+      FROM generate_series(1, $1::int) AS g) AS s
+"""
+PREFILL_ATTEMPTS = """
+INSERT INTO pgworker.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
+                                   outcome, started_at, finished_at)
+SELECT id, 1, type, queue, worker_id, correlation_id, 'completed', claimed_at, finished_at
+FROM pgworker.jobs
+"""
+
+SCAN = re.compile(
+    r"(Seq Scan|Index Scan(?: Backward)?|Index Only Scan(?: Backward)?|Bitmap Index Scan|"
+    r"Bitmap Heap Scan)(?: using (\S+))? on (\S+)"
+)
+
+
+def claim_scans(plan: list[str]) -> list[str]:
+    """The scans of the claim's `next` CTE (the candidate search), as 'Index Scan using X'."""
+    found, inside, indent = [], False, 0
+    for line in plan:
+        stripped = line.lstrip()
+        depth = len(line) - len(stripped)
+        if stripped.startswith("CTE "):
+            inside = stripped.startswith("CTE next")
+            indent = depth
+            continue
+        if inside and depth <= indent and stripped:
+            inside = False
+        if inside:
+            m = SCAN.search(line)
+            if m:
+                kind, index, rel = m.groups()
+                found.append(f"{kind}{' using ' + index if index else ''} on {rel}")
+    return found
+
+
+class PgWorker(System):
+    name = "pgworker"
+    unfinished_sql = """
+        SELECT EXISTS (SELECT FROM pgworker.jobs WHERE status = 'pending')
+            OR EXISTS (SELECT FROM pgworker.jobs WHERE status = 'running')
+    """
+    interval_sql = """
+        SELECT extract(epoch FROM min(started_at))::float8,
+               extract(epoch FROM max(finished_at))::float8
+        FROM pgworker.job_attempts WHERE started_at >= to_timestamp($1)
+    """
+    done_sql = "SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'"
+    #: Whether a worker has finished a job: the profile attaches once it has.
+    served_sql = "SELECT EXISTS (SELECT FROM pgworker.jobs WHERE status = 'completed')"
+
+    def _cli(self) -> list[str]:
+        # From a checkout of its own: `python -m pgworker` run there imports that checkout's.
+        return [sys.executable, "-m", "pgworker"] if self.src else [str(BIN / "pgworker")]
+
+    @property
+    def supports_latency(self) -> bool:  # type: ignore[override]
+        # W2 enqueues from the benchmark's process, with this repository's pgworker.
+        return self.src is None
+
+    async def setup(self, dsn: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *self._cli(),
+            "migrate",
+            "--dsn",
+            dsn,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=self.src,
+            env=src_env(self.src) if self.src else None,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pgworker migrate failed: {out.decode()}")
+
+    async def enqueue_bulk(self, dsn: str, n: int, chunk: int) -> float:
+        if self.src:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _ENQUEUE_IN_SRC,
+                dsn,
+                str(n),
+                str(chunk),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=self.src,
+                env=src_env(self.src),
+            )
+            out, _ = await asyncio.wait_for(proc.communicate(), 600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{self.name}: enqueue failed: {out.decode()}")
+            return float(out.decode().split()[-1])
+        import pgworker
+
+        conn = await asyncpg.connect(dsn)
+        try:
+            t0 = time.perf_counter()
+            for i in range(0, n, chunk):
+                specs = [pgworker.JobSpec("noop", {}) for _ in range(min(chunk, n - i))]
+                await pgworker.enqueue_many(conn, specs)
+            return time.perf_counter() - t0
+        finally:
+            await conn.close()
+
+    extra_args: tuple[str, ...] = ()
+
+    def worker_argv(self, dsn: str) -> list[str]:
+        return [
+            *self._cli(),
+            "run",
+            "bench.apps.pgworker_app",
+            "--concurrency",
+            str(CONCURRENCY),
+            "--log-level",
+            "warning",
+            "--dsn",
+            dsn,
+            *self.extra_args,
+        ]
+
+    async def enqueue_one(self, handle: Any, t: float) -> None:
+        import pgworker
+
+        await pgworker.enqueue(handle, "latency", {"t": t})
+
+    async def check(self, dsn: str, n: int, after_id: int = 0) -> str:
+        """Every job after `after_id` completed, with exactly one attempt row, completed."""
+        conn = await asyncpg.connect(dsn)
+        try:
+            row = await conn.fetchrow(CHECK_SQL, after_id)
+        finally:
+            await conn.close()
+        if row["jobs"] == n and row["ok"] == n and row["attempts"] == n:
+            return f"ok: {n}/{n} jobs completed with exactly 1 completed attempt"
+        return (
+            f"FAIL: {row['ok']}/{n} jobs completed with exactly 1 completed attempt "
+            f"(jobs {row['jobs']}, attempt rows {row['attempts']})"
+        )
+
+    async def drain_figures(self, dsn: str, n: int) -> dict[str, Any]:
+        """How many claim and outcome-write statements the drain took, which says how well it
+        batches: each statement stamps its rows with one now(), so distinct timestamps count
+        statements."""
+        conn = await asyncpg.connect(dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT count(DISTINCT claimed_at) AS c, count(DISTINCT finished_at) AS f "
+                "FROM pgworker.jobs WHERE id > $1",
+                0,
+            )
+        finally:
+            await conn.close()
+        claims, finishes = row["c"], row["f"]
+        log(
+            f"  {self.name}: {claims} claims ({n / claims:.1f}"
+            f" jobs each), {finishes} outcome writes "
+            f"({n / finishes:.1f} jobs each)"
+        )
+        return {"claim_statements": claims, "finish_statements": finishes}
+
+    async def prefill(self, dsn: str, rows: int) -> tuple[float, int, str]:
+        """W4: fill the tables with `rows` finished jobs and analyse them; returns the seconds it
+        took, the last prefilled id and the tables' size."""
+        conn = await asyncpg.connect(dsn)
+        try:
+            t0 = time.perf_counter()
+            await conn.execute(PREFILL_JOBS, rows)
+            await conn.execute(PREFILL_ATTEMPTS)
+            await conn.execute("VACUUM ANALYZE pgworker.jobs")
+            await conn.execute("VACUUM ANALYZE pgworker.job_attempts")
+            prefill_s = time.perf_counter() - t0
+            max_id = await conn.fetchval("SELECT max(id) FROM pgworker.jobs")
+            size = await conn.fetchval(
+                "SELECT pg_size_pretty(pg_total_relation_size('pgworker.jobs') "
+                "+ pg_total_relation_size('pgworker.job_attempts'))"
+            )
+        finally:
+            await conn.close()
+        return prefill_s, max_id, size
+
+    def claim_sql(self) -> str:
+        """The claim statement a worker runs, from the checkout's SQL file
+        (`sql/queries/job_claim.sql`) rather than pgworker's internal modules: its `{name}`
+        fragments (`_name.sql`) and `{schema}` filled in as pgworker does, and the columns it
+        returns (`{job_columns}`, a list pgworker builds in Python) as `j.*`, which leaves the
+        plan of the candidate search as it is."""
+        folder = (self.src or REPO) / "sql" / "queries"
+        text = (folder / "job_claim.sql").read_text()
+        for fragment in sorted(folder.glob("_*.sql")):
+            text = text.replace("{" + fragment.stem[1:] + "}", fragment.read_text().strip())
+        return text.replace("{job_columns}", "j.*").replace("{schema}", '"pgworker"')
+
+    async def explain_claim(self, dsn: str) -> dict[str, Any]:
+        """The claim's plans, custom and generic, run under EXPLAIN ANALYZE and rolled back."""
+        # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode.
+        params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off'"
+        conn = await asyncpg.connect(dsn)
+        out: dict[str, Any] = {}
+        try:
+            await conn.execute(
+                "PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text) AS "
+                + self.claim_sql()
+            )
+            for mode in ("auto", "force_generic_plan"):
+                tr = conn.transaction()
+                await tr.start()
+                try:
+                    await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                    await conn.execute("SET LOCAL enable_bitmapscan = off")  # as the worker does
+                    rows = await conn.fetch(
+                        f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({params})"
+                    )
+                finally:
+                    await tr.rollback()  # the claim really ran: undo it
+                plan = [r[0] for r in rows]
+                name = "custom plan" if mode == "auto" else "generic plan"
+                out[name] = {"plan": plan, "scans": claim_scans(plan)}
+        finally:
+            await conn.close()
+        return out
+
+    def extra_report(self, report: dict[str, Any]) -> list[str]:
+        """W4's claim plans, when it ran."""
+        explain = report.get("explain")
+        if not explain:
+            return []
+        rows = report["config"]["growth_rows"]
+        lines = ["", f"## pgworker's claim query on {rows:,} finished jobs", ""]
+        for name, e in explain.items():
+            verdict = ", ".join(e["scans"]) or "no scan found"
+            lines.append(f"- {name}: {verdict}")
+        for name, e in explain.items():
+            lines += ["", f"{name} (EXPLAIN ANALYZE, rolled back):", "", "```"]
+            lines += e["plan"]
+            lines.append("```")
+        return lines
+
+
+class PgWorkerDurable(PgWorker):
+    """pgworker with `--durable-claims`: every claim waits for its WAL flush, as the peers' do."""
+
+    name = "pgworker-durable"
+    title = "pgworker --durable-claims"
+    extra_args = ("--durable-claims",)
+
+
+class PgWorkerBase(PgWorker):
+    """pgworker from another checkout (--base-src: a git worktree of an older commit), beside
+    this one in the same run: its own migrations, enqueue, worker and bench app."""
+
+    name = "pgworker-base"
+
+    def label(self, config: dict[str, Any]) -> str:
+        return f"pgworker-base (git {config.get('base_rev', '?')})"
