@@ -1,5 +1,12 @@
 """The command line: the only place that parses arguments, runs the event loop and installs
-signal handlers. A user's mistake is one line on stderr and exit status 2, never a traceback."""
+signal handlers. A user's mistake is one line on stderr and exit status 2, never a traceback.
+
+argparse, not click or typer: the parser is a table of options whose help states each default
+and environment variable, which click would not make shorter (each option is the same one
+declaration), and argparse adds no dependency to a library that services embed. What the
+commands print is made in _render.py; the logs are configured by `configure_logging`, as an
+application embedding a Worker may do.
+"""
 
 from __future__ import annotations
 
@@ -8,24 +15,26 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import anyio
 import asyncpg
 
 from . import _limits as limits
+from . import _render
 from ._db.connection import connect
 from ._db.migrations import check_schema
-from ._logs import configure, get_logger
+from ._logs import LEVELS, configure_logging, get_logger
 from ._service import describe
 from ._version import __version__
 from .enqueue import enqueue
 from .errors import ConfigError, PgWorkerError, ValidationError
-from .models import DEFAULT_SCHEMA, JobStatus
-from .operations import cancel, migrate, status
+from .models import DEFAULT_SCHEMA, PRIORITY_LABELS
+from .operations import CancelResult, cancel, migrate, status
 from .registry import Registry, load
 from .settings import Settings, dsn_from_env
 from .worker import Worker
@@ -64,71 +73,146 @@ def _schema_name(raw: str) -> str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--schema: ")) from None
 
 
+def _priority(raw: str) -> int:
+    """--priority: an int, or a label limits.priority knows."""
+    value: int | str
+    try:
+        value = int(raw)
+    except ValueError:
+        value = raw
+    try:
+        return limits.priority("priority", value)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("priority: ")) from None
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _command(
+    sub: argparse._SubParsersAction[_Parser],
+    name: str,
+    parents: list[_Parser],
+    summary: str,
+    description: str,
+    examples: Sequence[str],
+) -> argparse.ArgumentParser:
+    """A subcommand: `summary` is its line in `pgworker --help`, `examples` its epilog."""
+    return sub.add_parser(
+        name,
+        parents=parents,
+        help=summary,
+        description=textwrap.fill(description, 79),
+        epilog=_examples(*examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--dsn", help="PostgreSQL DSN (default: $PGWORKER_DSN, else $DATABASE_URL)")
+    common.add_argument(
+        "--dsn",
+        help="the PostgreSQL connection URL, e.g. postgresql://app@db:5432/app (default: "
+        "$PGWORKER_DSN, else $DATABASE_URL; required if neither is set)",
+    )
     common.add_argument(
         "--schema",
         type=_schema_name,
-        help="pgworker's schema, a plain SQL identifier (default: $PGWORKER_SCHEMA, else pgworker)",
+        help=f"pgworker's schema, a plain SQL identifier (default: $PGWORKER_SCHEMA, else "
+        f"{DEFAULT_SCHEMA})",
     )
 
-    p = _Parser(prog="pgworker", description="Background jobs on PostgreSQL.")
-    p.add_argument("--version", action="version", version=f"pgworker {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = _Parser(
+        prog="pgworker",
+        description=textwrap.fill(
+            "Background jobs on PostgreSQL. Every command takes --dsn (or PGWORKER_DSN) and "
+            "--schema; `pgworker COMMAND --help` shows its options and examples.",
+            79,
+        ),
+        epilog=_examples(
+            "export PGWORKER_DSN=postgresql://app@localhost/app",
+            "pgworker migrate",
+            "pgworker run app.handlers --concurrency 20",
+            "pgworker enqueue send-invoice --payload '{\"invoice_id\": 42}'",
+            "pgworker status",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--version", action="version", version=f"pgworker {__version__}", help="print the version"
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
-    sub.add_parser(
+    _command(
+        sub,
         "migrate",
-        parents=[common],
-        help="create or upgrade the schema",
-        description="Create or upgrade pgworker's schema; safe to run concurrently.",
+        [common],
+        "create or upgrade the schema",
+        "Create or upgrade pgworker's schema (the numbered migrations in sql/migrations, each "
+        "once); safe to run concurrently, e.g. from every container at start-up.",
+        [
+            "pgworker migrate --dsn postgresql://app@localhost/app",
+            "PGWORKER_SCHEMA=jobs pgworker migrate     # in schema `jobs`",
+        ],
     )
 
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
-        parents=[common],
-        help="serve the handlers of a module",
-        description="Serve the tasks of a pgworker.Registry until SIGTERM or SIGINT.",
+        [common],
+        "serve the handlers of a module",
+        "Serve the tasks of a pgworker.Registry until SIGTERM or SIGINT: the first signal stops "
+        "claiming and lets running jobs finish within --shutdown-timeout, a second hands them "
+        "back at once.",
+        [
+            "pgworker run app.handlers",
+            "pgworker run app.handlers:registry --concurrency 20 --queue default --queue mail",
+            "pgworker run app.handlers --log-format json --log-level warning",
+            "PGWORKER_QUEUES=default,mail pgworker run app.handlers --no-listen",
+        ],
     )
     run.add_argument(
         "target",
         metavar="MODULE[:ATTR]",
-        help="module holding a pgworker.Registry (ATTR names it when the module holds several)",
+        help="the module holding a pgworker.Registry, imported from the current directory; "
+        "ATTR names it when the module holds several (required)",
     )
     run.add_argument(
         "--concurrency",
         type=integer,
-        help=f"jobs run at once, 1 to {limits.MAX_CONCURRENCY:,} (default: $PGWORKER_CONCURRENCY, "
-        "else 10)",
+        help=f"jobs run at once, 1 to {limits.MAX_CONCURRENCY:,} (default: "
+        "$PGWORKER_CONCURRENCY, else 10)",
     )
     run.add_argument(
         "--queue",
         dest="queues",
         action="append",
-        help="a queue to serve; repeat for several (default: $PGWORKER_QUEUES, else every queue "
-        "the registry's tasks name, plus default)",
+        help="a queue to serve; repeat for several (default: $PGWORKER_QUEUES, comma-separated, "
+        "else every queue the registry's tasks name, plus default)",
     )
     run.add_argument(
         "--worker-id",
-        help=f"name of this worker, at most {limits.MAX_WORKER_ID_LENGTH} characters (default: "
-        "$PGWORKER_WORKER_ID, else host-pid-random)",
+        help=f"this worker's name in `pgworker status` and the logs, at most "
+        f"{limits.MAX_WORKER_ID_LENGTH} characters (default: $PGWORKER_WORKER_ID, else "
+        "host-pid-random)",
     )
     run.add_argument(
         "--poll-interval",
         type=number,
-        help="seconds between polls when no notification arrives, at most "
+        help=f"seconds between polls when no notification arrives, more than 0 and at most "
         f"{limits.MAX_POLL_INTERVAL:g} (default: $PGWORKER_POLL_INTERVAL, else 1)",
     )
     run.add_argument(
         "--shutdown-timeout",
         type=number,
-        help="seconds running jobs get to finish after SIGTERM, at most "
-        f"{limits.MAX_LEASE:g} (default: $PGWORKER_SHUTDOWN_TIMEOUT, else 30)",
+        help=f"seconds running jobs get to finish after SIGTERM, 0 to {limits.MAX_LEASE:g} "
+        "(default: $PGWORKER_SHUTDOWN_TIMEOUT, else 30)",
     )
     run.add_argument(
         "--lease",
         type=number,
-        help="seconds a claimed job is held without a heartbeat, more than 0 and at most "
+        help=f"seconds a claimed job is held without a heartbeat, more than 0 and at most "
         f"{limits.MAX_LEASE:g} (default: $PGWORKER_LEASE, else 30)",
     )
     run.add_argument(
@@ -136,37 +220,50 @@ def _parser() -> argparse.ArgumentParser:
         dest="listen",
         action="store_const",
         const=False,
-        help="poll only, without LISTEN/NOTIFY, e.g. behind a transaction-pooling proxy "
-        "(default: listen, unless PGWORKER_LISTEN=false)",
+        help="poll only, without LISTEN/NOTIFY (default: listen; $PGWORKER_LISTEN=false "
+        "turns it off too)",
     )
     run.add_argument(
         "--durable-claims",
         action="store_const",
         const=True,
-        help="claims wait for their WAL flush, see the README, Fast claims (default: off, "
-        "unless PGWORKER_DURABLE_CLAIMS=true)",
+        help="claims wait for their WAL flush, see the README, Fast claims (default: off; "
+        "$PGWORKER_DURABLE_CLAIMS=true turns it on too)",
     )
     run.add_argument(
         "--log-format",
         choices=["json", "console"],
         default="console",
-        help="json: one JSON object per line; console: readable (default: console)",
+        help="json: one JSON object per line; console: readable lines; both on stderr "
+        "(default: console)",
     )
     run.add_argument(
         "--log-level",
-        choices=["debug", "info", "warning", "error"],
+        choices=list(LEVELS),
         default="info",
-        help="the lowest level logged; `job started` lines are debug (default: info)",
+        help="the lowest level logged: info shows one line per finished job, debug adds "
+        "`job started` lines (default: info)",
     )
 
-    enq = sub.add_parser(
+    enq = _command(
+        sub,
         "enqueue",
-        parents=[common],
-        help="enqueue one job",
-        description="Enqueue one job and print it as JSON.",
+        [common],
+        "enqueue one job",
+        "Enqueue one job and print it as JSON: id, type, queue, status, created (false when "
+        "--idempotency-key found an earlier job) and correlation_id.",
+        [
+            "pgworker enqueue send-invoice --payload '{\"invoice_id\": 42}'",
+            "pgworker enqueue send-invoice --priority high --queue mail --max-retries 5",
+            "pgworker enqueue report --run-at 2030-01-01T09:00:00+00:00",
+            "pgworker enqueue charge --idempotency-key order-42 --correlation-id req-9",
+        ],
     )
     enq.add_argument(
-        "type", metavar="TYPE", help=f"the job type, at most {limits.MAX_TYPE_LENGTH} characters"
+        "type",
+        metavar="TYPE",
+        help=f"the job type, a task of the registry, at most {limits.MAX_TYPE_LENGTH} "
+        "characters (required)",
     )
     enq.add_argument(
         "--payload",
@@ -178,7 +275,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"the job's queue, at most {limits.MAX_QUEUE_LENGTH} characters (default: default)",
     )
     enq.add_argument(
-        "--priority", help="an int or low|medium|high|critical; higher runs first (default: 0)"
+        "--priority",
+        type=_priority,
+        help=f"an int or one of {', '.join(PRIORITY_LABELS)} "
+        f"({', '.join(str(v) for v in PRIORITY_LABELS.values())}); higher runs first "
+        "(default: 0)",
     )
     enq.add_argument(
         "--max-retries",
@@ -187,10 +288,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     enq.add_argument(
         "--idempotency-key",
-        help="a later enqueue with this key returns this job (default: none)",
+        help="a later enqueue with this key returns this job instead (default: none)",
     )
     enq.add_argument(
-        "--correlation-id", help="carried by the job's log lines (default: a new UUID)"
+        "--correlation-id",
+        help="carried by the job's log lines (default: a new UUID)",
     )
     enq.add_argument(
         "--delay",
@@ -201,23 +303,34 @@ def _parser() -> argparse.ArgumentParser:
     enq.add_argument(
         "--run-at",
         help="run no sooner than this ISO 8601 time with a timezone, e.g. "
-        "2030-01-01T09:00:00+00:00 (default: now)",
+        "2030-01-01T09:00:00+00:00; not with --delay (default: now)",
     )
 
-    can = sub.add_parser(
+    can = _command(
+        sub,
         "cancel",
-        parents=[common],
-        help="cancel a job",
-        description="Cancel a pending job, or ask the worker of a running job to stop it.",
+        [common],
+        "cancel a job",
+        "Cancel a pending job, or ask the worker of a running job to stop it; a finished job "
+        "is left as it is. Prints what happened.",
+        [
+            "pgworker cancel 42",
+            "pgworker cancel 42 --schema jobs",
+        ],
     )
-    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job id")
+    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
 
-    st = sub.add_parser(
+    st = _command(
+        sub,
         "status",
-        parents=[common],
-        help="counts per queue and status",
-        description="Counts per queue and status, the oldest pending job's age, live workers, "
-        "and pending types that no live worker serves.",
+        [common],
+        "counts per queue and status, live workers",
+        "Counts per queue and status, the oldest due pending job's age, the workers seen in "
+        f"the last {LIVE_WITHIN:g} seconds, and pending types that no live worker serves.",
+        [
+            "pgworker status",
+            "pgworker status --json | jq '.queues.default.pending'",
+        ],
     )
     st.add_argument(
         "--json", action="store_true", help="print JSON instead of a table (default: a table)"
@@ -234,7 +347,7 @@ def _dsn(args: argparse.Namespace) -> str:
 
 def _schema(args: argparse.Namespace) -> str:
     if args.schema:
-        return args.schema
+        return str(args.schema)
     found = os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
     return limits.identifier("PGWORKER_SCHEMA", found, error=ConfigError)
 
@@ -275,7 +388,7 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 async def _run(args: argparse.Namespace) -> int:
-    configure(args.log_format, args.log_level)
+    configure_logging(args.log_format, args.log_level)
     registry = _load(args.target)
     settings = Settings.from_env(
         dsn=_dsn(args),
@@ -318,15 +431,6 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_priority(raw: str | None) -> int | str | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return raw
-
-
 async def _enqueue(args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
@@ -349,7 +453,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
             args.type,
             payload,
             queue=args.queue,
-            priority=_parse_priority(args.priority),
+            priority=args.priority,
             max_retries=args.max_retries,
             idempotency_key=args.idempotency_key,
             correlation_id=args.correlation_id,
@@ -381,24 +485,14 @@ async def _cancel(args: argparse.Namespace) -> int:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))
     finally:
         await conn.close()
-    messages = {
-        "cancelled": f"job {args.job_id} cancelled (it was pending)",
-        "cancelling": f"job {args.job_id} is running: its worker was asked to stop it",
-    }
-    print(messages.get(outcome, f"job {args.job_id} is {outcome}: nothing to cancel"))
+    match outcome:
+        case CancelResult.CANCELLED:
+            print(f"job {args.job_id} cancelled (it was pending)")
+        case CancelResult.CANCELLING:
+            print(f"job {args.job_id} is running: its worker was asked to stop it")
+        case _:  # CancelResult.ALREADY_COMPLETED, ALREADY_FAILED, ALREADY_CANCELLED
+            print(f"job {args.job_id} is {outcome.value}: nothing to cancel")
     return 0
-
-
-STATUSES = tuple(s.value for s in JobStatus)
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
 
 
 async def _status(args: argparse.Namespace) -> int:
@@ -408,45 +502,7 @@ async def _status(args: argparse.Namespace) -> int:
         found = await status(conn, schema=_schema(args), live_within=LIVE_WITHIN)
     finally:
         await conn.close()
-    queues: dict[str, dict[str, Any]] = {}
-    for r in found["counts"]:
-        queues.setdefault(r["queue"], dict.fromkeys(STATUSES, 0))[r["status"]] = r["jobs"]
-    oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
-    workers = [dict(w) for w in found["workers"]]
-    unserved = [{"queue": r["queue"], "type": r["type"]} for r in found["unserved"]]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "queues": {
-                        q: {**c, "oldest_pending_age_s": oldest.get(q)} for q, c in queues.items()
-                    },
-                    "workers": [
-                        {"worker_id": w["worker_id"], "queues": w["queues"], "types": w["types"]}
-                        for w in workers
-                    ],
-                    "unserved": unserved,
-                },
-                indent=2,
-            )
-        )
-        return 0
-    header = ("queue", *STATUSES, "oldest pending")
-    rows = [header] + [
-        (q, *(str(c[s]) for s in STATUSES), _age(oldest.get(q))) for q, c in sorted(queues.items())
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    if not queues:
-        print("(no jobs)")
-    print(f"\nlive workers: {len(workers)}")
-    for w in workers:
-        print(f"  {w['worker_id']}  queues={','.join(w['queues'])}  types={','.join(w['types'])}")
-    if unserved:
-        print("\npending types that no live worker serves:")
-        for u in unserved:
-            print(f"  {u['queue']}: {u['type']}")
+    print(_render.status_json(found) if args.json else _render.status_text(found))
     return 0
 
 

@@ -1,7 +1,10 @@
-"""The real CLI in subprocesses: migrate, run, enqueue, status, signals, logs, user errors."""
+"""The real CLI in subprocesses: migrate, run, enqueue, status, signals, logs, user errors; the
+help of every option; the status rendering (pgworker/_render.py) as pure functions."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import pgworker
+from pgworker import _render
+from pgworker import cli as cli_module
 from pgworker._db import files
 
 from .helpers import ROOT, all_finished, attempts, spawn_worker, wait_for
@@ -379,3 +384,137 @@ async def test_log_level_warning_hides_the_info_lines(dsn, conn, tmp_path):
     assert len(lines) == len(text.splitlines()), text
     assert {x["level"] for x in lines} <= {"warning", "error", "critical"}, text
     assert any(x.get("job_id") == bad for x in lines), text
+
+
+# --- the parser's help -------------------------------------------------------------------------
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in cli_module._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+SETTINGS_ENV = {f.name: f"PGWORKER_{f.name.upper()}" for f in dataclasses.fields(pgworker.Settings)}
+
+
+@pytest.mark.parametrize("command", ["migrate", "run", "enqueue", "cancel", "status"])
+async def test_every_option_says_what_it_does_its_default_and_its_variable(command):
+    parser = subcommands()[command]
+    for action in parser._actions:
+        assert action.help and action.help != argparse.SUPPRESS, (command, action.dest)
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if action.option_strings:
+            assert "(default: " in action.help, (command, action.dest, action.help)
+        else:
+            assert "(required)" in action.help, (command, action.dest, action.help)
+        if action.dest in SETTINGS_ENV:  # read by Settings.from_env: the help names it
+            assert SETTINGS_ENV[action.dest] in action.help, (command, action.dest, action.help)
+    assert {"dsn", "schema"} <= {a.dest for a in parser._actions}
+
+
+@pytest.mark.parametrize("command", ["migrate", "run", "enqueue", "cancel", "status"])
+async def test_each_command_help_shows_examples(command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main([command, "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    examples = text.split("\nexamples:\n", 1)[-1].strip().splitlines()
+    assert "\nexamples:\n" in text and examples, text
+    assert all(f"pgworker {command}" in line for line in examples), text
+
+
+async def test_top_level_help_lists_each_command_with_one_line():
+    out = cli("--help")
+    assert out.returncode == 0
+    listed = {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("    ")}
+    for command in ("migrate", "run", "enqueue", "cancel", "status"):
+        assert command in listed and len(listed[command].split()) > 1, out.stdout
+    assert "examples:\n  " in out.stdout
+
+
+async def test_priority_is_parsed_before_connecting():
+    # no database at that address: the label is refused first
+    out = cli("enqueue", "t", "--priority", "urgent", "--dsn", "postgresql://x@127.0.0.1:1/x")
+    assert out.returncode == 2
+    assert "argument --priority: unknown label 'urgent'; use an int or one of low" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+# --- status rendering --------------------------------------------------------------------------
+
+
+def status_rows(**rows: list[dict]) -> dict[str, list[dict]]:
+    return {"counts": [], "oldest_pending": [], "unserved": [], "workers": [], **rows}
+
+
+async def test_age_uses_the_largest_unit():
+    assert [_render.age(s) for s in (None, 0, 59.94, 60, 5400, 86400 * 3.25)] == [
+        "-",
+        "0.0s",
+        "59.9s",
+        "1.0m",
+        "1.5h",
+        "3.2d",
+    ]
+
+
+async def test_status_text_aligns_the_table_and_lists_workers_and_unserved_types():
+    text = _render.status_text(
+        status_rows(
+            counts=[
+                {"queue": "mail", "status": "pending", "jobs": 12},
+                {"queue": "default", "status": "completed", "jobs": 1234},
+                {"queue": "default", "status": "failed", "jobs": 1},
+            ],
+            oldest_pending=[{"queue": "mail", "age": 90.0}],
+            workers=[{"worker_id": "w1", "queues": ["default", "mail"], "types": ["a", "b"]}],
+            unserved=[{"queue": "mail", "type": "c"}],
+        )
+    )
+    assert text.splitlines() == [
+        "queue    pending  running  completed  failed  cancelled  oldest pending",
+        "default  0        0        1234       1       0          -",
+        "mail     12       0        0          0       0          1.5m",
+        "",
+        "live workers: 1",
+        "  w1  queues=default,mail  types=a,b",
+        "",
+        "pending types that no live worker serves:",
+        "  mail: c",
+    ]
+
+
+async def test_status_text_with_no_jobs_and_no_workers():
+    assert _render.status_text(status_rows()).splitlines() == [
+        "queue  pending  running  completed  failed  cancelled  oldest pending",
+        "(no jobs)",
+        "",
+        "live workers: 0",
+    ]
+
+
+async def test_status_json_has_every_status_per_queue_and_the_oldest_age():
+    data = json.loads(
+        _render.status_json(
+            status_rows(
+                counts=[{"queue": "q", "status": "running", "jobs": 2}],
+                workers=[{"worker_id": "w", "queues": ["q"], "types": ["t"], "pid": 1}],
+                unserved=[{"queue": "q", "type": "u"}],
+            )
+        )
+    )
+    assert data == {
+        "queues": {
+            "q": {
+                "pending": 0,
+                "running": 2,
+                "completed": 0,
+                "failed": 0,
+                "cancelled": 0,
+                "oldest_pending_age_s": None,
+            }
+        },
+        "workers": [{"worker_id": "w", "queues": ["q"], "types": ["t"]}],
+        "unserved": [{"queue": "q", "type": "u"}],
+    }
