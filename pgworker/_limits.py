@@ -53,7 +53,10 @@ MAX_INT = 2**31 - 1
 MIN_INT = -(2**31)
 MAX_BIGINT = 2**63 - 1
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+MAX_SCHEMA_LENGTH = 56
+"""The schema's NOTIFY channels are named after it (`<schema>_cancel`), and PostgreSQL refuses a
+channel name over 63 bytes: a longer schema could be migrated, but not enqueued into."""
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A real NUL in JSON text is `\u0000` after an even number of backslashes; `\\u0000` is the
@@ -123,12 +126,16 @@ def name(
 
 def identifier(field: str, value: Any, *, error: type[Exception] = ValidationError) -> str:
     """A plain SQL identifier (the schema name: the only identifier put into SQL text)."""
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_SCHEMA_LENGTH
+        or not _IDENTIFIER.fullmatch(value)
+    ):
         raise _bad(
             error,
             field,
             f"must be a plain SQL identifier (a letter or _, then letters, digits or _, at most "
-            f"63 in all), got {value!r}",
+            f"{MAX_SCHEMA_LENGTH} in all), got {value!r}",
         )
     return value
 

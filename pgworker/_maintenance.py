@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import asyncpg
 
 from ._db.connection import classify, recover
 from ._db.queries import AttemptKey, Row, queries
@@ -22,7 +23,10 @@ from .settings import Settings
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
 REFUSED_KEPT = 1000
-"""How many jobs the database refused to rescue are remembered and left out."""
+"""How many jobs the database refused to rescue are remembered and left out (tried again every
+PRUNE_EVERY ticks: what refused them may have been fixed)."""
+PAGE = 1000
+"""The most jobs jobs_expired.sql returns at once."""
 
 Decision = tuple[AttemptKey, str, float, int]
 """(attempt, next status, seconds until it runs again, 1 when counted as a retry)."""
@@ -32,6 +36,14 @@ def interval(lease: float) -> float:
     """The leadership is renewed and expired leases looked for every half lease, at most every
     5 s."""
     return min(lease / 2, 5.0)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the database refused the rescue for what the rows are or set off: the values, or
+    a trigger of the user's (whatever it raises: a refusal, a privilege it lacks, a table it
+    needs that is gone). A lost connection or a statement to retry is no refusal."""
+    kind = classify(exc)
+    return kind == "rejected" or (kind == "unexpected" and isinstance(exc, asyncpg.PostgresError))
 
 
 class Maintenance:
@@ -52,6 +64,7 @@ class Maintenance:
         self._log = get_logger(worker_id=settings.worker_id)
         self._ticks = 0
         self._refused: list[int] = []
+        self._after: tuple[Any, int] | None = None
         self.leadership = Leadership(pool, settings)
         self.rescued = 0
 
@@ -76,9 +89,12 @@ class Maintenance:
             return
         if not await self.leadership.renew():
             return
-        decided = [
-            self._decide(row) for row in await self._q.jobs_expired(self._pool, self._refused)
-        ]
+        expired = await self._q.jobs_expired(self._pool, self._refused, self._after)
+        # A full page: the next tick goes on after it, so that jobs the rescue leaves (refused,
+        # locked) never hide those behind them; a short one: back to the oldest next time.
+        last = expired[-1] if len(expired) >= PAGE else None
+        self._after = None if last is None else (last["lease_expires_at"], last["id"])
+        decided = [self._decide(row) for row in expired]
         if decided:
             for row in await self._rescue(decided):
                 self.rescued += 1
@@ -93,6 +109,8 @@ class Maintenance:
                 )
         if self._ticks % PRUNE_EVERY == 0:
             await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
+            if self._ticks:
+                self._refused.clear()
         self._ticks += 1
 
     def _policy(self, type_: str) -> RetryPolicy:
@@ -112,7 +130,7 @@ class Maintenance:
         try:
             return await self._q.jobs_rescue(self._pool, self._s.worker_id, decided)
         except Exception as exc:
-            if classify(exc) != "rejected":
+            if not refused(exc):
                 raise
             return await self._rescue_one_by_one(decided, exc)
 
@@ -130,7 +148,7 @@ class Maintenance:
             try:
                 rescued += await self._q.jobs_rescue(self._pool, self._s.worker_id, [decision])
             except Exception as exc:
-                if classify(exc) != "rejected":
+                if not refused(exc):
                     raise
                 job_id = decision[0][0]
                 self._refused.append(job_id)

@@ -59,7 +59,9 @@ class Notifier:
         self._q = queries(schema)
         self._jobs_channel = self._q.jobs_channel
         self._cancel_channel = self._q.cancel_channel
-        self._ping_channel = f"{schema}_ping_{uuid.uuid4().hex[:12]}"
+        # Its own channel, unique to this connection: named after the schema, a long schema
+        # name would make it longer than PostgreSQL's 63 bytes.
+        self._ping_channel = f"pgworker_ping_{uuid.uuid4().hex}"
         self._queues = frozenset(queues)
         self._wakeup = wakeup
         self._on_cancel = on_cancel

@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from .errors import PgWorkerError
+
 
 class JobStatus(StrEnum):
     PENDING = "pending"
@@ -41,8 +43,20 @@ DEFAULT_MAX_RETRIES = 3
 _UNSET: Any = object()
 
 
-def _json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _json(r: Any, column: str) -> Any:
+    """A jsonb column, read as text, decoded; one Python cannot decode (nested deeper than its
+    recursion allows: written around enqueue's checks) is a PgWorkerError naming the job."""
+    text = r[column]
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        raise PgWorkerError(
+            f"{column}: the {column} of job {r['id']} cannot be decoded ({type(exc).__name__}: "
+            f"{exc}); it was written around pgworker's checks: read it in SQL, then fix or "
+            "delete the row"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +93,7 @@ class Job:
             id=r["id"],
             type=r["type"],
             queue=r["queue"],
-            payload=_json(r["payload"]) if payload is _UNSET else payload,
+            payload=_json(r, "payload") if payload is _UNSET else payload,
             priority=r["priority"],
             status=JobStatus(r["status"]),
             retry_count=r["retry_count"],
@@ -92,8 +106,8 @@ class Job:
             worker_id=r["worker_id"],
             lease_expires_at=r["lease_expires_at"],
             error=r["error"],
-            progress=_json(r["progress"]),
-            result=_json(r["result"]),
+            progress=_json(r, "progress"),
+            result=_json(r, "result"),
             created_at=r["created_at"],
             updated_at=r["updated_at"],
             finished_at=r["finished_at"],

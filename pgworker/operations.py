@@ -6,9 +6,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+import asyncpg
+
 from . import _limits as limits
 from ._db import migrations
-from ._db.connection import Conn, Executor
+from ._db.connection import Executor
 from ._db.queries import queries
 from .errors import ValidationError
 from .models import DEFAULT_SCHEMA, Job
@@ -27,16 +29,24 @@ class CancelResult(StrEnum):
     ALREADY_CANCELLED = "already cancelled"
 
 
+def _job_id(value: object) -> int:
+    """A job id: an int that a bigint holds (a bool or a float is not one: `True` would read job
+    1, `5.0` be rounded)."""
+    return limits.count("job_id", value, minimum=1, maximum=limits.MAX_BIGINT)
+
+
 async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """The job's current row (status, result, error, retry_count, progress), or None."""
-    row = await queries(limits.identifier("schema", schema)).job_get(conn, job_id)
+    q = queries(limits.identifier("schema", schema))
+    row = await q.job_get(conn, _job_id(job_id))
     return None if row is None else Job.from_record(row)
 
 
 async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> CancelResult:
     """Cancel a job and say what happened (see CancelResult). Raises ValidationError when there
     is no such job."""
-    row = await queries(limits.identifier("schema", schema)).job_cancel(conn, job_id)
+    q = queries(limits.identifier("schema", schema))
+    row = await q.job_cancel(conn, _job_id(job_id))
     if row is None:
         raise ValidationError("job_id", f"there is no job {job_id}")
     previous = row["previous"]
@@ -47,9 +57,16 @@ async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -
     return CancelResult(f"already {previous}")
 
 
-async def migrate(conn: Conn, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply pending migrations on an asyncpg Connection; returns the versions applied."""
-    return await migrations.migrate(conn, limits.identifier("schema", schema))
+async def migrate(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """Apply pending migrations on an asyncpg Connection (or one of a pool's); returns the
+    versions applied."""
+    schema = limits.identifier("schema", schema)
+    if isinstance(conn, asyncpg.Pool):
+        # One connection throughout: the advisory lock is taken and released on the session
+        # that applies the migrations.
+        async with conn.acquire() as c:
+            return await migrations.migrate(c, schema)
+    return await migrations.migrate(conn, schema)
 
 
 async def status(
@@ -58,6 +75,7 @@ async def status(
     """What `pgworker status` shows: counts per queue and status, the oldest pending job per
     queue, queues no live worker serves, and the live workers."""
     q = queries(limits.identifier("schema", schema))
+    live_within = limits.seconds("live_within", live_within, zero=False)
     return {
         "counts": await q.status_counts(conn),
         "oldest_pending": await q.status_oldest_pending(conn),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -22,6 +22,7 @@ Row = asyncpg.Record
 AttemptKey = tuple[int, int, datetime]
 """(job id, attempt number, claimed at): what fences every write about an attempt."""
 
+_BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 _ATTEMPT_KEY = re.compile(r"\(job_id, attempt\)=\((\d+), \d+\)")
 
 
@@ -204,9 +205,13 @@ class Queries:
         """Give the leadership up (a stopping worker), so that another worker takes it at once."""
         await conn.execute(self._sql["leader_release"], worker_id)
 
-    async def jobs_expired(self, conn: Executor, skip: Sequence[int] = ()) -> list[Row]:
-        """Jobs whose lease expired, but those in `skip`, oldest first."""
-        return await conn.fetch(self._sql["jobs_expired"], list(skip))
+    async def jobs_expired(
+        self, conn: Executor, skip: Sequence[int] = (), after: tuple[datetime, int] | None = None
+    ) -> list[Row]:
+        """Jobs whose lease expired, but those in `skip`, oldest lease first from after `after`
+        (a job's lease_expires_at and id; None: from the first)."""
+        lease, job_id = after or (_BEGINNING, 0)
+        return await conn.fetch(self._sql["jobs_expired"], list(skip), lease, job_id)
 
     async def jobs_rescue(
         self,

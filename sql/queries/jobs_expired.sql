@@ -1,7 +1,10 @@
--- Jobs whose lease expired, but those in $1 (rows the database refused to rescue), oldest first,
--- with what the leader needs to decide their next status (see jobs_rescue.sql).
-SELECT id, attempts, claimed_at, type, retry_count, max_retries
+-- Jobs whose lease expired, but those in $1 (rows the database refused to rescue), in the order
+-- of their leases from after ($2, $3) (the last job of the previous page, when the previous tick
+-- found a full page: so that a thousand jobs that cannot be rescued never hide the others), with
+-- what the leader needs to decide their next status (see jobs_rescue.sql).
+SELECT id, attempts, claimed_at, type, retry_count, max_retries, lease_expires_at
 FROM {schema}.jobs
 WHERE status = 'running' AND lease_expires_at < now() AND NOT (id = ANY($1::bigint[]))
-ORDER BY lease_expires_at
+  AND lease_expires_at >= $2::timestamptz AND (lease_expires_at, id) > ($2::timestamptz, $3::bigint)
+ORDER BY lease_expires_at, id
 LIMIT 1000

@@ -11,7 +11,8 @@ WITH expired AS (
                 $6::integer[]) AS o(id, attempt, claimed_at, status, delay, retried)
     JOIN {schema}.jobs AS j ON j.id = o.id
     WHERE j.status = 'running' AND j.lease_expires_at < now() AND j.attempts = o.attempt
-      AND j.claimed_at = o.claimed_at
+      -- A row written by hand may hold a lease without a claim time: it is rescued all the same.
+      AND j.claimed_at IS NOT DISTINCT FROM o.claimed_at
       AND EXISTS (SELECT FROM {schema}.leader
                   WHERE name = 'maintenance' AND worker_id = $7 AND expires_at > now())
     FOR UPDATE OF j SKIP LOCKED
@@ -36,7 +37,9 @@ WITH expired AS (
     SET outcome = 'lost', finished_at = now(), error_type = 'WorkerLost',
         error_message = 'worker ' || r.worker_id || ' stopped renewing its lease'
     FROM rescued AS r
-    WHERE a.job_id = r.id AND a.attempt = r.attempts AND a.outcome = 'running'
+    -- Every attempt of the job still open, not only the one numbered `attempts` (an operator
+    -- may have reset that counter): the job runs nowhere now.
+    WHERE a.job_id = r.id AND a.outcome = 'running'
 ), woken AS (
     SELECT pg_notify({jobs_channel}, q.queue)
     FROM (SELECT DISTINCT queue FROM rescued WHERE status = 'pending') AS q
