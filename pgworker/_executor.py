@@ -346,9 +346,10 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
 
 
 def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: float) -> None:
-    failed = result.status is JobStatus.FAILED
-    if enabled(log, logging.WARNING if failed else logging.INFO):
-        (log.warning if failed else log.info)(
+    """One INFO line per attempt's end, failures included: a job's failure is the application's
+    news, not pgworker's trouble, and an application that configured no logging sees none."""
+    if enabled(log, logging.INFO):
+        log.info(
             f"job {result.outcome.value}",
             **attempt.keys,
             type=attempt.type,

@@ -54,6 +54,10 @@ async def ok(ctx, payload):
 async def bad(ctx, payload):
     raise ValueError("boom")
 
+@registry.task("unstorable")
+async def unstorable(ctx, payload):
+    return object()
+
 async def main(dsn, configure):
     if configure == "json":
         pgworker.configure_logging(format="json", level="info")
@@ -94,13 +98,16 @@ async def test_an_embedded_worker_in_a_program_that_configured_nothing_prints_no
     assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'") == 3
 
 
-async def test_a_job_that_fails_for_good_reaches_pythons_last_resort_handler(dsn, conn):
-    """The quiet default is `logging` without a handler, not a level pgworker lowered or a
-    handler that swallows: a WARNING still reaches stderr, as Python prints it."""
+async def test_a_failed_job_prints_nothing_either_but_a_warning_still_reaches_stderr(dsn, conn):
+    """A job that fails for good is an INFO line like any finished job; the quiet default is
+    `logging` without a handler, not a level pgworker lowered or a handler that swallows: a
+    warning of pgworker's own (a handler returning what cannot be stored) still reaches stderr,
+    as Python's last-resort handler prints it."""
     await pgworker.enqueue(conn, "bad", {})
+    await pgworker.enqueue(conn, "unstorable", {})
     out = embedded(dsn)
     assert out.returncode == 0, out
-    assert (out.stdout, out.stderr) == ("served\n", "job failed\n")
+    assert (out.stdout, out.stderr) == ("served\n", "result not stored: not JSON-serialisable\n")
 
 
 async def test_the_applications_logging_configuration_applies_to_pgworker(dsn, conn):
@@ -211,15 +218,21 @@ async def test_the_pgworker_logger_at_info_gets_one_record_per_finished_job(
     assert sorted(r.job_id for r in inside) == ids
 
 
-async def test_the_pgworker_logger_at_warning_gets_only_the_failed_job(dsn, conn, pgworker_logger):
+async def test_the_pgworker_logger_at_warning_gets_no_line_per_job(dsn, conn, pgworker_logger):
     logger, handler = pgworker_logger
     logger.setLevel(logging.WARNING)
-    failed = (await pgworker.enqueue(conn, "bad", {})).job.id
+    await pgworker.enqueue(conn, "bad", {})
     await serve(dsn, conn, 3)
-    assert [(r.levelno, r.getMessage(), r.job_id) for r in handler.records] == [
-        (logging.WARNING, "job failed", failed)
-    ]
-    assert handler.records[0].error == "ValueError: boom"
+    assert handler.records == []
+    logger.setLevel(logging.INFO)
+    failed = (await pgworker.enqueue(conn, "bad", {})).job.id
+    await serve(dsn, conn, 1)
+    [record] = [r for r in about_jobs(handler.records) if r.getMessage() == "job failed"]
+    assert (record.levelno, record.job_id, record.error) == (
+        logging.INFO,
+        failed,
+        "ValueError: boom",
+    )
 
 
 async def test_the_pgworker_logger_at_debug_also_gets_job_started(dsn, conn, pgworker_logger):
