@@ -323,3 +323,73 @@ async def test_sigterm_lets_short_jobs_finish_and_hands_long_ones_back(dsn, conn
     back = await pgworker.get_job(conn, long)
     assert (back.status, back.retry_count) == ("pending", 0)
     assert await outcomes(conn, long) == ["interrupted"]
+
+
+# Logs of an embedded worker (README, Worker in code)
+
+EMBEDDED = """
+import asyncio, logging, sys
+import asyncpg, pgworker
+
+if sys.argv[2] == "info":  # the README's two lines
+    logging.basicConfig()  # a handler
+    logging.getLogger("pgworker").setLevel(logging.INFO)
+elif sys.argv[2] == "fields":  # the job's fields, as attributes of the records
+    shown = "%(levelname)s %(message)s %(job_id)s %(attempt)s %(correlation_id)s %(worker_id)s"
+    handler = logging.StreamHandler()
+    fields = dict.fromkeys(["job_id", "attempt", "correlation_id", "worker_id"], "-")
+    handler.setFormatter(logging.Formatter(shown, defaults=fields))
+    logging.getLogger("pgworker").addHandler(handler)
+    logging.getLogger("pgworker").setLevel(logging.INFO)
+
+registry = pgworker.Registry()
+
+
+@registry.task("ok")
+async def ok(ctx, payload):
+    return None
+
+
+@registry.task("bad", max_retries=0)
+async def bad(ctx, payload):
+    raise ValueError("boom")
+
+
+async def main(dsn):
+    conn = await asyncpg.connect(dsn)
+    jobs = [
+        (await pgworker.enqueue(conn, t, {}, correlation_id=f"req-{t}")).job.id
+        for t in ("ok", "bad")
+    ]
+    async with pgworker.Worker(registry, dsn, worker_id="w1"):
+        while await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE status IN ('pending', 'running')"
+        ):
+            await asyncio.sleep(0.05)
+    print(*jobs)
+
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("configured", ["nothing", "info", "fields"])
+async def test_an_embedded_worker_logs_through_the_pgworker_logger(dsn, tmp_path, configured):
+    script = tmp_path / "embedded.py"
+    script.write_text(EMBEDDED)
+    done = await anyio.run_process([sys.executable, str(script), dsn, configured], check=False)
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, err
+    ok, bad = out.split()
+    if configured == "nothing":  # WARNING and above only: nothing per job
+        assert err == ""
+    elif configured == "info":
+        lines = err.splitlines()
+        assert "INFO:pgworker:job completed" in lines and "INFO:pgworker:job failed" in lines
+        assert "job started" not in err  # DEBUG
+        assert "Traceback" not in err
+    else:
+        lines = err.splitlines()
+        assert f"INFO job completed {ok} 1 req-ok w1" in lines
+        assert f"INFO job failed {bad} 1 req-bad w1" in lines
+        assert "job started" not in err and "Traceback" not in err

@@ -14,18 +14,20 @@ import json
 import subprocess
 import sys
 import time
+from typing import Any
 
 
-def status(dsn: str | None = None) -> dict:
+def status(dsn: str | None = None) -> dict[str, Any]:
     """What `pgworker status --json` prints."""
     command = [sys.executable, "-m", "pgworker", "status", "--json"]
     if dsn:
         command += ["--dsn", dsn]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
 
 
-def drained(found: dict, queue: str) -> bool:
+def drained(found: dict[str, Any], queue: str) -> bool:
     counts = found["queues"].get(queue, {})
     return not counts.get("pending") and not counts.get("running")
 
