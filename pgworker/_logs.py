@@ -15,11 +15,11 @@ about the choice is kept between workers, or between tests:
   variables bound around the job) are attributes of the LogRecord (``record.job_id``). A field
   named like a LogRecord attribute (``name``, ``module``, ...) gets a trailing underscore. pgworker
   adds no handler and demotes no level: with nothing configured, Python's last-resort handler
-  prints WARNING and above (a failed job, a lost connection) as bare messages on stderr, and
-  nothing per completed job.
+  prints WARNING and above (a lost connection, a result that cannot be stored) as bare messages
+  on stderr, and nothing per job.
 
-Levels: one line per finished job, INFO (``job completed``, ``job retried``, ...) or WARNING when
-the job failed for good; ``job started`` is DEBUG. Hot paths ask `enabled(logger, level)` before
+Levels: one INFO line per attempt's end (``job completed``, ``job retried``, ``job failed``, ...);
+``job started`` is DEBUG. Hot paths ask `enabled(logger, level)` before
 building a line: for a `logging` logger that is `Logger.isEnabledFor`, which caches its answer
 per level until the levels change; for structlog's filtering loggers a comparison.
 
