@@ -1,6 +1,7 @@
 """The test database, in this order (README, Two commands): PGWORKER_TEST_DSN; else a
-testcontainers PostgreSQL when a Docker engine answers; else a throwaway cluster from local PostgreSQL binaries (or the
-embedded package). A template database is migrated once per run and cloned for each test."""
+testcontainers PostgreSQL when a Docker engine answers; else a throwaway cluster from local
+PostgreSQL binaries (or the embedded package). A template database is migrated once per run
+and cloned for each test."""
 
 from __future__ import annotations
 
