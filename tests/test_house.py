@@ -169,6 +169,11 @@ async def test_one_fingerprint_function_for_every_statement(conn):
         [one.job.id, many.job.id],
     )
     assert len(rows) == 2 and all(r["fingerprint"] == r["expected"] for r in rows)
+    # What versions before migration 5 computed inline: their running workers agree with it.
+    assert await conn.fetchval(
+        "SELECT pgworker.fingerprint('t', $1::jsonb) = md5('t' || chr(31) || $1::jsonb::text)",
+        '{"b": [1, 2], "a": "é"}',
+    )
     for name in ("job_insert", "job_insert_many", "job_get_by_keys"):
         text = (REPO / "sql" / "queries" / f"{name}.sql").read_text()
         assert "{schema}.fingerprint(" in text and "md5" not in text
