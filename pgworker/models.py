@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -87,31 +87,22 @@ class Job:
 
     @classmethod
     def from_record(cls, r: Any, payload: Any = _UNSET) -> Job:
-        """The job from a row with its columns by name, JSON ones as text (see
-        `_db/files.job_columns`); `payload` when the caller already decoded it."""
-        return cls(
-            id=r["id"],
-            type=r["type"],
-            queue=r["queue"],
-            payload=_json(r, "payload") if payload is _UNSET else payload,
-            priority=r["priority"],
-            status=JobStatus(r["status"]),
-            retry_count=r["retry_count"],
-            max_retries=r["max_retries"],
-            attempts=r["attempts"],
-            idempotency_key=r["idempotency_key"],
-            correlation_id=r["correlation_id"],
-            run_at=r["run_at"],
-            claimed_at=r["claimed_at"],
-            worker_id=r["worker_id"],
-            lease_expires_at=r["lease_expires_at"],
-            error=r["error"],
-            progress=_json(r, "progress"),
-            result=_json(r, "result"),
-            created_at=r["created_at"],
-            updated_at=r["updated_at"],
-            finished_at=r["finished_at"],
-        )
+        """The job from a row holding its columns by name, the JSON ones as text (see
+        `_db/files.job_columns`); `payload` when the caller already decoded it. Every field is
+        read by its name: the dataclass is the one list of a job's columns."""
+        values = {name: r[name] for name in JOB_FIELDS}
+        for column in JSON_COLUMNS:
+            values[column] = _json(r, column)
+        values["status"] = JobStatus(values["status"])
+        if payload is not _UNSET:
+            values["payload"] = payload
+        return cls(**values)
+
+
+JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job))
+"""The columns of `jobs` a Job holds, in order."""
+JSON_COLUMNS = frozenset({"payload", "progress", "result"})
+"""The jsonb columns of `jobs`, read as text: pgworker decodes them itself, only when needed."""
 
 
 @dataclass(slots=True)

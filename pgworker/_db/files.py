@@ -11,16 +11,13 @@ fragment `_name.sql`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
 from .. import _limits
-from ..models import DEFAULT_SCHEMA, Job
-
-JSON_COLUMNS = frozenset({"payload", "progress", "result"})
-"""The jsonb columns of `jobs`, read as text: pgworker decodes them itself, only when needed."""
+from ..models import DEFAULT_SCHEMA, JOB_FIELDS, JSON_COLUMNS
 
 
 def sql_dir() -> Traversable:
@@ -40,8 +37,7 @@ def cancel_channel(schema: str) -> str:
 def job_columns() -> str:
     """The select list of a `jobs` row aliased `j`, in the order of `Job`'s fields."""
     return ", ".join(
-        f"j.{f.name}::text AS {f.name}" if f.name in JSON_COLUMNS else f"j.{f.name}"
-        for f in fields(Job)
+        f"j.{name}::text AS {name}" if name in JSON_COLUMNS else f"j.{name}" for name in JOB_FIELDS
     )
 
 
