@@ -19,7 +19,7 @@ import textwrap
 import traceback
 from collections.abc import Sequence
 from datetime import datetime
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import anyio
 import asyncpg
@@ -28,7 +28,7 @@ from . import _limits as limits
 from . import _render
 from ._db.connection import connect
 from ._db.migrations import check_schema
-from ._logs import LEVELS, configure_logging, get_logger
+from ._logs import LEVELS, LogFormat, configure_logging, get_logger
 from ._service import describe
 from ._version import __version__
 from .enqueue import enqueue
@@ -232,17 +232,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--log-format",
-        choices=["json", "console"],
-        default="console",
+        choices=LOG_FORMATS,
         help="json: one JSON object per line; console: readable lines; both on stderr "
-        "(default: console)",
+        "(default: $PGWORKER_LOG_FORMAT, else console)",
     )
     run.add_argument(
         "--log-level",
         choices=list(LEVELS),
-        default="info",
         help="the lowest level logged: info shows one line per finished job, debug adds "
-        "`job started` lines (default: info)",
+        "`job started` lines (default: $PGWORKER_LOG_LEVEL, else info)",
     )
 
     enq = _command(
@@ -345,6 +343,17 @@ def _dsn(args: argparse.Namespace) -> str:
     return dsn
 
 
+LOG_FORMATS = ["json", "console"]
+
+
+def _from_env(name: str, choices: list[str], default: str) -> str:
+    """An option's environment variable, one of `choices`, else `default`."""
+    value = os.environ.get(name) or default
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def _schema(args: argparse.Namespace) -> str:
     if args.schema:
         return str(args.schema)
@@ -388,7 +397,12 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 async def _run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_format, args.log_level)
+    configure_logging(
+        cast(
+            LogFormat, args.log_format or _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")
+        ),
+        args.log_level or _from_env("PGWORKER_LOG_LEVEL", list(LEVELS), "info"),
+    )
     registry = _load(args.target)
     settings = Settings.from_env(
         dsn=_dsn(args),

@@ -29,7 +29,7 @@ class Settings:
     """How a worker runs. Times are in seconds (a timedelta is accepted too). `queues=None`
     serves every queue the registry's tasks name, plus `default`.
 
-    Bounds (limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
+    Bounds (_limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
     to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
     to 200."""
 

@@ -19,7 +19,12 @@ import asyncpg
 
 from . import _executor
 from ._completer import Completer
-from ._db.connection import create_pool, privilege_error, too_many_connections
+from ._db.connection import (
+    create_pool,
+    migrate_command,
+    privilege_error,
+    too_many_connections,
+)
 from ._db.migrations import check_privileges, check_schema
 from ._heartbeat import Heartbeat
 from ._logs import get_logger
@@ -98,6 +103,10 @@ class Worker:
                 options["queues"] = served
             if concurrency is not None:
                 options["concurrency"] = concurrency
+            unknown = sorted(set(options) - {f.name for f in dataclasses.fields(Settings)})
+            if unknown:
+                known = ", ".join(f.name for f in dataclasses.fields(Settings) if f.name != "dsn")
+                raise ConfigError(unknown[0], f"is not a Worker option; the options are {known}")
             settings = Settings(dsn=dsn or dsn_from_env() or "", **options)
         elif settings.queues is None:
             settings = dataclasses.replace(settings, queues=served)
@@ -292,6 +301,6 @@ def _start_error(schema: str, exc: Exception) -> Exception:
     ):
         return SchemaError(
             f"the pgworker schema {schema!r} does not match this pgworker ({describe(exc)}); "
-            "run `pgworker migrate`"
+            f"run `{migrate_command(schema)}`"
         )
     return DatabaseUnavailable(f"the worker could not start: {describe(exc)}")

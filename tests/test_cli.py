@@ -206,6 +206,23 @@ async def test_run_refuses_an_unmigrated_database(empty_dsn):
     out = cli("run", "tests.apps.basic", "--dsn", empty_dsn)
     assert out.returncode == 2
     assert "run `pgworker migrate`" in out.stderr
+    out = cli("run", "tests.apps.basic", "--dsn", empty_dsn, "--schema", "elsewhere")
+    assert out.returncode == 2
+    assert "run `pgworker migrate --schema elsewhere`" in out.stderr
+
+
+async def test_a_log_variable_with_a_bad_value_is_an_error_naming_it(dsn):
+    env = {**cli_env(), "PGWORKER_LOG_FORMAT": "xml"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pgworker", "run", "tests.apps.basic", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "PGWORKER_LOG_FORMAT: must be one of json, console, got 'xml'" in out.stderr
 
 
 async def stop(worker: subprocess.Popen[bytes]) -> None:
@@ -368,11 +385,16 @@ async def test_schema_option_works_end_to_end_on_another_schema(dsn, conn, tmp_p
     assert await conn.fetchval("SELECT count(*) FROM other.job_attempts") == 1
 
 
-async def test_log_level_warning_hides_the_info_lines(dsn, conn, tmp_path):
+@pytest.mark.parametrize("by", ["options", "environment"])
+async def test_log_level_warning_hides_the_info_lines(dsn, conn, tmp_path, by):
     ok = (await pgworker.enqueue(conn, "echo", {})).job.id
     bad = (await pgworker.enqueue(conn, "fail", {})).job.id
     log = tmp_path / "worker.log"
-    worker = start_worker(dsn, log, "--log-format", "json", "--log-level", "warning")
+    if by == "options":
+        worker = start_worker(dsn, log, "--log-format", "json", "--log-level", "warning")
+    else:
+        env = {"PGWORKER_LOG_FORMAT": "json", "PGWORKER_LOG_LEVEL": "warning"}
+        worker = spawn_worker("tests.apps.basic", dsn, log, env=env)
     try:
         await wait_for(lambda: all_finished(conn), timeout=30)
     finally:

@@ -389,7 +389,7 @@ async def test_a_database_read_only_for_a_while_is_served_again(dsn, conn):
         await conn.execute(f'ALTER DATABASE "{db_name}" SET default_transaction_read_only = on')
         await conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name LIKE 'pgworker%'"
+            " WHERE application_name LIKE 'pgworker%' AND datname = current_database()"
         )
         await wait_for(
             lambda: "read-only" in (worker.health()["producer"]["last_error"] or ""), timeout=20

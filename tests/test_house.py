@@ -291,3 +291,11 @@ asyncio.run(main())
 def test_the_package_sql_link_points_at_the_repository_sql(path):
     link = REPO / path
     assert link.is_symlink() and link.resolve() == (REPO / "sql").resolve()
+
+
+def test_an_unknown_worker_option_is_a_config_error_naming_it():
+    registry = pgworker.Registry()
+    registry.task("t")(lambda ctx, payload: None)
+    with pytest.raises(pgworker.ConfigError) as caught:
+        pgworker.Worker(registry, "postgresql://x/y", bogus=1)
+    assert caught.value.field == "bogus" and "durable_claims" in str(caught.value)

@@ -11,6 +11,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from ..errors import DatabaseUnavailable, PrivilegeError, SchemaError
+from ..models import DEFAULT_SCHEMA
 
 Conn = asyncpg.Connection | PoolConnectionProxy
 """A connection of one's own, or one taken from a pool."""
@@ -199,6 +200,11 @@ async def transaction(conn: Executor) -> AsyncIterator[Conn]:
             yield conn
 
 
+def migrate_command(schema: str) -> str:
+    """The command that creates or upgrades `schema`, for messages that say what to run."""
+    return "pgworker migrate" if schema == DEFAULT_SCHEMA else f"pgworker migrate --schema {schema}"
+
+
 @contextlib.contextmanager
 def schema_errors(schema: str) -> Iterator[None]:
     """A missing schema or table becomes SchemaError, saying what to run."""
@@ -206,7 +212,8 @@ def schema_errors(schema: str) -> Iterator[None]:
         yield
     except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError) as e:
         raise SchemaError(
-            f"the pgworker schema {schema!r} is missing ({e}); run `pgworker migrate` first"
+            f"the pgworker schema {schema!r} is missing ({e}); run `{migrate_command(schema)}` "
+            "first"
         ) from e
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import PrivilegeError, SchemaError
 from . import files
-from .connection import Conn, Executor
+from .connection import Conn, Executor, migrate_command
 from .queries import queries
 
 
@@ -42,11 +42,13 @@ async def check_schema(conn: Executor, schema: str) -> None:
     expected = files.latest_version()
     found = await schema_version(conn, schema)
     if found is None:
-        raise SchemaError(f"the pgworker schema {schema!r} is missing; run `pgworker migrate`")
+        raise SchemaError(
+            f"the pgworker schema {schema!r} is missing; run `{migrate_command(schema)}`"
+        )
     if found < expected:
         raise SchemaError(
             f"the pgworker schema {schema!r} is at version {found}, this pgworker needs "
-            f"{expected}; run `pgworker migrate`"
+            f"{expected}; run `{migrate_command(schema)}`"
         )
     if found > expected:
         raise SchemaError(
