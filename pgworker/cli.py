@@ -460,6 +460,12 @@ async def _enqueue(args: argparse.Namespace) -> int:
             run_at = datetime.fromisoformat(args.run_at)
         except ValueError as exc:
             raise PgWorkerError(f"--run-at {args.run_at!r} is not an ISO 8601 time") from exc
+        if run_at.tzinfo is None:
+            raise ValidationError(
+                "--run-at", f"{args.run_at!r} has no time zone; add one, e.g. {args.run_at}+00:00"
+            )
+        if args.delay is not None:
+            raise ValidationError("--run-at", "give --run-at or --delay, not both")
     conn = await connect(_dsn(args))
     try:
         result = await enqueue(

@@ -185,6 +185,15 @@ async def test_sigterm_with_jobs_running_leaves_nothing_running(dsn, conn, tmp_p
             ("run", "no_such_module_here", "--dsn", "postgresql://x@127.0.0.1:1/x"),
             "cannot import 'no_such_module_here'",
         ),
+        (
+            ("enqueue", "t", "--run-at", "2030-01-01T00:00:00", "--dsn", "postgresql://x@h:1/x"),
+            "--run-at: '2030-01-01T00:00:00' has no time zone; add one, e.g. "
+            "2030-01-01T00:00:00+00:00",
+        ),
+        (
+            ("enqueue", "t", "--run-at", "2030-01-01Z", "--delay", "3", "--dsn", "x://"),
+            "--run-at: give --run-at or --delay, not both",
+        ),
     ],
 )
 async def test_user_errors_are_one_line_and_exit_2(args, message):
