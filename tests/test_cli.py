@@ -191,7 +191,7 @@ async def test_sigterm_with_jobs_running_leaves_nothing_running(dsn, conn, tmp_p
             "2030-01-01T00:00:00+00:00",
         ),
         (
-            ("enqueue", "t", "--run-at", "2030-01-01Z", "--delay", "3", "--dsn", "x://"),
+            ("enqueue", "t", "--run-at", "2030-01-01T00:00:00Z", "--delay", "3", "--dsn", "x://"),
             "--run-at: give --run-at or --delay, not both",
         ),
     ],
