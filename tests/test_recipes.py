@@ -4,14 +4,12 @@ its code is the recipes' code and its references resolve inside the repository."
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +20,13 @@ import pgworker
 from examples.recipes import cancel, drain, fastapi_lifespan, retry
 from examples.recipes.tasks import registry
 
+from .helpers import wait_for
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "examples" / "recipes"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not met within {timeout}s: {predicate}")
-        await anyio.sleep(0.05)
 
 
 async def status_of(conn: Any, job_id: int) -> str:
