@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     INTERRUPTED = "interrupted"
     CANCELLED = "cancelled"
     LOST = "lost"
+    SNOOZED = "snoozed"
 
 
 PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}
@@ -84,6 +85,10 @@ class Job:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    version: int = 1
+    """The payload's version (a task's `version=`)."""
+    budget_started_at: datetime | None = None
+    """When the retry budget in time started: the first claim, or the first after a replay."""
 
     @classmethod
     def from_record(cls, r: Any, payload: Any = _UNSET) -> Job:

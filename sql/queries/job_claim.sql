@@ -30,6 +30,7 @@ WITH next AS MATERIALIZED (
         worker_id = $4,
         lease_expires_at = now() + make_interval(secs => $5::float8),
         heartbeat_at = now(),
+        budget_started_at = coalesce(j.budget_started_at, now()),
         updated_at = now()
     -- = ANY(array), not a join: an index scan even in a generic plan that cannot know the limit.
     WHERE j.id = ANY(ARRAY(SELECT id FROM next))
