@@ -130,6 +130,11 @@ class Attempt:
             self.correlation_id,
         )
 
+    def upgrade(self, task: Task) -> None:
+        """Bring the payload from the job's version to the task's through its upgraders (the
+        claim took only versions they lead from); `ctx.payload` is then the upgraded one."""
+        self.payload = task.upgraded(self.payload, self._record["version"])
+
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:
             self.stopped_as = outcome
@@ -322,6 +327,8 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
     else:
         with attempt.scope:
             try:
+                if task.upgrade:  # an upgrader's failure is the attempt's, as a handler's is
+                    attempt.upgrade(task)
                 if task.is_async:
                     value = await task.fn(ctx, attempt.payload)
                 else:

@@ -33,7 +33,10 @@ class Heartbeat:
         self._log = get_logger(worker_id=settings.worker_id)
 
     async def register(self) -> None:
-        """Record (or refresh) this worker in the `workers` table that `pgworker status` reads."""
+        """Record (or refresh) this worker in the `workers` table that `pgworker status` reads;
+        its `types` are the (type, payload version) pairs it serves, version 1 as the bare type
+        name and the others as `type@version` (registry.served_key): no schema change, and the
+        rows of workers serving version 1 only read as before."""
         s = self._settings
         await self._q.worker_register(
             self._producer.pool,
@@ -41,7 +44,7 @@ class Heartbeat:
             socket.gethostname(),
             os.getpid(),
             s.served_queues,
-            self._producer.types,
+            self._producer.served,
             s.concurrency,
         )
 

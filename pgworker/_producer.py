@@ -23,7 +23,7 @@ from ._logs import get_logger
 from ._notifier import Wakeup
 from ._service import Health, supervise
 from .models import JobStatus, Outcome
-from .registry import Registry
+from .registry import Registry, served_key
 from .settings import Settings
 
 ABANDON_AFTER = 5.0
@@ -84,6 +84,12 @@ class Producer:
         self._wakeup = wakeup
         self._types = [t.name for t in registry]
         self._default_max_retries = [t.retry.max_retries for t in registry]
+        # The (type, payload version) pairs claimed: version 1 by type name, the others (none
+        # unless a task declares a version or upgraders) as `type@version`.
+        served = registry.served()
+        self._version_1_types = [t for t, v in served if v == 1]
+        self._other_versions = [served_key(t, v) for t, v in served if v != 1]
+        self._served = [served_key(t, v) for t, v in served]
         self._handoff = _Handoff()
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
@@ -102,8 +108,9 @@ class Producer:
         return self._pool
 
     @property
-    def types(self) -> list[str]:
-        return self._types
+    def served(self) -> list[str]:
+        """The (type, version) pairs served, as `workers.types` holds them (served_key)."""
+        return self._served
 
     def unwritten(self) -> list[tuple[int, int, datetime]]:
         """(job id, attempt, claimed at) of the attempts whose outcome waits to be written."""
@@ -208,6 +215,8 @@ class Producer:
                 lease=s.lease,
                 code_version=s.code_version,
                 durable=s.durable_claims,
+                version_1_types=self._version_1_types,
+                other_versions=self._other_versions,
             )
         except asyncpg.exceptions.UniqueViolationError as exc:
             job_id = attempt_conflict(exc)

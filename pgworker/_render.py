@@ -59,13 +59,30 @@ def workers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def unserved(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The warning about pending (queue, type) pairs that no live worker serves; none if none."""
+    """The warning about pending (queue, type, payload version) triples that no live worker
+    serves, the version said when it is not 1; none if none."""
     if not rows:
         return []
     return [
         "pending types that no live worker serves:",
-        *(f"  {u['queue']}: {u['type']}" for u in rows),
+        *(f"  {u['queue']}: {u['type']}{_version(u)}" for u in rows),
     ]
+
+
+def _version(row: Mapping[str, Any]) -> str:
+    version = row.get("version", 1)
+    return "" if version == 1 else f" (version {version})"
+
+
+def unserved_json(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The unserved triples as JSON objects: `queue` and `type`, and `version` when it is not 1
+    (the objects of version 1 read as before versions existed)."""
+    found: list[dict[str, Any]] = []
+    for u in rows:
+        version = u.get("version", 1)
+        item = {"queue": u["queue"], "type": u["type"]}
+        found.append(item if version == 1 else {**item, "version": version})
+    return found
 
 
 def status_text(found: Rows) -> str:
@@ -93,7 +110,7 @@ def status_json(found: Rows) -> str:
                 {"worker_id": w["worker_id"], "queues": w["queues"], "types": w["types"]}
                 for w in found["workers"]
             ],
-            "unserved": [{"queue": u["queue"], "type": u["type"]} for u in found["unserved"]],
+            "unserved": unserved_json(found["unserved"]),
         },
         indent=2,
     )

@@ -90,6 +90,7 @@ class _Fields(NamedTuple):
     correlation_id: str | None
     run_at: datetime | None
     delay: float | None
+    version: int
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -101,6 +102,7 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
         if correlation is None:
             correlation = current_correlation_id.get()
         max_retries = spec.max_retries
+        version = spec.version
         return _Fields(
             limits.name("type", spec.type, limits.MAX_TYPE_LENGTH),
             limits.name("queue", spec.queue, limits.MAX_QUEUE_LENGTH, required=False)
@@ -118,6 +120,7 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             ),
             run_at,
             delay,
+            1 if version is None else limits.count("version", version, minimum=1),
         )
     except ValidationError as exc:
         raise _in_batch(exc, at) from None
@@ -141,9 +144,11 @@ async def enqueue(
     correlation_id: str | None = None,
     run_at: datetime | None = None,
     delay: timedelta | float | None = None,
+    version: int | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
-    """Insert one job and notify the workers of its queue.
+    """Insert one job and notify the workers of its queue. `version` is the payload's version
+    (default 1): only workers whose task runs that version claim the job.
 
     On a Connection inside a transaction, the job and its notification exist only if that
     transaction commits. With an idempotency key already used for the same type and payload,
@@ -160,6 +165,7 @@ async def enqueue(
         correlation_id,
         run_at,
         delay,
+        version,
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
@@ -175,6 +181,7 @@ async def enqueue(
         f.correlation_id,
         f.run_at,
         f.delay,
+        f.version,
     )
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
@@ -281,7 +288,16 @@ def _random_ids(n: int) -> list[str]:
     ]
 
 
-_COPY_COLUMNS = ["id", "type", "queue", "payload", "priority", "max_retries", "correlation_id"]
+_COPY_COLUMNS = [
+    "id",
+    "type",
+    "queue",
+    "payload",
+    "priority",
+    "max_retries",
+    "version",
+    "correlation_id",
+]
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _COPY_CHUNK = 500
 
@@ -307,7 +323,7 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
         f = _fields(spec, i)
         max_retries = r"\N" if f.max_retries is None else f.max_retries
         head = f"{_copy_text(f.type)}\t{_copy_text(f.queue)}\t"
-        return f, head, f"\t{f.priority}\t{max_retries}\t"
+        return f, head, f"\t{f.priority}\t{max_retries}\t{f.version}\t"
 
     def encode(start: int, end: int) -> list[tuple[str, _Fields, str, Any]]:
         """Check and encode specs[start:end]: each row's COPY line but its id, and what its
@@ -322,6 +338,7 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
                 and spec.priority is None
                 and spec.max_retries is None
                 and spec.correlation_id is None
+                and spec.version is None
             ):
                 shape = bare.get(spec.type)
                 if shape is None:
@@ -419,6 +436,7 @@ def _batch_json(unique: list[tuple[int, _Fields]], texts: list[str]) -> str:
             "c": f.correlation_id,
             "r": f.run_at.isoformat() if f.run_at else None,
             "d": f.delay,
+            "v": f.version,
         }
         for _, f in unique
     ]
@@ -467,4 +485,5 @@ def _new_job(
         created_at=created_at,
         updated_at=created_at,
         finished_at=None,
+        version=f.version,
     )

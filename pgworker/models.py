@@ -125,6 +125,8 @@ class JobSpec:
     correlation_id: str | None = None
     run_at: datetime | None = None
     delay: timedelta | float | None = None
+    version: int | None = None
+    """The payload's version (a task's `version=`); None is 1."""
 
 
 class EnqueueResult:

@@ -6,8 +6,8 @@ import importlib
 import inspect
 import math
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,18 @@ from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from .retry import RetryPolicy
 
 Handler = Callable[..., Any]
+Upgrader = Callable[[Any], Any]
+"""`fn(payload of version v) -> payload of version v + 1`, a plain function."""
+
+
+def served_key(type: str, version: int) -> str:
+    """How a served (type, version) is written in `workers.types`: the bare type for version 1
+    (what workers wrote before versions existed), `type@N` otherwise. A type whose name holds an
+    `@` is always written with its version (`a@b@1`), so the text after the last `@` is the
+    version whenever there is one. The claim and `status_unserved.sql` build the same text."""
+    if version == 1 and "@" not in type:
+        return type
+    return f"{type}@{version}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +43,26 @@ class Task:
     timeout: float | None
     retry: RetryPolicy
     is_async: bool
+    version: int = 1
+    """The payload version the handler takes (`jobs.version`)."""
+    upgrade: Mapping[int, Upgrader] = field(default_factory=dict)
+    """Upgraders by the version they read: `upgrade[v](payload)` is the payload at v + 1."""
+
+    @property
+    def versions(self) -> range:
+        """The payload versions this task runs: its own, and each older one from which the
+        upgraders lead, step by step, to it."""
+        oldest = self.version
+        while oldest - 1 in self.upgrade:
+            oldest -= 1
+        return range(oldest, self.version + 1)
+
+    def upgraded(self, payload: Any, version: int) -> Any:
+        """`payload`, written at `version`, brought to the task's version by the upgraders
+        v -> v+1 -> ... in turn. Whatever an upgrader raises is raised."""
+        for v in range(version, self.version):
+            payload = self.upgrade[v](payload)
+        return payload
 
 
 class Registry:
@@ -48,9 +80,17 @@ class Registry:
         queue: str = DEFAULT_QUEUE,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        version: int = 1,
+        upgrade: Mapping[int, Upgrader] | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register `fn(ctx, payload)` as the handler of job type `name`. `async def` handlers run
-        on the event loop; plain `def` handlers run in a worker thread."""
+        on the event loop; plain `def` handlers run in a worker thread.
+
+        `version` is the payload version the handler takes; the worker claims jobs of that
+        version, and of each older version `v` from which `upgrade` leads to it: `upgrade[v]` is
+        a plain function turning a payload of version `v` into one of `v + 1`, applied in turn
+        before the handler runs (so `{1: f, 2: g}` lets a version-3 handler run jobs of versions
+        1 and 2)."""
         if not isinstance(name, str) or not name:
             raise ConfigError("name", f"must be a non-empty string, got {name!r}")
         if name in self._tasks:
@@ -75,6 +115,8 @@ class Registry:
                 )
             policy = RetryPolicy(max_retries, policy.initial_delay, policy.max_delay, policy.jitter)
         prio = limits.priority("priority", priority, error=ConfigError)
+        version = limits.count("version", version, minimum=1, error=ConfigError)
+        upgraders = _upgraders(upgrade, version)
 
         def register(fn: Handler) -> Handler:
             if not callable(fn):
@@ -87,6 +129,8 @@ class Registry:
                 timeout=float(timeout) if timeout is not None else None,
                 retry=policy,
                 is_async=inspect.iscoroutinefunction(fn),
+                version=version,
+                upgrade=upgraders,
             )
             return fn
 
@@ -107,9 +151,13 @@ class Registry:
     def queues(self) -> list[str]:
         return sorted({t.queue for t in self._tasks.values()})
 
+    def served(self) -> list[tuple[str, int]]:
+        """Every (type, payload version) this registry runs, directly or through upgraders."""
+        return [(t.name, v) for t in self._tasks.values() for v in t.versions]
+
     async def enqueue(self, conn: Any, type: str, payload: Any = None, **options: Any) -> Any:
-        """`pgworker.enqueue` with this registry's task defaults for queue, priority and
-        max_retries where the caller gives none."""
+        """`pgworker.enqueue` with this registry's task defaults for queue, priority,
+        max_retries and version (the task's payload version) where the caller gives none."""
         from .enqueue import enqueue
 
         task = self._tasks.get(type)
@@ -118,11 +166,40 @@ class Registry:
                 "queue": task.queue,
                 "priority": task.priority,
                 "max_retries": task.retry.max_retries,
+                "version": task.version,
             }
             for name, value in defaults.items():
                 if options.get(name) is None:
                     options[name] = value
         return await enqueue(conn, type, payload, **options)
+
+
+def _upgraders(upgrade: Any, version: int) -> dict[int, Upgrader]:
+    """`upgrade` checked: versions from 1 below `version`, each mapped to a plain function,
+    without gaps (each one's result is the next one's input, up to `version`)."""
+    if upgrade is None:
+        return {}
+    if not isinstance(upgrade, Mapping):
+        raise ConfigError("upgrade", f"must be a dict {{version: function}}, got {upgrade!r}")
+    for v, fn in upgrade.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < version:
+            raise ConfigError(
+                "upgrade", f"keys must be payload versions from 1 to {version - 1}, got {v!r}"
+            )
+        if not callable(fn):
+            raise ConfigError("upgrade", f"upgrade[{v}] must be a function, got {fn!r}")
+        if inspect.iscoroutinefunction(fn):
+            raise ConfigError(
+                "upgrade", f"upgrade[{v}] must be a plain function (upgraders run synchronously)"
+            )
+    missing = [v for v in range(min(upgrade, default=version), version) if v not in upgrade]
+    if missing:
+        raise ConfigError(
+            "upgrade",
+            f"has no upgrader for version {missing[0]}: upgrade[v] turns a payload of version v "
+            f"into version v + 1, each one up to version {version}",
+        )
+    return dict(upgrade)
 
 
 def load(target: str) -> Registry:

@@ -248,14 +248,18 @@ class PgWorker(System):
 
     async def explain_claim(self, dsn: str) -> dict[str, Any]:
         """The claim's plans, custom and generic, run under EXPLAIN ANALYZE and rolled back."""
-        # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode.
-        params = "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off'"
+        # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode,
+        # the types served at version 1, the other (type, version) pairs served (none).
+        params = (
+            "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off', "
+            "'{noop,latency}', '{}'"
+        )
         conn = await asyncpg.connect(dsn)
         out: dict[str, Any] = {}
         try:
             await conn.execute(
-                "PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text) AS "
-                + self.claim_sql()
+                "PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text, "
+                "text[], text[]) AS " + self.claim_sql()
             )
             for mode in ("auto", "force_generic_plan"):
                 tr = conn.transaction()

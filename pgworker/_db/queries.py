@@ -118,9 +118,13 @@ class Queries:
         lease: float,
         code_version: str | None,
         durable: bool = False,
+        version_1_types: Sequence[str] | None = None,
+        other_versions: Sequence[str] = (),
     ) -> list[Row]:
         """Claim up to `limit` jobs in one statement; the rows are whole jobs. Unless `durable`,
-        the claim commits without waiting for its WAL flush."""
+        the claim commits without waiting for its WAL flush. Only jobs of the (type, version)
+        pairs served are claimed: version 1 of `version_1_types` (None: of every type) and
+        `other_versions`, as registry.served_key writes them."""
         return await conn.fetch(
             self._sql["job_claim"],
             queues,
@@ -131,6 +135,8 @@ class Queries:
             default_max_retries,
             code_version,
             None if durable else "off",
+            types if version_1_types is None else version_1_types,
+            other_versions,
         )
 
     async def job_attempts_repair(self, conn: Executor, job_id: int) -> None:

@@ -1,8 +1,11 @@
--- Claim up to $3 due jobs of the worker's queues ($1) and types ($2), highest priority first, then
--- oldest run_at, then id. Each claimed job gets an attempt row, and the task's max_retries ($6,
--- aligned with $2) where the enqueuer gave none. The rows are whole jobs as the claim left them.
--- With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
--- claims"); with NULL it commits as the server is configured.
+-- Claim up to $3 due jobs of the worker's queues ($1) whose (type, version) the worker serves,
+-- highest priority first, then oldest run_at, then id: version 1 of the types in $9, and the other
+-- versions listed in $10 as `type@version` (registry.served_key; empty when the worker serves
+-- version 1 only, the common case, which then costs one integer comparison per row). Each claimed
+-- job gets an attempt row, and the task's max_retries ($6, aligned with the types $2) where the
+-- enqueuer gave none. The rows are whole jobs as the claim left them. With $8 = 'off' the claim
+-- commits without waiting for its WAL flush (see the README, "Fast claims"); with NULL it commits
+-- as the server is configured.
 WITH next AS MATERIALIZED (
     -- One index scan of jobs_claim_idx per queue, each already in claim order.
     SELECT c.id
@@ -10,7 +13,9 @@ WITH next AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at
         FROM {schema}.jobs
-        WHERE status = 'pending' AND queue = q.name AND type = ANY($2::text[])
+        WHERE status = 'pending' AND queue = q.name
+          AND CASE WHEN version = 1 THEN type = ANY($9::text[])
+                   ELSE type || '@' || version = ANY($10::text[]) END
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
         LIMIT $3
