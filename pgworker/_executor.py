@@ -23,6 +23,7 @@ import anyio
 from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
 from ._logs import base_logger, enabled, get_logger
 from ._service import describe, error_parts
+from ._steps import StepStore
 from .context import JobContext, current_correlation_id
 from .errors import PermanentError, Retry
 from .models import AttemptResult, Job, JobStatus, Outcome
@@ -57,13 +58,16 @@ class Attempt:
         "retry_count",
         "scope",
         "stopped_as",
+        "store",
         "task_cancelled",
         "type",
     )
 
-    def __init__(self, record: Any) -> None:
-        """`record` is a row of job_claim.sql: the job as its claim left it."""
+    def __init__(self, record: Any, store: StepStore | None = None) -> None:
+        """`record` is a row of job_claim.sql: the job as its claim left it; `store` is where its
+        steps and milestones go (see _steps.py)."""
         self._record = record
+        self.store = store
         self._job: Job | None = None
         self.id: int = record["id"]
         self.number: int = record["attempts"]
@@ -96,6 +100,13 @@ class Attempt:
         if self._job is None:
             self._job = Job.from_record(self._record, payload=self.payload)
         return self._job
+
+    @property
+    def progress(self) -> str | None:
+        """The job's progress (JSON text) as the claim found it: the last milestone before this
+        attempt."""
+        progress: str | None = self._record["progress"]
+        return progress
 
     @property
     def log(self) -> Any:

@@ -22,6 +22,7 @@ from ._executor import Attempt, execute, failed_by_worker
 from ._logs import get_logger
 from ._notifier import Wakeup
 from ._service import Health, supervise
+from ._steps import StepStore
 from .models import JobStatus, Outcome
 from .registry import Registry, served_key
 from .settings import Settings
@@ -90,6 +91,9 @@ class Producer:
         self._version_1_types = [t for t, v in served if v == 1]
         self._other_versions = [served_key(t, v) for t, v in served if v != 1]
         self._served = [served_key(t, v) for t, v in served]
+        self._steps = StepStore(
+            settings.dsn, settings.schema, settings.concurrency, settings.worker_id
+        )
         self._handoff = _Handoff()
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
@@ -163,6 +167,7 @@ class Producer:
             self._handoff.close()
             with anyio.CancelScope(shield=True):
                 await self._join_slots()
+                await self._steps.close()
 
     def _spawn_slot(self) -> None:
         """Slots are tasks of their own, not children of a task group: a handler that ignores
@@ -232,7 +237,7 @@ class Producer:
             return
         self._saturated = len(records) == free
         for record in records:
-            self._start(Attempt(record))
+            self._start(Attempt(record, self._steps))
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)

@@ -3,10 +3,13 @@ current context (jobs enqueued from a handler inherit it)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from contextvars import ContextVar
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from ._steps import Steps, step_name
 from .models import Job
 
 if TYPE_CHECKING:
@@ -23,13 +26,15 @@ def _forward(path: str) -> Any:
 
 
 class JobContext:
-    """What a handler knows about the attempt it runs. `log` is bound to the job's keys."""
+    """What a handler knows about the attempt it runs, and what it keeps across attempts: its
+    durable steps and milestones. `log` is bound to the job's keys."""
 
-    __slots__ = ("_attempt", "worker_id")
+    __slots__ = ("_attempt", "_steps", "worker_id")
 
     def __init__(self, attempt: Attempt, worker_id: str) -> None:
         self._attempt = attempt
         self.worker_id = worker_id
+        self._steps: Steps | None = None  # made at the first step or milestone
 
     job: Job = _forward("_attempt.job")
     """The job as its claim left it."""
@@ -42,6 +47,54 @@ class JobContext:
     queue: str = _forward("_attempt.queue")
     log: Any = _forward("_attempt.log")
     """A logger bound to the job's keys."""
+
+    def _attempt_steps(self) -> Steps:
+        if self._steps is None:
+            self._steps = Steps(self._attempt)
+        return self._steps
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` run at most once per job and `name`: its result is stored in
+        `job_steps` under the attempt's fence, and a later attempt gets it back without calling
+        `fn`. `fn` may be async, or a plain function (run in a thread). A step that raises
+        stores nothing and runs again on the next attempt. The result must be JSON-serialisable
+        (else a ValidationError naming the step, nothing stored); it is returned as stored (a
+        tuple comes back a list), the first time as on later attempts. A name used again in the
+        same attempt returns the stored result without calling `fn`. Raises PgWorkerError, and
+        records nothing, once this attempt no longer holds its job (the handler should let it
+        propagate). Steps are awaited, so they are for `async def` handlers."""
+        return await self._attempt_steps().step(name, fn, args, kwargs)
+
+    async def transactional_step(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Like `step`, for an effect that is a write to this database: `await fn(conn, *args,
+        **kwargs)` runs in a transaction on a connection of the worker's (from a pool kept for
+        steps, with the server's default session settings), the step is recorded in that same
+        transaction, and both commit together or neither: a crash, an exception, a result that
+        cannot be stored or a lost lease rolls the effect back with the checkpoint."""
+        return await self._attempt_steps().transactional_step(name, fn, args, kwargs)
+
+    def key(self, name: str) -> str:
+        """A key for an effect outside this database, the same on every attempt of this job:
+        pass it as the idempotency key of a remote API so that a repeated call is recognised."""
+        return f"pgworker:{self._attempt.id}:{step_name(name)}"
+
+    async def progress(self, milestone: str, detail: dict[str, Any] | None = None) -> None:
+        """Report a milestone: `jobs.progress` becomes {"milestone", "detail", "at" (ISO 8601,
+        UTC), "attempt"}, kept through later attempts and after the job ends, and
+        `job_milestones` keeps every one. Fenced like a step."""
+        await self._attempt_steps().progress(milestone, detail)
+
+    @property
+    def last_progress(self) -> dict[str, Any] | None:
+        """The job's progress when this attempt started (the last milestone of an earlier
+        attempt, or of this job before a replay), or None: where to resume from."""
+        text = self._attempt.progress
+        if text is None:
+            return None
+        value = json.loads(text)
+        return value if isinstance(value, dict) else None
 
     def __repr__(self) -> str:
         return f"JobContext(job_id={self.job_id}, attempt={self.attempt}, type={self.type!r})"

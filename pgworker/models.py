@@ -89,6 +89,9 @@ class Job:
     """The payload's version (a task's `version=`)."""
     budget_started_at: datetime | None = None
     """When the retry budget in time started: the first claim, or the first after a replay."""
+    steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
+    """The results of the steps the job has done, by name, as `get_job` read them (None when not
+    read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""
 
     @classmethod
     def from_record(cls, r: Any, payload: Any = _UNSET) -> Job:
@@ -104,8 +107,8 @@ class Job:
         return cls(**values)
 
 
-JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job))
-"""The columns of `jobs` a Job holds, in order."""
+JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.metadata.get("column", True))
+"""The columns of `jobs` a Job holds, in order (its fields but those marked not a column)."""
 JSON_COLUMNS = frozenset({"payload", "progress", "result"})
 """The jsonb columns of `jobs`, read as text: pgworker decodes them itself, only when needed."""
 

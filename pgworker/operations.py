@@ -3,6 +3,8 @@ create or upgrade the schema."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -36,10 +38,42 @@ def _job_id(value: object) -> int:
 
 
 async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
-    """The job's current row (status, result, error, retry_count, progress), or None."""
+    """The job's current row (status, result, error, retry_count, progress) with the results of
+    the steps it has done (`Job.steps`, by name), or None."""
     q = queries(limits.identifier("schema", schema))
     row = await q.job_get(conn, _job_id(job_id))
-    return None if row is None else Job.from_record(row)
+    if row is None:
+        return None
+    steps = {s["name"]: _decoded(s["result"]) for s in await q.job_steps_of(conn, row["id"])}
+    return dataclasses.replace(Job.from_record(row), steps=steps)
+
+
+async def job_steps(
+    conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> list[dict[str, Any]]:
+    """The steps the job has done, in the order they finished: dicts with `name`, `result`
+    (decoded), `attempt`, `started_at` and `finished_at`. Empty for an unknown job."""
+    q = queries(limits.identifier("schema", schema))
+    return [
+        {**dict(r), "result": _decoded(r["result"])}
+        for r in await q.job_steps_of(conn, _job_id(job_id))
+    ]
+
+
+async def job_milestones(
+    conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> list[dict[str, Any]]:
+    """Every milestone the job reported (`ctx.progress`), oldest first: dicts with `seq`,
+    `attempt`, `milestone`, `detail` (decoded) and `at`. Empty for an unknown job."""
+    q = queries(limits.identifier("schema", schema))
+    return [
+        {**dict(r), "detail": _decoded(r["detail"])}
+        for r in await q.job_milestones_of(conn, _job_id(job_id))
+    ]
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> CancelResult:

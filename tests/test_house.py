@@ -18,6 +18,7 @@ import pgworker
 from pgworker import Job, RetryPolicy
 from pgworker._db import files
 from pgworker._db.queries import Queries
+from pgworker.models import JOB_FIELDS
 from pgworker.retry import next_retry
 
 from .helpers import fake_claim, has_status, serving_guarded, wait_for
@@ -131,8 +132,9 @@ async def test_the_job_row_is_read_by_name_from_the_one_column_list(conn):
             "WHERE table_schema = 'pgworker' AND table_name = 'jobs'"
         )
     }
-    fields = [f.name for f in dataclasses.fields(Job)]
+    fields = [f.name for f in dataclasses.fields(Job) if f.metadata.get("column", True)]
     assert set(fields) <= columns
+    assert list(JOB_FIELDS) == fields
     listed = [c.split(" AS ")[-1].removeprefix("j.") for c in files.job_columns().split(", ")]
     assert listed == fields
     r = await pgworker.enqueue(conn, "t", {"a": 1}, queue="q", priority=7, idempotency_key="k")

@@ -274,6 +274,46 @@ class Queries:
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
             raise privilege_error(self.schema, exc) from exc
 
+    # --- steps and milestones (ctx.step, ctx.transactional_step, ctx.progress) ---------------
+
+    async def job_steps_done(
+        self, conn: Executor, attempt: AttemptKey
+    ) -> tuple[bool, dict[str, str]]:
+        """Whether `attempt` still holds its job, and the job's steps done: their stored results
+        (JSON text) by name."""
+        rows = await conn.fetch(self._sql["job_steps_done"], *attempt)
+        held = bool(rows and rows[0]["held"])
+        return held, {r["name"]: r["result"] for r in rows if r["name"] is not None}
+
+    async def job_step_record(
+        self,
+        conn: Executor,
+        attempt: AttemptKey,
+        name: str,
+        result: str,
+        started_at: datetime | None,
+    ) -> str | None:
+        """Record a step under `attempt`'s fence; the stored result (JSON text), or None when the
+        attempt no longer holds its job."""
+        row = await conn.fetchrow(self._sql["job_step_record"], *attempt, name, result, started_at)
+        return None if row is None else str(row["result"])
+
+    async def job_progress(
+        self, conn: Executor, attempt: AttemptKey, milestone: str, detail: str | None
+    ) -> bool:
+        """Set the job's progress and add the milestone to its history, under `attempt`'s fence;
+        False when the attempt no longer holds its job."""
+        noted = await conn.fetchval(self._sql["job_progress"], *attempt, milestone, detail)
+        return noted is not None
+
+    async def job_steps_of(self, conn: Executor, job_id: int) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["job_steps_of"], job_id)
+
+    async def job_milestones_of(self, conn: Executor, job_id: int) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["job_milestones_of"], job_id)
+
     # --- migrations ---------------------------------------------------------------------------
 
     async def migrations_lock(self, conn: Conn) -> None:

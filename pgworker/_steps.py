@@ -1,0 +1,203 @@
+"""Durable steps and milestones (`ctx.step`, `ctx.transactional_step`, `ctx.progress`): what a
+job has done, kept in PostgreSQL so that a later attempt resumes instead of doing it again.
+
+Every write is fenced by the attempt (job id, attempt number, claim time), like its outcome: an
+attempt that lost its job (lease expired and rescued, claimed again elsewhere) records nothing,
+and its step raises so that its handler stops. The steps a job has done are read once per
+attempt, at its first step; a handler that uses none costs nothing.
+
+Steps run on a pool of their own, opened at the worker's first step: a transactional step holds
+its connection while the user's function runs, which on the worker's small pool would starve the
+heartbeat (and lose the lease), and the user's SQL must not run under the session settings tuned
+for pgworker's own statements (generic plans, no bitmap scans, a lock timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from . import _limits as limits
+from ._db.queries import AttemptKey, queries
+from ._service import describe
+from .errors import PgWorkerError, ValidationError
+
+if TYPE_CHECKING:
+    from ._executor import Attempt
+
+MAX_NAME_LENGTH = 200
+"""The longest step name or milestone, in characters."""
+CLOSE_TIMEOUT = 5.0
+"""Seconds a stopping worker waits for steps still holding a connection before closing it."""
+
+
+class StepStore:
+    """Where one worker's steps are read and written: a pool of up to `size` connections (one per
+    slot), opened when a step first needs it and closed when the worker stops."""
+
+    def __init__(self, dsn: str, schema: str, size: int, worker_id: str) -> None:
+        self.q = queries(schema)
+        self._dsn = dsn
+        self._size = size
+        self._application_name = f"pgworker:{worker_id}:steps"[:63]
+        self._pool: asyncpg.Pool | None = None
+        self._opening = asyncio.Lock()
+
+    async def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            async with self._opening:
+                if self._pool is None:
+                    self._pool = await asyncpg.create_pool(
+                        self._dsn,
+                        min_size=0,
+                        max_size=self._size,
+                        timeout=10,
+                        server_settings={"application_name": self._application_name},
+                    )
+        return self._pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
+        except Exception:  # a step of an abandoned handler still holds its connection
+            pool.terminate()
+        except BaseException:
+            pool.terminate()
+            raise
+
+
+def lost(attempt: Attempt, what: str) -> PgWorkerError:
+    """The error that stops a handler whose attempt lost its job: its outcome would be dropped
+    (fenced) anyway, and nothing it does now may be recorded."""
+    return PgWorkerError(
+        f"job {attempt.id}, attempt {attempt.number}: {what}: this attempt no longer holds the "
+        "job (its lease expired and it was rescued, or it was claimed again); the handler stops "
+        "here and the job's current attempt goes on"
+    )
+
+
+def step_name(value: Any) -> str:
+    return limits.name("name", value, MAX_NAME_LENGTH)
+
+
+def _json(field: str, value: Any, what: str) -> str:
+    """`value` as compact JSON text storable in jsonb, or a ValidationError naming `field`."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        problem: str | None = f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+    except Exception as exc:  # the value's own methods ran: anything may come out
+        problem = f"is not JSON-serialisable ({describe(exc)})"
+    else:
+        problem = limits.json_problem(text, value)
+    if problem is not None:
+        raise ValidationError(field, f"{what} {problem}; nothing was stored")
+    return text
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`fn(*args, **kwargs)`: awaited when async, in a thread when not (as plain `def` handlers
+    run), its awaitable result awaited."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    from ._executor import _threads  # the executor imports the context, which imports this
+
+    value = await _threads.run(functools.partial(fn, *args, **kwargs))
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+class Steps:
+    """One attempt's steps: those its job had done (read at the first step) and those it did."""
+
+    __slots__ = ("_attempt", "_done", "_key", "_loading", "_store")
+
+    def __init__(self, attempt: Attempt) -> None:
+        if attempt.store is None:
+            raise PgWorkerError("steps and milestones need a worker: this attempt has none")
+        self._attempt = attempt
+        self._store: StepStore = attempt.store
+        self._key: AttemptKey = (attempt.id, attempt.number, attempt.claimed_at)
+        self._done: dict[str, str] | None = None
+        self._loading = asyncio.Lock()
+
+    async def _steps_done(self, name: str) -> dict[str, str]:
+        if self._done is None:
+            async with self._loading:
+                if self._done is None:
+                    pool = await self._store.pool()
+                    held, done = await self._store.q.job_steps_done(pool, self._key)
+                    if not held:
+                        raise lost(self._attempt, f"step {name!r} not run")
+                    self._done = done
+        return self._done
+
+    async def step(
+        self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        name = step_name(name)
+        _callable(fn)
+        done = await self._steps_done(name)
+        if name in done:
+            return json.loads(done[name])
+        started = datetime.now(UTC)
+        value = await _call(fn, args, kwargs)
+        text = _json("result", value, f"the result of step {name!r}")
+        pool = await self._store.pool()
+        stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
+        if stored is None:
+            raise lost(self._attempt, f"step {name!r} ran but was not recorded")
+        done[name] = stored
+        return json.loads(stored)
+
+    async def transactional_step(
+        self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        name = step_name(name)
+        _callable(fn)
+        done = await self._steps_done(name)
+        if name in done:
+            return json.loads(done[name])
+        pool = await self._store.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            pending = fn(conn, *args, **kwargs)
+            if not inspect.isawaitable(pending):
+                raise ValidationError(
+                    "fn",
+                    f"step {name!r}: a transactional step's function must be async (it is "
+                    f"awaited as fn(conn, ...)), got {fn!r}; nothing was stored",
+                )
+            value = await pending
+            text = _json("result", value, f"the result of step {name!r}")
+            # started_at None: now(), when this transaction began.
+            stored = await self._store.q.job_step_record(conn, self._key, name, text, None)
+            if stored is None:
+                # Raised inside the transaction: the step's own writes roll back with it.
+                raise lost(self._attempt, f"step {name!r} rolled back")
+        done[name] = stored
+        return json.loads(stored)
+
+    async def progress(self, milestone: Any, detail: Any) -> None:
+        milestone = limits.name("milestone", milestone, MAX_NAME_LENGTH)
+        if detail is not None and not isinstance(detail, dict):
+            raise ValidationError("detail", f"must be a dict or None, got {type(detail).__name__}")
+        text = None if detail is None else _json("detail", detail, "the detail")
+        pool = await self._store.pool()
+        if not await self._store.q.job_progress(pool, self._key, milestone, text):
+            raise lost(self._attempt, f"milestone {milestone!r} not recorded")
+
+
+def _callable(fn: Any) -> None:
+    if not callable(fn):
+        raise ValidationError("fn", f"must be callable, got {fn!r}")
