@@ -13,6 +13,7 @@ from .errors import (
     PrivilegeError,
     Retry,
     SchemaError,
+    Snooze,
     ValidationError,
 )
 from .models import PRIORITY_LABELS, EnqueueResult, Job, JobSpec, JobStatus
@@ -41,6 +42,7 @@ __all__ = [
     "RetryPolicy",
     "SchemaError",
     "Settings",
+    "Snooze",
     "Task",
     "ValidationError",
     "Worker",

@@ -22,15 +22,17 @@ import anyio
 
 from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
 from ._logs import base_logger, enabled, get_logger
+from ._redact import MESSAGE_LIMIT, Redactor, error_texts, redactor
 from ._service import describe, error_parts
 from ._steps import StepStore
 from .context import JobContext, current_correlation_id
-from .errors import PermanentError, Retry
+from .errors import PermanentError, Retry, Snooze
 from .models import AttemptResult, Job, JobStatus, Outcome
 from .registry import Task
-from .retry import next_retry
+from .retry import budget_spent, next_retry, why_final
 
-_MESSAGE_LIMIT = 2000
+_SCANNED_MESSAGE = 64 * 1024
+"""An exception's message is read up to this length, then redacted, then summarised."""
 STRAY_CANCELS = 10
 """How many times a job whose task was cancelled by something other than the worker is handed
 back uncounted before such a cancellation counts as its failure."""
@@ -57,6 +59,7 @@ class Attempt:
         "queue",
         "retry_count",
         "scope",
+        "started",
         "stopped_as",
         "store",
         "task_cancelled",
@@ -90,6 +93,7 @@ class Attempt:
             "worker_id": record["worker_id"],
         }
         self.scope = anyio.CancelScope()
+        self.started: float | None = None  # time.monotonic() when the handler was called
         self.stopped_as: Outcome | None = None
         self.task_cancelled = False
         self._log: Any = None
@@ -124,6 +128,7 @@ class Attempt:
         error_message: str | None = None,
         delay: float = 0.0,
         retried: int = 0,
+        error_detail: str | None = None,
     ) -> AttemptResult:
         """This attempt's result: the job's next status, the attempt's outcome, and the other
         fields of AttemptResult (built positionally: one is made per job)."""
@@ -139,7 +144,18 @@ class Attempt:
             delay,
             retried,
             self.correlation_id,
+            error_detail,
         )
+
+    def budget_elapsed(self) -> float | None:
+        """Seconds since the job's retry budget started (its first claim, or first since a
+        replay), on the database's clock up to this claim and on this process's since; None when
+        the row has no start."""
+        started_at: datetime | None = self._record["budget_started_at"]
+        if started_at is None:
+            return None
+        running = 0.0 if self.started is None else time.monotonic() - self.started
+        return (self.claimed_at - started_at).total_seconds() + running
 
     def upgrade(self, task: Task) -> None:
         """Bring the payload from the job's version to the task's through its upgraders (the
@@ -152,22 +168,35 @@ class Attempt:
         self.scope.cancel()
 
 
-def _error(exc: BaseException) -> tuple[str, str]:
-    return error_parts(exc, _MESSAGE_LIMIT)
+Error = tuple[str, str, str | None]
+"""An attempt's error as stored: type, message (first line, redacted) and detail (the redacted
+traceback, or None)."""
+
+
+def _error(attempt: Attempt, exc: BaseException, redact: Redactor) -> Error:
+    """The handler's exception as stored and logged: its message's first line and its traceback,
+    with the payload's secrets and the patterns of `redact` replaced (_redact.py)."""
+    error_type, message = error_parts(exc, _SCANNED_MESSAGE)
+    summary, detail = error_texts(exc, redact, attempt.payload, message)
+    return error_type, summary, detail
 
 
 def _retry_or_fail(
     task: Task,
     attempt: Attempt,
     outcome: Outcome,
-    error: tuple[str, str],
+    error: Error,
     after: float | None = None,
-    why_final: str = "",
+    count_exhausted: bool = False,
 ) -> AttemptResult:
-    """Back to pending, counted as a retry, when `next_retry` says so; else failed. `outcome` is
-    the attempt's when final (`failed` becomes `retried` when retried)."""
-    error_type, message = error
-    delay = next_retry(task.retry, attempt.retry_count, attempt.max_retries, after)
+    """Back to pending, counted as a retry, when `next_retry` says so; else failed, the message
+    ending with why when the time budget ended the retries (or the count, with
+    `count_exhausted`). `outcome` is the attempt's when final (`failed` becomes `retried` when
+    retried). The budget's time is read only for a policy that has one."""
+    error_type, message, detail = error
+    policy = task.retry
+    elapsed = None if policy.max_elapsed is None else attempt.budget_elapsed()
+    delay = next_retry(policy, attempt.retry_count, attempt.max_retries, after, elapsed)
     if delay is not None:
         return attempt.ends(
             JobStatus.PENDING,
@@ -176,13 +205,17 @@ def _retry_or_fail(
             error_message=message,
             delay=delay,
             retried=1,
+            error_detail=detail,
         )
-    retries = task.retry.max_retries if attempt.max_retries is None else attempt.max_retries
+    if count_exhausted or budget_spent(policy, elapsed):
+        why = why_final(policy, attempt.retry_count, attempt.max_retries)
+        message = message[: MESSAGE_LIMIT - len(why)] + why
     return attempt.ends(
         JobStatus.FAILED,
         outcome,
         error_type=error_type,
-        error_message=message + why_final.format(retries=retries),
+        error_message=message,
+        error_detail=detail,
     )
 
 
@@ -196,7 +229,11 @@ def _result_text(attempt: Attempt, value: Any) -> str | None:
         _warn(attempt, "result not stored", error=f"the result {_TOO_DEEP}")
         return None
     except BaseException as exc:  # the value's own methods ran: anything may come out
-        _warn(attempt, "result not stored: not JSON-serialisable", error=describe(exc))
+        _warn(
+            attempt,
+            "result not stored: not JSON-serialisable",
+            error=redactor().text(describe(exc), attempt.payload),
+        )
         return None
     if has_surrogates(text):
         text = clean_text(text)
@@ -312,12 +349,16 @@ def _cancelled_by_worker(attempt: Attempt) -> bool:
     return attempt.scope.cancel_called
 
 
-async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult:
+async def execute(
+    attempt: Attempt, task: Task, worker_id: str, redact: Redactor | None = None
+) -> AttemptResult:
     """Run one attempt to its outcome, in a structlog context bound to `attempt.keys` (the
     producer's slot binds them). Cancellation of this attempt's own scope (timeout, shutdown,
     operator cancel) is turned into an outcome; any other cancellation by the worker propagates.
     Whatever else the handler raises, BaseExceptions included (SystemExit, KeyboardInterrupt,
-    GeneratorExit, its own CancelledError), is the attempt's failure."""
+    GeneratorExit, its own CancelledError), is the attempt's failure. Its error texts are
+    redacted with `redact` (the worker's `redact_keys`; None: the default words) before they are
+    stored or logged."""
     current_correlation_id.set(attempt.correlation_id)
     ctx = JobContext(attempt, worker_id)
     log = base_logger()
@@ -325,7 +366,7 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
         log.debug("job started", **attempt.keys, type=attempt.type, queue=attempt.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
-    started = time.monotonic()
+    started = attempt.started = time.monotonic()
     value: Any = None
     failure: BaseException | None = None
     if attempt.payload_error is not None:
@@ -355,7 +396,7 @@ async def execute(attempt: Attempt, task: Task, worker_id: str) -> AttemptResult
             finally:
                 if _forked:
                     _leave_forked_child()
-        result = _decide(attempt, task, value, failure)
+        result = _decide(attempt, task, value, failure, redact or redactor())
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)
     except BaseException:
@@ -385,7 +426,7 @@ def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: flo
 
 
 def _decide(
-    attempt: Attempt, task: Task, value: Any, failure: BaseException | None
+    attempt: Attempt, task: Task, value: Any, failure: BaseException | None, redact: Redactor
 ) -> AttemptResult:
     # Stopped by the worker: whatever the handler's cleanup raised on the way out (a `finally:`
     # that fails) does not make the stop its failure.
@@ -401,7 +442,7 @@ def _decide(
                 error_type="Cancelled",
                 error_message="cancelled by an operator",
             )
-        timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s")
+        timed_out = ("TimeoutError", f"timed out after {task.timeout:g}s", None)
         return _retry_or_fail(task, attempt, Outcome.TIMED_OUT, timed_out)
     if failure is None:
         return _completed(attempt, value)
@@ -418,33 +459,43 @@ def _decide(
                 error_message="the task running this job was cancelled by something other than "
                 "the worker (the handler, or a task an earlier handler left behind)",
             )
+    if isinstance(failure, Snooze):
+        # Not a failure: back to pending at the time asked, no retry spent, no error recorded.
+        return attempt.ends(
+            JobStatus.PENDING,
+            Outcome.SNOOZED,
+            delay=clamp_delay(_number(getattr(failure, "after", 0.0))),
+        )
+    error = _error(attempt, failure, redact)
     if isinstance(failure, PermanentError):
-        error_type, message = _error(failure)
         return attempt.ends(
             JobStatus.FAILED,
             Outcome.FAILED,
-            error_type=error_type,
-            error_message=message,
+            error_type=error[0],
+            error_message=error[1],
+            error_detail=error[2],
         )
     if isinstance(failure, Retry):
         return _retry_or_fail(
             task,
             attempt,
             Outcome.FAILED,
-            _error(failure),
+            error,
             clamp_delay(_number(getattr(failure, "after", 0.0))),
-            " (max_retries {retries} exhausted)",
+            count_exhausted=True,
         )
     if enabled(attempt.log, logging.DEBUG):
         with contextlib.suppress(BaseException):
-            attempt.log.debug("handler raised", exc_info=failure)
-    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(failure))
+            attempt.log.debug("handler raised", traceback=error[2])
+    return _retry_or_fail(task, attempt, Outcome.FAILED, error)
 
 
-def failed_by_worker(attempt: Attempt, task: Task, exc: BaseException) -> AttemptResult:
+def failed_by_worker(
+    attempt: Attempt, task: Task, exc: BaseException, redact: Redactor | None = None
+) -> AttemptResult:
     """The outcome of an attempt that pgworker itself failed to run to the end (a bug): an
     ordinary failure, retried while retries remain."""
-    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(exc))
+    return _retry_or_fail(task, attempt, Outcome.FAILED, _error(attempt, exc, redact or redactor()))
 
 
 def _number(value: Any) -> float:

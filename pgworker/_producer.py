@@ -21,6 +21,7 @@ from ._db.queries import attempt_conflict, queries
 from ._executor import Attempt, execute, failed_by_worker
 from ._logs import get_logger
 from ._notifier import Wakeup
+from ._redact import redactor
 from ._service import Health, supervise
 from ._steps import StepStore
 from .models import JobStatus, Outcome
@@ -94,6 +95,7 @@ class Producer:
         self._steps = StepStore(
             settings.dsn, settings.schema, settings.concurrency, settings.worker_id
         )
+        self._redact = redactor(settings.redact_keys)
         self._handoff = _Handoff()
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
@@ -308,10 +310,10 @@ class Producer:
         sound = True
         try:
             try:
-                result = await execute(attempt, task, self._settings.worker_id)
+                result = await execute(attempt, task, self._settings.worker_id, self._redact)
             except BaseException as exc:  # not the handler's: its exceptions are its outcome
                 sound = False
-                result = failed_by_worker(attempt, task, exc)
+                result = failed_by_worker(attempt, task, exc, self._redact)
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             self._completer.submit(result)

@@ -19,6 +19,7 @@ import anyio
 
 from ._db.connection import classify
 from ._limits import clean_text
+from ._redact import scrub
 
 State = Literal["ok", "retrying", "stopped"]
 
@@ -47,10 +48,12 @@ def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:
     return clean_text(name[:200]), clean_text(message[:limit])
 
 
-def describe(exc: BaseException) -> str:
-    """`Type: message`, as `error_parts` makes them."""
-    name, message = error_parts(exc)
-    return f"{name}: {message}" if message else name
+def describe(exc: BaseException, limit: int = 2000) -> str:
+    """`Type: message`, as `error_parts` makes them, with URL passwords, bearer tokens and the
+    values of `password=...`-like pairs redacted (`_redact.scrub`): the runtime's log lines and
+    messages carry this, never an exception's text as it is."""
+    name, message = error_parts(exc, 16 * limit)
+    return scrub(f"{name}: {message}" if message else name)[: len(name) + 2 + limit]
 
 
 class Health:

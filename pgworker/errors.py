@@ -1,5 +1,5 @@
 """Every error pgworker raises derives from PgWorkerError; handlers signal outcomes with
-PermanentError and Retry."""
+PermanentError, Retry and Snooze."""
 
 from __future__ import annotations
 
@@ -67,4 +67,21 @@ class Retry(Exception):
 
         delay = seconds("after", after)
         super().__init__(reason or f"retry requested in {delay:g}s")
+        self.after = delay
+
+
+class Snooze(Exception):
+    """Raised by a handler: run the job again `after` seconds from now *without* spending a retry
+    (throttling: a rate limit, a resource not ready yet). The attempt is recorded with the
+    outcome `snoozed`; the job's error is left as it was. Time snoozed counts against a
+    `RetryPolicy(max_elapsed=)` budget, which only ends retries of failures.
+
+    `after` must be finite, >= 0 and at most `limits.MAX_DELAY` (ten years): anything else is a
+    ValidationError when constructed, which inside a handler is the attempt's ordinary failure."""
+
+    def __init__(self, after: float | timedelta) -> None:
+        from ._limits import seconds  # _limits imports this module
+
+        delay = seconds("after", after)
+        super().__init__(f"snoozed for {delay:g}s")
         self.after = delay

@@ -185,7 +185,8 @@ class AttemptResult(NamedTuple):
     `job_id`, `attempt` and `claimed_at` name the attempt (its write is fenced by all three);
     `status` is the job's next status; `delay` (seconds) sets its next run_at when pending;
     `retried` is 1 when the attempt counts against max_retries; `correlation_id` is for the log
-    lines about the outcome. A named tuple: one is made per
+    lines about the outcome; `error_detail` the redacted traceback of a failed attempt (the
+    error texts are redacted by the executor, see _redact.py). A named tuple: one is made per
     attempt, and a tuple costs a fraction of a frozen dataclass to build.
     """
 
@@ -200,3 +201,4 @@ class AttemptResult(NamedTuple):
     delay: float = 0.0
     retried: int = 0
     correlation_id: str | None = None
+    error_detail: str | None = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from . import _limits as limits
+from ._redact import DEFAULT_KEYS, shown_dsn
 from .errors import ConfigError
 from .models import DEFAULT_QUEUE, DEFAULT_SCHEMA
 
@@ -31,7 +32,12 @@ class Settings:
 
     Bounds (_limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
     to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
-    to 200."""
+    to 200.
+
+    Secrets: before an error text is stored or logged, the values of payload keys whose name
+    contains one of `redact_keys` (case-insensitively), URL passwords, `key=value` pairs of those
+    keys and bearer tokens are replaced by `[REDACTED]` (see _redact.py). The DSN's password is
+    never shown, in `repr` either."""
 
     dsn: str
     concurrency: int = 10
@@ -44,6 +50,7 @@ class Settings:
     durable_claims: bool = False
     schema: str = DEFAULT_SCHEMA
     code_version: str | None = None
+    redact_keys: tuple[str, ...] = DEFAULT_KEYS
 
     @property
     def served_queues(self) -> tuple[str, ...]:
@@ -92,6 +99,20 @@ class Settings:
             required=False,
             error=ConfigError,
         )
+        keys: object = self.redact_keys
+        if isinstance(keys, str) or not isinstance(keys, tuple | list):
+            raise ConfigError("redact_keys", f"must be a list of key names, got {keys!r}")
+        for key in keys:
+            limits.name("redact_keys", key, limits.MAX_QUEUE_LENGTH, error=ConfigError)
+        object.__setattr__(self, "redact_keys", tuple(k.lower() for k in keys))
+
+    def __repr__(self) -> str:
+        """The settings, the DSN's password replaced."""
+        shown = (
+            f"{f.name}={shown_dsn(self.dsn) if f.name == 'dsn' else getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"Settings({', '.join(shown)})"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -118,6 +139,8 @@ def _parse(name: str, raw: str) -> Any:
         raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
     if name == "queues":
         return tuple(q.strip() for q in raw.split(",") if q.strip()) or None
+    if name == "redact_keys":  # empty: no key's values are searched for
+        return tuple(k.strip() for k in raw.split(",") if k.strip())
     if name in ("listen", "durable_claims"):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
             raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")

@@ -45,6 +45,7 @@ PUBLIC = {
     "RetryPolicy",
     "SchemaError",
     "Settings",
+    "Snooze",
     "Task",
     "ValidationError",
     "Worker",

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from .._redact import redact_dsn
 from ..errors import DatabaseUnavailable, PrivilegeError, SchemaError
 from ..models import DEFAULT_SCHEMA
 
@@ -88,21 +89,25 @@ async def recover(pool: asyncpg.Pool, exc: BaseException) -> None:
 
 def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
     """What went wrong, for a person: the server answered (no such database, login refused) or
-    it did not (down, unreachable, a malformed DSN)."""
+    it did not (down, unreachable, a malformed DSN). Never the DSN's password: a malformed DSN
+    may be quoted back by the driver."""
+    return DatabaseUnavailable(redact_dsn(_connect_problem(exc), dsn))
+
+
+def _connect_problem(exc: BaseException) -> str:
     where = "(--dsn, PGWORKER_DSN or DATABASE_URL)"
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
-        return too_many_connections(exc)
+        return str(too_many_connections(exc))
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
-        return DatabaseUnavailable(f"{exc}: create it, or fix the database name in the DSN {where}")
+        return f"{exc}: create it, or fix the database name in the DSN {where}"
     if isinstance(
         exc,
         asyncpg.exceptions.InvalidAuthorizationSpecificationError
         | asyncpg.exceptions.InvalidPasswordError,
     ):
-        return DatabaseUnavailable(
-            f"the server refused the login ({exc}); check the user and password in the DSN {where}"
-        )
-    return DatabaseUnavailable(
+        fix = f"check the user and password in the DSN {where}"
+        return f"the server refused the login ({exc}); {fix}"
+    return (
         f"cannot reach the database ({type(exc).__name__}: {exc}); check the DSN "
         f"{where} and that PostgreSQL is running"
     )

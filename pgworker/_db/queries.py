@@ -158,6 +158,7 @@ class Queries:
             [r.delay for r in results],
             [r.retried for r in results],
             [r.claimed_at for r in results],
+            [r.error_detail for r in results],
         )
         return {r["id"] for r in rows}
 

@@ -1,9 +1,12 @@
--- Write a batch of attempt outcomes ($1-$10, one array per field, aligned); returns the ids
+-- Write a batch of attempt outcomes ($1-$11, one array per field, aligned); returns the ids
 -- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
 -- number), and its attempt row is closed in the same statement. A job whose cancellation was
 -- asked for is never requeued: its attempt is closed as `cancelled`, not counted as a retry. An
--- outcome missing from the result was dropped.
+-- outcome missing from the result was dropped. A completed job's error is cleared (the errors of
+-- its earlier attempts stay in job_attempts); an outcome without an error (a snooze, a stop)
+-- leaves the job's as it was. The attempt row gets the error's redacted traceback
+-- (error_detail): every error text arrives redacted (see pgworker/_redact.py).
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
 -- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
@@ -13,7 +16,8 @@ WITH done AS (
     SET status = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NOT NULL
                       THEN 'cancelled' ELSE o.status END,
         result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
-        error = CASE WHEN o.error_type IS NULL THEN j.error
+        error = CASE WHEN o.status = 'completed' THEN NULL
+                     WHEN o.error_type IS NULL THEN j.error
                      ELSE o.error_type || coalesce(': ' || nullif(o.error_message, ''), '') END,
         retry_count = j.retry_count + CASE WHEN j.cancel_requested_at IS NULL THEN o.retried
                                            ELSE 0 END,
@@ -24,19 +28,19 @@ WITH done AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::float8[], $9::integer[], $10::timestamptz[])
+                $7::text[], $8::float8[], $9::integer[], $10::timestamptz[], $11::text[])
          AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried,
-              claimed_at)
+              claimed_at, error_detail)
     WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
       AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts,
               CASE WHEN o.status = 'pending' AND j.status = 'cancelled' THEN 'cancelled'
                    ELSE o.outcome END AS outcome,
-              o.error_type, o.error_message
+              o.error_type, o.error_message, o.error_detail
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
-        error_message = d.error_message
+        error_message = d.error_message, error_detail = d.error_detail
     FROM done AS d
     WHERE a.job_id = d.id AND a.attempt = d.attempts
 )

@@ -1,0 +1,252 @@
+"""Secrets kept out (issue 13, item 5): error texts are redacted before they are stored
+(`jobs.error`, `job_attempts.error_message`, `job_attempts.error_detail`) or logged, and a DSN's
+password never appears in a pgworker message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import pgworker
+from pgworker import Settings
+from pgworker._db import connection
+from pgworker._redact import (
+    DEFAULT_KEYS,
+    DETAIL_LIMIT,
+    MESSAGE_LIMIT,
+    REDACTED,
+    detail,
+    redact_dsn,
+    redact_payload,
+    redactor,
+    scrub,
+    summary,
+)
+
+from .helpers import ROOT, all_finished, spawn_worker, wait_for
+
+aio = pytest.mark.asyncio(loop_scope="session")
+
+SECRETS = ("hunter2-xyz", "sk_live_123", "pw-789")
+PAYLOAD = {"password": "hunter2-xyz", "api_key": "sk_live_123"}
+DSN_PASSWORD = "dsn-pass-4567"
+
+
+def with_password(dsn: str, password: str) -> str:
+    """`dsn` with a password (the test server trusts every login: it is not checked)."""
+    parts = urlsplit(dsn)
+    netloc = f"{parts.username or 'postgres'}:{password}@{parts.hostname}:{parts.port or 5432}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# --- the rules ---------------------------------------------------------------------------------
+
+
+def test_payload_values_are_redacted_wherever_they_appear_at_any_depth():
+    r = redactor()
+    payload = {
+        "user": "bob-the-user",
+        "Api_Key": "k-123456",
+        "deep": [{"x": {"DB_PASSWORD": "p4ssw0rd"}}, {"access_token": 98765432}],
+        "credentials": {"user": "carol-x", "pin": ["1234-5678"]},
+        "pin": "12",
+        "token": "abc",
+    }
+    text = "bob-the-user k-123456 p4ssw0rd 98765432 carol-x 1234-5678 abc 12"
+    assert r.text(text, payload) == (
+        f"bob-the-user {REDACTED} {REDACTED} {REDACTED} {REDACTED} {REDACTED} abc 12"
+    )
+    # As repr() and JSON write them too.
+    quoted = {"secret": 'he said "hi"\n'}
+    assert r.text(repr(quoted) + json.dumps(quoted), quoted).count("hi") == 0
+
+
+def test_urls_pairs_and_bearer_tokens_are_redacted_without_a_payload():
+    r = redactor()
+    cases = {
+        "via postgresql://u:pw-789@db/x": f"via postgresql://u:{REDACTED}@db/x",
+        "redis://:s3cret@h:6379/0 and http://host:8080/a": (
+            f"redis://:{REDACTED}@h:6379/0 and http://host:8080/a"
+        ),
+        "password=abc user=bob": f"password={REDACTED} user=bob",
+        "db_passwd: x1, other: y": f"db_passwd: {REDACTED}, other: y",
+        '{"client_secret": "a b c", "id": "z"}': f'{{"client_secret": "{REDACTED}", "id": "z"}}',
+        "{'Authorization': 'Basic dXNlcjpw'}": f"{{'Authorization': '{REDACTED}'}}",
+        "Authorization: Bearer eyJ.abc-def": f"Authorization: {REDACTED}",
+        "sent bearer eyJ.abc-def=": f"sent bearer {REDACTED}",
+        "?access_token=tok&page=2": f"?access_token={REDACTED}&page=2",
+        "the password is wrong": "the password is wrong",
+    }
+    for text, expected in cases.items():
+        assert r.text(text) == expected, text
+    assert scrub("postgresql://u:pw-789@db/x") == f"postgresql://u:{REDACTED}@db/x"
+
+
+def test_the_key_list_is_configurable():
+    custom = redactor(("ssn",))
+    assert custom.text("ssn=123-45-6789 password=x", {"my_ssn": "123-45-6789"}) == (
+        f"ssn={REDACTED} password=x"
+    )
+    nothing = redactor(())
+    assert nothing.text("password=x 12345678", {"password": "12345678"}) == ("password=x 12345678")
+    env = {"PGWORKER_DSN": "postgresql://x/y", "PGWORKER_REDACT_KEYS": " SSN, pin ,,"}
+    assert Settings.from_env(env).redact_keys == ("ssn", "pin")
+    assert Settings(dsn="x").redact_keys == DEFAULT_KEYS
+
+
+@pytest.mark.parametrize("keys", ["password", [""], ["a\x00"], None, [1]])
+def test_bad_redact_keys_name_the_field(keys):
+    with pytest.raises(pgworker.ConfigError) as raised:
+        Settings(dsn="x", redact_keys=keys)
+    assert raised.value.field == "redact_keys"
+
+
+def test_redact_payload_returns_a_redacted_copy():
+    payload = {"a": 1, "Password": "x", "list": [{"apikey": {"k": "v"}}], "n": None}
+    shown = redact_payload(payload, DEFAULT_KEYS)
+    assert shown == {"a": 1, "Password": REDACTED, "list": [{"apikey": REDACTED}], "n": None}
+    assert payload["Password"] == "x" and payload["list"][0]["apikey"] == {"k": "v"}
+    assert redact_payload({"ssn": "1"}, ["SSN"]) == {"ssn": REDACTED}
+    assert redact_payload([1, "x"], DEFAULT_KEYS) == [1, "x"]
+
+
+def test_messages_are_one_line_and_tracebacks_8_kb():
+    assert summary("\n  first line  \nsecond") == "first line"
+    assert len(summary("x" * 5000)) == MESSAGE_LIMIT
+    long = "é" * 10_000 + "THE END"
+    cut = detail(long)
+    assert len(cut.encode()) <= DETAIL_LIMIT and cut.endswith("THE END") and cut.startswith("é")
+    # Redacted before cut: a secret across the limit is not left half shown.
+    r = redactor()
+    text = "x" * (MESSAGE_LIMIT - 3) + " password=hunter2-xyz"
+    assert "hun" not in summary(r.text(text))
+
+
+def test_hostile_texts_are_redacted_in_linear_time():
+    import time
+
+    r = redactor()
+    for text in ("a" * 60_000, "token" * 12_000, "a.a." * 15_000 + "://", "x:" * 30_000):
+        started = time.perf_counter()
+        r.text(text, PAYLOAD)
+        assert time.perf_counter() - started < 1.0, text[:20]
+
+
+# --- a DSN's password --------------------------------------------------------------------------
+
+
+def test_settings_never_show_the_dsn_password():
+    s = Settings(dsn=f"postgresql://app:{DSN_PASSWORD}@db/app")
+    assert DSN_PASSWORD not in repr(s) and f"app:{REDACTED}@db" in repr(s)
+    s = Settings(dsn=f"host=db user=app password={DSN_PASSWORD}")
+    assert DSN_PASSWORD not in repr(s)
+    dsn = "postgresql://app:p%40ss-word@db/app"
+    assert "p@ss-word" not in redact_dsn("login for p@ss-word failed", dsn)
+
+
+@aio
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        f"postgresql://app:{DSN_PASSWORD}@127.0.0.1:1/app",
+        f"postgresql://app:{DSN_PASSWORD}@127.0.0.1:notaport/app",
+        f"postgresql://app:{DSN_PASSWORD}@127.0.0.1:1/app?sslmode=bogus",
+    ],
+)
+async def test_database_unavailable_never_shows_the_dsn_password(dsn):
+    registry = pgworker.Registry()
+    registry.task("t")(lambda ctx, payload: None)
+    with pytest.raises(pgworker.DatabaseUnavailable) as raised:
+        async with pgworker.Worker(registry, dsn):
+            pass
+    assert DSN_PASSWORD not in str(raised.value), raised.value
+    out = subprocess.run(
+        [sys.executable, "-m", "pgworker", "status", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stderr.strip(), out
+    assert DSN_PASSWORD not in out.stdout + out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("form", ["url", "keywords"])
+def test_a_driver_quoting_the_dsn_back_shows_no_password(form):
+    dsn = (
+        f"postgresql://app:{DSN_PASSWORD}@db/app"
+        if form == "url"
+        else f"host=db user=app password={DSN_PASSWORD}"
+    )
+    for exc in (ValueError(f"invalid DSN {dsn!r}"), OSError(f"cannot use {DSN_PASSWORD}")):
+        message = str(connection._describe(dsn, exc))
+        assert DSN_PASSWORD not in message and REDACTED in message, message
+
+
+# --- the acceptance test: a real worker --------------------------------------------------------
+
+
+async def stored_texts(conn) -> str:
+    """Everything stored about the jobs but their payloads, as one text."""
+    jobs = await conn.fetch("SELECT (to_jsonb(j) - 'payload')::text AS t FROM pgworker.jobs j")
+    tries = await conn.fetch("SELECT to_jsonb(a)::text AS t FROM pgworker.job_attempts a")
+    return "\n".join(r["t"] for r in [*jobs, *tries])
+
+
+@aio
+async def test_no_secret_reaches_the_tables_or_the_worker_log(dsn, conn, tmp_path):
+    login = (await pgworker.enqueue(conn, "login", PAYLOAD)).job.id
+    leaky_payload = {**PAYLOAD, "nested": {"client_secret": "vault-7788"}}
+    leaky = (await pgworker.enqueue(conn, "leaky", leaky_payload)).job.id
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(
+        "tests.apps.secrets",
+        with_password(dsn, DSN_PASSWORD),
+        log,
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+    )
+    try:
+        await wait_for(lambda: all_finished(conn), timeout=30)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            assert worker.wait(timeout=30) == 0, log.read_text()
+        finally:
+            worker.kill()
+    text = log.read_text()
+    stored = await stored_texts(conn)
+    for secret in (*SECRETS, "vault-7788", DSN_PASSWORD):
+        assert secret not in stored, (secret, stored)
+        assert secret not in text, (secret, text)
+    # What is stored and logged is the redacted error, not nothing.
+    error = "ValueError: login failed password=[REDACTED] via postgresql://u:[REDACTED]@db/x"
+    assert await conn.fetchval("SELECT error FROM pgworker.jobs WHERE id = $1", login) == error
+    rows = await conn.fetch(
+        "SELECT outcome, error_type, error_message, error_detail FROM pgworker.job_attempts "
+        "WHERE job_id = $1 ORDER BY attempt",
+        login,
+    )
+    assert [r["outcome"] for r in rows] == ["retried", "failed"]
+    for r in rows:
+        assert f"{r['error_type']}: {r['error_message']}" == error
+        assert r["error_detail"].startswith("Traceback") and "[REDACTED]" in r["error_detail"]
+    leaky_rows = await conn.fetch(
+        "SELECT error_message, error_detail FROM pgworker.job_attempts WHERE job_id = $1", leaky
+    )
+    for r in leaky_rows:
+        assert "\n" not in r["error_message"] and r["error_message"].startswith("call failed")
+        assert "KeyError" in r["error_detail"] and "second line" in r["error_detail"]
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    failed = [x for x in lines if x.get("event") == "job failed" and x.get("job_id") == login]
+    assert [x["error"] for x in failed] == [error], text
+    assert any(x.get("event") == "handler raised" for x in lines), text
