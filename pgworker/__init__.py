@@ -17,7 +17,17 @@ from .errors import (
     ValidationError,
 )
 from .models import PRIORITY_LABELS, EnqueueResult, Job, JobSpec, JobStatus
-from .operations import CancelResult, cancel, get_job, migrate
+from .operations import (
+    CancelResult,
+    FailedJob,
+    ReplayResult,
+    cancel,
+    get_job,
+    list_failed,
+    migrate,
+    prune,
+    replay,
+)
 from .registry import Registry, Task
 from .retry import RetryPolicy
 from .settings import Settings
@@ -29,6 +39,7 @@ __all__ = [
     "ConfigError",
     "DatabaseUnavailable",
     "EnqueueResult",
+    "FailedJob",
     "IdempotencyConflict",
     "Job",
     "JobContext",
@@ -38,6 +49,7 @@ __all__ = [
     "PgWorkerError",
     "PrivilegeError",
     "Registry",
+    "ReplayResult",
     "Retry",
     "RetryPolicy",
     "SchemaError",
@@ -52,5 +64,8 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_job",
+    "list_failed",
     "migrate",
+    "prune",
+    "replay",
 ]

@@ -1,7 +1,13 @@
 """Maintenance: what the leader does (see _leadership.py). At each tick it rescues the jobs whose
 lease expired (their worker died, froze or was cut off) and, now and then, forgets workers long
-gone. A rescued job is retried under the same rule as a failed attempt (`retry.next_retry`, with
-its task's policy), so it waits for its backoff; out of retries, it fails."""
+gone and deletes the finished jobs past their retention. A rescued job is retried under the same
+rule as a failed attempt (`retry.next_retry`, with its task's policy), so it waits for its
+backoff; out of retries, it fails.
+
+Retention (Settings.retain_completed, retain_failed) deletes old finished jobs with everything
+recorded about them, at most RETENTION_BATCH per statement and RETENTION_BATCHES statements per
+tick: a backlog (the first run on an old database) drains over the following ticks, each short,
+never holding many locks, and never delaying the rescue by more than a tick."""
 
 from __future__ import annotations
 
@@ -27,6 +33,10 @@ REFUSED_KEPT = 1000
 PRUNE_EVERY ticks: what refused them may have been fixed)."""
 PAGE = 1000
 """The most jobs jobs_expired.sql returns at once."""
+RETENTION_BATCH = 1000
+"""The most jobs one retention statement deletes."""
+RETENTION_BATCHES = 10
+"""The most retention statements per tick; fewer once half the tick's interval is spent."""
 
 Decision = tuple[AttemptKey, str, float, int]
 """(attempt, next status, seconds until it runs again, 1 when counted as a retry)."""
@@ -44,6 +54,16 @@ def refused(exc: BaseException) -> bool:
     needs that is gone). A lost connection or a statement to retry is no refusal."""
     kind = classify(exc)
     return kind == "rejected" or (kind == "unexpected" and isinstance(exc, asyncpg.PostgresError))
+
+
+def retention_ages(settings: Settings) -> dict[str, float]:
+    """The age past which each finished status is deleted; a status kept forever is absent."""
+    ages: dict[str, float] = {}
+    if settings.retain_completed is not None:
+        ages["completed"] = settings.retain_completed
+    if settings.retain_failed is not None:
+        ages["failed"] = ages["cancelled"] = settings.retain_failed
+    return ages
 
 
 class Maintenance:
@@ -65,6 +85,8 @@ class Maintenance:
         self._ticks = 0
         self._refused: list[int] = []
         self._after: tuple[Any, int] | None = None
+        self._ages = retention_ages(settings)
+        self._backlog = False
         self.leadership = Leadership(pool, settings)
         self.rescued = 0
 
@@ -107,11 +129,46 @@ class Maintenance:
                     run_at=row["run_at"].isoformat(),
                     lost_worker=row["worker_id"],
                 )
-        if self._ticks % PRUNE_EVERY == 0:
+        now_and_then = self._ticks % PRUNE_EVERY == 0
+        if now_and_then:
             await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
             if self._ticks:
                 self._refused.clear()
         self._ticks += 1
+        if self._ages and (now_and_then or self._backlog):
+            await self._retain()
+
+    async def _retain(self) -> None:
+        """Delete a few batches of finished jobs past their retention, fenced by the leadership.
+        Until a batch comes back short, a backlog is left for the next tick (a lost connection
+        included)."""
+        pruned: dict[str, int] = {}
+        budget = anyio.current_time() + interval(self._s.lease) / 2
+        self._backlog = True
+        for _ in range(RETENTION_BATCHES):
+            try:
+                batch = await self._q.jobs_prune(
+                    self._pool, self._ages, RETENTION_BATCH, self._s.worker_id
+                )
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                # A trigger of the user's own refusing the delete: said once per try (every
+                # PRUNE_EVERY ticks); the rescue goes on meanwhile.
+                self._log.error("retention refused by the database", error=describe(exc))
+                self._backlog = False
+                break
+            for status, n in batch.items():
+                pruned[status] = pruned.get(status, 0) + n
+            if sum(batch.values()) < RETENTION_BATCH:
+                self._backlog = False
+                break
+            if anyio.current_time() > budget:
+                break
+        if pruned:
+            self._log.info(
+                "pruned finished jobs past their retention", **pruned, backlog=self._backlog
+            )
 
     def _policy(self, type_: str) -> RetryPolicy:
         """The retry policy of the job's task, when this worker serves it; else the default."""

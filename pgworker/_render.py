@@ -1,13 +1,19 @@
-"""`pgworker status` as text: pure functions from the rows of `operations.status` (mappings with
-the columns of sql/queries/status_*.sql) to the table, or to JSON. No database, no printing."""
+"""What the commands print: pure functions from what `operations` returns to text or JSON. No
+database, no printing. `pgworker status` from the rows of `operations.status` (mappings with the
+columns of sql/queries/status_*.sql); `failed list`, `show`, `replay` and `prune` below."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import UTC, datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
-from .models import JobStatus
+from .models import JOB_FIELDS, JobStatus
+
+if TYPE_CHECKING:
+    from .operations import FailedJob, ReplayResult
 
 STATUSES = tuple(s.value for s in JobStatus)
 
@@ -114,3 +120,207 @@ def status_json(found: Rows) -> str:
         },
         indent=2,
     )
+
+
+# --- failed jobs, show, replay, prune -------------------------------------------------------
+
+ERROR_WIDTH = 80
+"""The most characters of an error a table line shows."""
+
+
+def when(moment: datetime | None) -> str:
+    """A time as ISO 8601 in UTC to the second (2030-01-01T09:00:00Z); `-` for none."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cut(text: str | None, width: int = ERROR_WIDTH) -> str:
+    """One line of at most `width` characters (… when cut); `-` for none."""
+    if not text:
+        return "-"
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def failed_text(jobs: Sequence[FailedJob]) -> str:
+    """`pgworker failed list`: one line per failed job under a header; `(no failed jobs)`."""
+    if not jobs:
+        return "(no failed jobs)"
+    header = ("id", "type", "queue", "correlation id", "attempts", "first attempt", "last attempt")
+    rows = [
+        (
+            str(j.id),
+            j.type,
+            j.queue,
+            j.correlation_id,
+            str(j.attempts),
+            when(j.first_attempt_at),
+            when(j.last_attempt_at),
+        )
+        for j in jobs
+    ]
+    lines = _aligned([header, *rows])
+    out = [lines[0]]
+    for line, job in zip(lines[1:], jobs, strict=True):
+        out += [line, f"    {_cut(job.error)}"]
+    return "\n".join(out)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def failed_json(jobs: Sequence[FailedJob]) -> str:
+    """The same as a JSON array of objects with exactly the keys id, type, queue,
+    correlation_id, attempts, first_attempt_at, last_attempt_at (ISO 8601 or null) and error
+    (its first line, or null)."""
+    return json.dumps(
+        [
+            {
+                "id": j.id,
+                "type": j.type,
+                "queue": j.queue,
+                "correlation_id": j.correlation_id,
+                "attempts": j.attempts,
+                "first_attempt_at": _iso(j.first_attempt_at),
+                "last_attempt_at": _iso(j.last_attempt_at),
+                "error": j.error,
+            }
+            for j in jobs
+        ],
+        indent=2,
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A value made JSON: times as ISO 8601, enums as their value, mappings and lists walked."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+SHOWN = (
+    "status",
+    "type",
+    "queue",
+    "version",
+    "priority",
+    "attempts",
+    "retry_count",
+    "max_retries",
+    "correlation_id",
+    "idempotency_key",
+    "created_at",
+    "run_at",
+    "finished_at",
+    "worker_id",
+    "error",
+)
+"""The fields of a job `pgworker show` lists, in this order (then progress, payload, result)."""
+
+
+def _job(found: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's columns, its payload the redacted one that show_job gives."""
+    job = found["job"]
+    return {
+        **{name: getattr(job, name) for name in JOB_FIELDS},
+        "payload": found["payload"],
+    }
+
+
+def show_json(found: Mapping[str, Any]) -> str:
+    """`pgworker show --json`: {"job": its columns (payload redacted), "milestones", "steps",
+    "attempts", "events"}, times as ISO 8601."""
+    return json.dumps(
+        _plain(
+            {
+                "job": _job(found),
+                "milestones": found["milestones"],
+                "steps": found["steps"],
+                "attempts": found["attempts"],
+                "events": found["events"],
+            }
+        ),
+        indent=2,
+    )
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(_plain(value), ensure_ascii=False)
+
+
+def show_text(found: Mapping[str, Any]) -> str:
+    """`pgworker show`: the job's fields, then its milestones, steps, attempts and events."""
+    job = _job(found)
+    width = max(len(n) for n in (*SHOWN, "progress"))
+    lines = [f"job {job['id']}"]
+    for name in SHOWN:
+        value = job[name]
+        shown = when(value) if isinstance(value, datetime) else _cut(str(value), 200)
+        lines.append(f"  {name.ljust(width)}  {'-' if value is None else shown}")
+    for name in ("progress", "payload", "result"):
+        lines.append(f"  {name.ljust(width)}  {_compact(job[name])}")
+    lines += ["", f"milestones: {len(found['milestones'])}"]
+    lines += [
+        f"  {when(m['at'])}  attempt {m['attempt']}  {m['milestone']}"
+        + ("" if m["detail"] is None else f"  {_compact(m['detail'])}")
+        for m in found["milestones"]
+    ]
+    lines += ["", f"steps: {len(found['steps'])}"]
+    lines += [
+        f"  {s['name']}  attempt {s['attempt']}  {when(s['finished_at'])}  "
+        f"{_cut(_compact(s['result']), 120)}"
+        for s in found["steps"]
+    ]
+    lines += ["", f"attempts: {len(found['attempts'])}"]
+    for a in found["attempts"]:
+        lines.append(
+            f"  #{a['attempt']}  {a['outcome']}  worker {a['worker_id']}  "
+            f"{when(a['started_at'])} to {when(a['finished_at'])}"
+        )
+        if a["error_type"] or a["error_message"]:
+            error = ": ".join(e for e in (a["error_type"], a["error_message"]) if e)
+            lines.append(f"      {_cut(error, 200)}")
+    lines += ["", f"events: {len(found['events'])}"]
+    lines += [
+        f"  {when(e['at'])}  {e['kind']} by {e['actor'] or '-'}"
+        + (f": {_cut(e['reason'], 200)}" if e["reason"] else "")
+        for e in found["events"]
+    ]
+    return "\n".join(lines)
+
+
+def replay_text(result: ReplayResult) -> str:
+    """What `pgworker replay` prints on stdout: one line per job replayed (or, in a dry run,
+    that would be)."""
+    verb = "would replay" if result.dry_run else "replayed"
+    if not result.replayed:
+        return f"nothing to replay{' (dry run)' if result.dry_run else ''}"
+    return "\n".join(f"{verb} job {i}" for i in result.replayed)
+
+
+def skipped_lines(result: ReplayResult) -> list[str]:
+    """Why the jobs left alone were: one line each, for stderr."""
+    return [
+        f"job {i} is {status}: only failed or cancelled jobs are replayed; left as it is"
+        for i, status in sorted(result.skipped.items())
+    ]
+
+
+def prune_text(pruned: Mapping[str, int], dry_run: bool) -> str:
+    """What `pgworker prune` prints: the jobs deleted (or that would be), in all and by status."""
+    verb = "would prune" if dry_run else "pruned"
+    by_status = ", ".join(f"{status} {n}" for status, n in pruned.items())
+    return f"{verb} {sum(pruned.values())} jobs ({by_status})"

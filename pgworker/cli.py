@@ -34,9 +34,20 @@ from ._version import __version__
 from .enqueue import enqueue
 from .errors import ConfigError, PgWorkerError, ValidationError
 from .models import DEFAULT_SCHEMA, PRIORITY_LABELS
-from .operations import CancelResult, cancel, migrate, status
+from .operations import (
+    FINISHED,
+    CancelResult,
+    cancel,
+    list_failed,
+    migrate,
+    prune,
+    replay,
+    show_job,
+    since_moment,
+    status,
+)
 from .registry import Registry, load
-from .settings import Settings, dsn_from_env
+from .settings import Settings, dsn_from_env, duration, retention
 from .worker import Worker
 
 LIVE_WITHIN = 60.0
@@ -84,6 +95,14 @@ def _priority(raw: str) -> int:
         return limits.priority("priority", value)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("priority: ")) from None
+
+
+def _retention(raw: str) -> float:
+    """--retain-completed, --retain-failed: a duration, or 0 / none (0: Settings keeps forever)."""
+    try:
+        return retention("retention", raw, error=ValidationError) or 0.0
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("retention: ")) from None
 
 
 def _examples(*lines: str) -> str:
@@ -170,6 +189,7 @@ def _parser() -> argparse.ArgumentParser:
             "pgworker run app.handlers:registry --concurrency 20 --queue default --queue mail",
             "pgworker run app.handlers --log-format json --log-level warning",
             "PGWORKER_QUEUES=default,mail pgworker run app.handlers --no-listen",
+            "pgworker run app.handlers --retain-completed 1d --retain-failed none",
         ],
     )
     run.add_argument(
@@ -229,6 +249,18 @@ def _parser() -> argparse.ArgumentParser:
         const=True,
         help="claims wait for their WAL flush, see the README, Fast claims (default: off; "
         "$PGWORKER_DURABLE_CLAIMS=true turns it on too)",
+    )
+    run.add_argument(
+        "--retain-completed",
+        type=_retention,
+        help="delete completed jobs this long after they finished, e.g. 12h, 7d, 4w; 0 or none "
+        "keeps them forever (default: $PGWORKER_RETAIN_COMPLETED, else 7d)",
+    )
+    run.add_argument(
+        "--retain-failed",
+        type=_retention,
+        help="delete failed and cancelled jobs this long after they finished; 0 or none keeps "
+        "them forever (default: $PGWORKER_RETAIN_FAILED, else 30d)",
     )
     run.add_argument(
         "--log-format",
@@ -333,7 +365,152 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--json", action="store_true", help="print JSON instead of a table (default: a table)"
     )
+    _failed_jobs_commands(sub, common)
     return p
+
+
+SINCE_HELP = (
+    "only jobs that failed within this duration (30s, 15m, 2h, 7d) or since this ISO 8601 time "
+    "with a time zone (default: any time)"
+)
+
+
+def _failed_jobs_commands(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    """failed list, show, replay, prune: the dead-letter set and retention by hand."""
+    failed = _command(
+        sub,
+        "failed",
+        [],
+        "the failed jobs (see `pgworker failed list`)",
+        "The failed jobs, kept apart for diagnosis: `pgworker failed list` shows them, "
+        "`pgworker show ID` one in full, `pgworker replay` runs them again.",
+        [
+            "pgworker failed list",
+            "pgworker failed list --type send-invoice --since 2h --json",
+        ],
+    )
+    failed_sub = cast(
+        "argparse._SubParsersAction[_Parser]",
+        failed.add_subparsers(
+            dest="failed_command", required=True, metavar="COMMAND", title="commands"
+        ),
+    )
+    listing = _command(
+        failed_sub,
+        "list",
+        [common],
+        "list the failed jobs, newest failure first",
+        "List the failed jobs, newest failure first: id, type, queue, correlation id, attempts, "
+        "the first and last attempts' start times, and the first line of the error. --json "
+        "prints an array of objects with the keys id, type, queue, correlation_id, attempts, "
+        "first_attempt_at, last_attempt_at and error.",
+        [
+            "pgworker failed list",
+            "pgworker failed list --type send-invoice --queue mail --since 2h",
+            "pgworker failed list --since 2030-01-01T00:00:00+00:00 --limit 1000 --json",
+        ],
+    )
+    listing.prog = "pgworker failed list"
+    listing.add_argument("--type", help="only jobs of this type (default: every type)")
+    listing.add_argument("--queue", help="only jobs of this queue (default: every queue)")
+    listing.add_argument("--since", help=SINCE_HELP)
+    listing.add_argument(
+        "--limit",
+        type=integer,
+        default=100,
+        help="show at most this many jobs, the newest failures (default: 100)",
+    )
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON array instead of a table (default: a table)",
+    )
+
+    show = _command(
+        sub,
+        "show",
+        [common],
+        "one job in full: milestones, steps, attempts",
+        "Show one job: its fields and payload (the values of sensitive keys, PGWORKER_REDACT_KEYS, "
+        "replaced by [REDACTED]), its milestones, its steps, every attempt with its outcome, "
+        "worker, times and error, and its replays.",
+        [
+            "pgworker show 42",
+            "pgworker show 42 --json | jq '.attempts[-1].error_detail'",
+        ],
+    )
+    show.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    show.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (default: text)"
+    )
+
+    rep = _command(
+        sub,
+        "replay",
+        [common],
+        "run failed jobs again, on purpose",
+        "Put failed (or, by id, cancelled) jobs back to pending now, with their retries and "
+        "retry-time budget afresh, their error cleared; their attempts number on. By ID, or "
+        "every failed job of --type (cancelled jobs were stopped on purpose: replay those by "
+        "id). Each replay is recorded (--by, --reason) and logged. A job that is not failed or "
+        "cancelled is left as it is, said on stderr, and the exit status is 1.",
+        [
+            "pgworker replay 42 43 --reason 'mail service back'",
+            "pgworker replay --type send-invoice --since 2h --dry-run",
+            "pgworker replay --type send-invoice --queue mail --by alice --reason 'fix #123'",
+        ],
+    )
+    rep.add_argument(
+        "ids",
+        metavar="ID",
+        type=_job_id,
+        nargs="*",
+        help="the jobs to replay (required, unless --type is given)",
+    )
+    rep.add_argument(
+        "--type", help="replay every failed job of this type (default: none; not with IDs)"
+    )
+    rep.add_argument("--queue", help="with --type: only jobs of this queue (default: every queue)")
+    rep.add_argument("--since", help="with --type: " + SINCE_HELP)
+    rep.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be replayed, change nothing (default: replay)",
+    )
+    rep.add_argument("--by", help="who replays, recorded with each replay (default: the OS user)")
+    rep.add_argument("--reason", help="why, recorded with each replay (default: none)")
+
+    prune = _command(
+        sub,
+        "prune",
+        [common],
+        "delete old finished jobs now",
+        "Delete finished jobs older than --older-than with their attempts, steps, milestones "
+        "and events, in batches of 1,000 (what the elected worker does by itself, see `pgworker "
+        "run --retain-completed`). A pruned job's idempotency key is free again.",
+        [
+            "pgworker prune --older-than 7d",
+            "pgworker prune --older-than 30d --status failed --status cancelled --dry-run",
+        ],
+    )
+    prune.add_argument(
+        "--older-than",
+        required=True,
+        help="delete jobs that finished longer ago than this: 30s, 15m, 2h, 7d, 4w (required)",
+    )
+    prune.add_argument(
+        "--status",
+        dest="statuses",
+        action="append",
+        choices=list(FINISHED),
+        help="delete jobs of this status; repeat for several (default: completed, failed and "
+        "cancelled)",
+    )
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be deleted, delete nothing (default: delete)",
+    )
 
 
 def _dsn(args: argparse.Namespace) -> str:
@@ -415,6 +592,8 @@ async def _run(args: argparse.Namespace) -> int:
         listen=args.listen,
         durable_claims=args.durable_claims,
         schema=args.schema,
+        retain_completed=args.retain_completed,
+        retain_failed=args.retain_failed,
     )
     worker = Worker(registry, settings=settings)
     log = get_logger(worker_id=settings.worker_id)
@@ -526,12 +705,96 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _failed(args: argparse.Namespace) -> int:
+    """`failed list` (the only subcommand of `failed`)."""
+    since = since_moment("--since", args.since)
+    limit = limits.count("--limit", args.limit, minimum=1)
+    conn = await connect(_dsn(args))
+    try:
+        found = await list_failed(
+            conn, type=args.type, queue=args.queue, since=since, limit=limit, schema=_schema(args)
+        )
+    finally:
+        await conn.close()
+    print(_render.failed_json(found) if args.json else _render.failed_text(found))
+    return 0
+
+
+async def _show(args: argparse.Namespace) -> int:
+    dsn = _dsn(args)
+    keys = Settings.from_env(dsn=dsn).redact_keys
+    conn = await connect(dsn)
+    try:
+        found = await show_job(conn, args.job_id, redact_keys=keys, schema=_schema(args))
+    finally:
+        await conn.close()
+    if found is None:
+        raise ValidationError("ID", f"there is no job {args.job_id}")
+    print(_render.show_json(found) if args.json else _render.show_text(found))
+    return 0
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    if args.ids and args.type is not None:
+        raise ValidationError("ID", "give job ids or --type, not both")
+    if not args.ids and args.type is None:
+        raise ValidationError("ID", "give the ids of the jobs to replay, or --type")
+    if args.ids and (args.since is not None or args.queue is not None):
+        raise ValidationError("--since", "--since and --queue go with --type, not with ids")
+    since = since_moment("--since", args.since)
+    configure_logging(
+        cast(LogFormat, _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")), "info"
+    )
+    conn = await connect(_dsn(args))
+    try:
+        result = await replay(
+            conn,
+            args.ids or None,
+            type=args.type,
+            since=since,
+            queue=args.queue,
+            by=args.by,
+            reason=args.reason,
+            dry_run=args.dry_run,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    print(_render.replay_text(result))
+    for line in _render.skipped_lines(result):
+        print(f"pgworker replay: {line}", file=sys.stderr)
+    return 1 if result.skipped else 0
+
+
+async def _prune(args: argparse.Namespace) -> int:
+    older_than = duration("--older-than", args.older_than)
+    if older_than == 0:
+        raise ValidationError("--older-than", "must be more than 0 (1s prunes every finished job)")
+    conn = await connect(_dsn(args))
+    try:
+        pruned = await prune(
+            conn,
+            older_than=older_than,
+            statuses=args.statuses or FINISHED,
+            dry_run=args.dry_run,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    print(_render.prune_text(pruned, args.dry_run))
+    return 0
+
+
 COMMANDS = {
     "migrate": _migrate,
     "run": _run,
     "enqueue": _enqueue,
     "cancel": _cancel,
     "status": _status,
+    "failed": _failed,
+    "show": _show,
+    "replay": _replay,
+    "prune": _prune,
 }
 
 
@@ -566,6 +829,12 @@ def _stopped_while_starting(signum: int, _frame: object) -> None:
     raise SystemExit(0)
 
 
+def _name(args: argparse.Namespace) -> str:
+    """The command as typed: `failed list` has a subcommand."""
+    sub = getattr(args, "failed_command", None)
+    return f"{args.command} {sub}" if sub else str(args.command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
@@ -583,11 +852,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if refusal is None:
                 raise
             print(
-                f"pgworker {args.command}: error: the database refused it: {refusal}",
+                f"pgworker {_name(args)}: error: the database refused it: {refusal}",
                 file=sys.stderr,
             )
             return 1
-        print(f"pgworker {args.command}: error: {error}", file=sys.stderr)
+        print(f"pgworker {_name(args)}: error: {error}", file=sys.stderr)
         return 2
 
 

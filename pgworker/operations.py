@@ -1,19 +1,27 @@
-"""What operators and services do to jobs besides enqueueing them: read one, cancel one, and
-create or upgrade the schema."""
+"""What operators and services do to jobs besides enqueueing them: read one, cancel one, list
+and replay the failed ones (the dead-letter set), prune old finished ones, and create or upgrade
+the schema."""
 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 import asyncpg
 
 from . import _limits as limits
+from . import settings
 from ._db import migrations
-from ._db.connection import Executor
+from ._db.connection import Executor, transaction
 from ._db.queries import queries
+from ._logs import get_logger
+from ._redact import DEFAULT_KEYS, redact_payload
 from .errors import ValidationError
 from .models import DEFAULT_SCHEMA, Job
 
@@ -115,4 +123,292 @@ async def status(
         "oldest_pending": await q.status_oldest_pending(conn),
         "unserved": await q.status_unserved(conn, live_within),
         "workers": await q.status_workers(conn, live_within),
+    }
+
+
+# --- failed jobs, replay, retention --------------------------------------------------------------
+
+FINISHED = ("completed", "failed", "cancelled")
+"""The statuses `prune` deletes by default."""
+REPLAYABLE = frozenset({"failed", "cancelled"})
+REPLAY_BATCH = 1000
+"""Jobs replayed per statement (and transaction) by `replay(type=...)`."""
+PRUNE_BATCH = 1000
+"""Jobs deleted per statement by `prune` and by the leader's retention."""
+MAX_ACTOR_LENGTH = 200
+MAX_REASON_LENGTH = 2000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailedJob:
+    """One job of the dead-letter set, as `list_failed` and `pgworker failed list` show it: the
+    attempts' first and last start times, and the first line of its error."""
+
+    id: int
+    type: str
+    queue: str
+    correlation_id: str
+    attempts: int
+    first_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    error: str | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What `replay` did (or, with dry_run, would do): the ids put back to pending, and the
+    jobs left alone with the status that kept them (only failed and cancelled jobs replay)."""
+
+    replayed: tuple[int, ...]
+    skipped: Mapping[int, str]
+    dry_run: bool = False
+
+
+def since_moment(field: str, value: object) -> datetime | None:
+    """The earliest failure time a `since` selects: a duration back from now (a timedelta, a
+    number of seconds, or text such as `30s`, `15m`, `2h`, `7d`), or a time (a timezone-aware
+    datetime, or ISO 8601 text with a time zone). Durations are measured on this machine's
+    clock."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return limits.moment(field, value)
+    if isinstance(value, str):
+        try:
+            return datetime.now(UTC) - timedelta(seconds=settings.duration(field, value))
+        except ValidationError:
+            pass
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValidationError(
+                field,
+                "must be a duration such as 30s, 15m, 2h or 7d, or an ISO 8601 time with a time "
+                f"zone such as 2030-01-01T09:00:00+00:00, got {value!r}",
+            ) from None
+        return limits.moment(field, moment)
+    return datetime.now(UTC) - timedelta(seconds=limits.seconds(field, value))
+
+
+def _summary(error: str | None) -> str | None:
+    """An error's first line."""
+    return None if error is None else (error.strip().splitlines() or [""])[0]
+
+
+async def list_failed(
+    conn: Executor,
+    *,
+    type: str | None = None,
+    queue: str | None = None,
+    since: timedelta | datetime | float | str | None = None,
+    limit: int = 100,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[FailedJob]:
+    """The failed jobs (the dead-letter set), newest failure first: of a type, of a queue,
+    failed since a duration ago or a time (see `since_moment`), at most `limit`."""
+    q = queries(limits.identifier("schema", schema))
+    type = limits.name("type", type, limits.MAX_TYPE_LENGTH, required=False)
+    queue = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False)
+    cutoff = since_moment("since", since)
+    limit = limits.count("limit", limit, minimum=1, maximum=limits.MAX_INT)
+    rows = await q.jobs_failed(conn, type, queue, cutoff, limit)
+    return [
+        FailedJob(
+            id=r["id"],
+            type=r["type"],
+            queue=r["queue"],
+            correlation_id=r["correlation_id"],
+            attempts=r["attempts"],
+            first_attempt_at=r["first_attempt_at"],
+            last_attempt_at=r["last_attempt_at"],
+            error=_summary(r["error"]),
+        )
+        for r in rows
+    ]
+
+
+def os_user() -> str:
+    """Who replays when `by` is not given: the OS user running the process."""
+    try:
+        return getpass.getuser()
+    except Exception:  # no name for this uid (a container without a passwd entry)
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+
+
+def _ids(value: object) -> list[int]:
+    """Job ids: a non-empty list of ints a bigint holds, duplicates dropped."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValidationError("ids", f"must be a list of job ids, got {value!r}")
+    ids = list(value)
+    if not ids:
+        raise ValidationError("ids", "must name at least one job")
+    for i in ids:
+        limits.count("ids", i, minimum=1, maximum=limits.MAX_BIGINT)
+    return list(dict.fromkeys(ids))
+
+
+async def replay(
+    conn: Executor,
+    ids: Iterable[int] | None = None,
+    *,
+    type: str | None = None,
+    since: timedelta | datetime | float | str | None = None,
+    queue: str | None = None,
+    by: str | None = None,
+    reason: str | None = None,
+    dry_run: bool = False,
+    schema: str = DEFAULT_SCHEMA,
+) -> ReplayResult:
+    """Put failed jobs back to pending now, on purpose: by `ids` (failed or cancelled jobs; any
+    other is left alone and reported in `skipped`), or every failed job of `type` (of `queue`,
+    failed since `since`; cancelled jobs were stopped on purpose: replay those by id).
+
+    A replayed job gets retry_count 0, a fresh retry-time budget, no error and no cancel
+    request; its attempts number on, their history kept. Each replay is recorded in
+    `job_events` (kind `replayed`, actor `by`, default the OS user, and `reason`) and logged as
+    one line without the payload. An unknown id is a ValidationError naming `ids`, and nothing
+    is written. With `dry_run`, nothing is written either: the result says what would be done.
+    Runs in its own transactions: pass a connection outside a transaction, or a pool."""
+    q = queries(limits.identifier("schema", schema))
+    actor = limits.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
+    reason = limits.name("reason", reason, MAX_REASON_LENGTH, required=False)
+    if not isinstance(dry_run, bool):
+        raise ValidationError("dry_run", f"must be True or False, got {dry_run!r}")
+    if ids is not None:
+        if type is not None or since is not None or queue is not None:
+            raise ValidationError("ids", "give job ids, or type= (with since=, queue=), not both")
+        wanted = _ids(ids)
+    elif type is None:
+        raise ValidationError(
+            "ids",
+            "give the ids of the jobs to replay, or type= to replay the failed jobs of a type",
+        )
+    else:
+        type = limits.name("type", type, limits.MAX_TYPE_LENGTH)
+        queue = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False)
+        wanted = await q.jobs_failed_ids(conn, type, queue, since_moment("since", since))
+    if dry_run:
+        found = await q.jobs_statuses(conn, wanted)
+        if ids is not None:
+            _no_unknown(wanted, found)
+        return ReplayResult(
+            tuple(i for i in wanted if found.get(i) in REPLAYABLE),
+            {i: s for i, s in found.items() if s not in REPLAYABLE},
+            dry_run=True,
+        )
+    log = get_logger()
+    replayed: list[int] = []
+    skipped: dict[int, str] = {}
+    # By ids: one transaction, so that an unknown id leaves everything as it was. By type: a
+    # batch per transaction, so that a large replay never holds many locks for long.
+    chunks = [wanted] if ids is not None else _chunks(wanted, REPLAY_BATCH)
+    for chunk in chunks:
+        async with transaction(conn) as c:
+            rows = await q.jobs_replay(c, chunk, actor, reason)
+            if ids is not None:
+                _no_unknown(chunk, {r["id"]: r["previous"] for r in rows})
+        for r in rows:
+            if not r["replayed"]:
+                skipped[r["id"]] = r["previous"]
+                continue
+            replayed.append(r["id"])
+            log.info(
+                "job replayed",
+                job_id=r["id"],
+                type=r["type"],
+                queue=r["queue"],
+                correlation_id=r["correlation_id"],
+                previous_status=r["previous"],
+                next_attempt=r["attempts"] + 1,
+                actor=actor,
+                reason=reason,
+            )
+    return ReplayResult(tuple(replayed), skipped)
+
+
+def _chunks(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _no_unknown(wanted: Iterable[int], found: Mapping[int, str]) -> None:
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        listed = ", ".join(str(i) for i in missing[:10]) + (", ..." if len(missing) > 10 else "")
+        raise ValidationError("ids", f"there is no job {listed}; nothing was replayed")
+
+
+def _statuses(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValidationError("statuses", f"must be a list of statuses, got {value!r}")
+    found = tuple(dict.fromkeys(value))
+    if not found or any(s not in FINISHED for s in found):
+        raise ValidationError(
+            "statuses", f"must be one or more of {', '.join(FINISHED)}, got {value!r}"
+        )
+    return found
+
+
+async def prune(
+    conn: Executor,
+    *,
+    older_than: timedelta | float | str,
+    statuses: Iterable[str] = FINISHED,
+    dry_run: bool = False,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[str, int]:
+    """Delete the jobs of `statuses` (finished ones: completed, failed, cancelled) that finished
+    more than `older_than` ago (seconds, a timedelta, or text such as `7d`), with their
+    attempts, steps, milestones and events, in batches of at most 1,000 jobs per statement;
+    returns how many of each status went (with `dry_run`: would go, nothing deleted). Their
+    idempotency keys become free. What the elected worker does by itself (Settings'
+    retain_completed, retain_failed); run it outside a transaction, so each batch commits."""
+    q = queries(limits.identifier("schema", schema))
+    if isinstance(older_than, str):
+        age = settings.duration("older_than", older_than)
+    else:
+        age = limits.seconds("older_than", older_than)
+    if age == 0:
+        raise ValidationError("older_than", "must be more than 0 (1s prunes every finished job)")
+    wanted = _statuses(statuses)
+    if not isinstance(dry_run, bool):
+        raise ValidationError("dry_run", f"must be True or False, got {dry_run!r}")
+    ages = dict.fromkeys(wanted, age)
+    pruned = dict.fromkeys(wanted, 0)
+    if dry_run:
+        return {**pruned, **await q.jobs_prunable(conn, ages)}
+    while True:
+        batch = await q.jobs_prune(conn, ages, PRUNE_BATCH)
+        for status, n in batch.items():
+            pruned[status] += n
+        if sum(batch.values()) < PRUNE_BATCH:
+            return pruned
+
+
+async def show_job(
+    conn: Executor,
+    job_id: int,
+    *,
+    redact_keys: Sequence[str] = DEFAULT_KEYS,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[str, Any] | None:
+    """What `pgworker show` prints: the job, its payload with the values of sensitive keys
+    (`redact_keys`, see Settings) replaced by `[REDACTED]`, its milestones, its steps, every
+    attempt (outcome, worker, times, error) and what people did to it (replays); None when there
+    is no such job."""
+    q = queries(limits.identifier("schema", schema))
+    job_id = _job_id(job_id)
+    row = await q.job_get(conn, job_id)
+    if row is None:
+        return None
+    job = Job.from_record(row)
+    return {
+        "job": job,
+        "payload": redact_payload(job.payload, redact_keys),
+        "milestones": await job_milestones(conn, job_id, schema=schema),
+        "steps": await job_steps(conn, job_id, schema=schema),
+        "attempts": [dict(r) for r in await q.job_attempts_of(conn, job_id)],
+        "events": [
+            {**dict(r), "detail": _decoded(r["detail"])}
+            for r in await q.job_events_of(conn, job_id)
+        ],
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any
 
 from . import _limits as limits
 from ._redact import DEFAULT_KEYS, shown_dsn
-from .errors import ConfigError
+from .errors import ConfigError, ValidationError
 from .models import DEFAULT_QUEUE, DEFAULT_SCHEMA
 
 
@@ -19,6 +20,32 @@ def dsn_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """PGWORKER_DSN, else DATABASE_URL; never libpq's defaults."""
     env = os.environ if env is None else env
     return env.get("PGWORKER_DSN") or env.get("DATABASE_URL") or None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+KEEP_FOREVER = ("0", "none")
+"""What `--retain-completed`, `--retain-failed` and their variables take to keep jobs forever."""
+
+
+def duration(field: str, raw: str, *, error: type[Exception] = ValidationError) -> float:
+    """Seconds from a duration as people write it: `30s`, `15m`, `2h`, `7d`, `1w`, or a plain
+    number of seconds; at most ten years."""
+    found = _DURATION.fullmatch(raw.strip().lower()) if isinstance(raw, str) else None
+    if found is None:
+        raise error(
+            field,
+            f"must be a duration such as 30s, 15m, 2h, 7d or a number of seconds, got {raw!r}",
+        )
+    return limits.seconds(field, float(found.group(1)) * _UNITS[found.group(2)], error=error)
+
+
+def retention(field: str, raw: str, *, error: type[Exception] = ConfigError) -> float | None:
+    """A retention read from text: a duration, or `0` / `none` for keep forever (None)."""
+    if isinstance(raw, str) and raw.strip().lower() in KEEP_FOREVER:
+        return None
+    age = duration(field, raw, error=error)
+    return age or None
 
 
 def default_worker_id() -> str:
@@ -33,6 +60,10 @@ class Settings:
     Bounds (_limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
     to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
     to 200.
+
+    Retention: the elected worker deletes completed jobs `retain_completed` seconds after they
+    finished (default 7 days), failed and cancelled ones after `retain_failed` (default 30
+    days), with their attempts, steps, milestones and events; None (or 0) keeps them forever.
 
     Secrets: before an error text is stored or logged, the values of payload keys whose name
     contains one of `redact_keys` (case-insensitively), URL passwords, `key=value` pairs of those
@@ -50,6 +81,8 @@ class Settings:
     durable_claims: bool = False
     schema: str = DEFAULT_SCHEMA
     code_version: str | None = None
+    retain_completed: float | None = 7 * 86400.0
+    retain_failed: float | None = 30 * 86400.0
     redact_keys: tuple[str, ...] = DEFAULT_KEYS
 
     @property
@@ -99,6 +132,11 @@ class Settings:
             required=False,
             error=ConfigError,
         )
+        for name in ("retain_completed", "retain_failed"):
+            age = getattr(self, name)
+            if age is not None:
+                age = limits.seconds(name, age, error=ConfigError) or None
+            object.__setattr__(self, name, age)
         keys: object = self.redact_keys
         if isinstance(keys, str) or not isinstance(keys, tuple | list):
             raise ConfigError("redact_keys", f"must be a list of key names, got {keys!r}")
@@ -141,6 +179,8 @@ def _parse(name: str, raw: str) -> Any:
         return tuple(q.strip() for q in raw.split(",") if q.strip()) or None
     if name == "redact_keys":  # empty: no key's values are searched for
         return tuple(k.strip() for k in raw.split(",") if k.strip())
+    if name in ("retain_completed", "retain_failed"):
+        return retention(f"PGWORKER_{name.upper()}", raw)
     if name in ("listen", "durable_claims"):
         if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
             raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")

@@ -32,6 +32,7 @@ PUBLIC = {
     "ConfigError",
     "DatabaseUnavailable",
     "EnqueueResult",
+    "FailedJob",
     "IdempotencyConflict",
     "Job",
     "JobContext",
@@ -41,6 +42,7 @@ PUBLIC = {
     "PgWorkerError",
     "PrivilegeError",
     "Registry",
+    "ReplayResult",
     "Retry",
     "RetryPolicy",
     "SchemaError",
@@ -55,7 +57,10 @@ PUBLIC = {
     "enqueue",
     "enqueue_many",
     "get_job",
+    "list_failed",
     "migrate",
+    "prune",
+    "replay",
 }
 PUBLIC_MODULES = {
     "cli",

@@ -5,7 +5,7 @@ Rows leave as mappings read by column name; callers never see how a statement is
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -314,6 +314,73 @@ class Queries:
     async def job_milestones_of(self, conn: Executor, job_id: int) -> list[Row]:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["job_milestones_of"], job_id)
+
+    # --- failed jobs, replay, retention ------------------------------------------------------
+
+    async def jobs_failed(
+        self,
+        conn: Executor,
+        type_: str | None,
+        queue: str | None,
+        since: datetime | None,
+        limit: int,
+    ) -> list[Row]:
+        """Failed jobs, newest failure first, with their first and last attempts' start times."""
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["jobs_failed"], type_, queue, since, limit)
+
+    async def jobs_failed_ids(
+        self, conn: Executor, type_: str, queue: str | None, since: datetime | None
+    ) -> list[int]:
+        """The ids of the failed jobs of a type (and queue, and failed since), oldest first."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["jobs_failed_ids"], type_, queue, since)
+        return [r["id"] for r in rows]
+
+    async def jobs_statuses(self, conn: Executor, ids: Sequence[int]) -> dict[int, str]:
+        """The status of each of `ids` that exists."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["jobs_statuses"], list(ids))
+        return {r["id"]: r["status"] for r in rows}
+
+    async def jobs_replay(
+        self, conn: Executor, ids: Sequence[int], actor: str, reason: str | None
+    ) -> list[Row]:
+        """Put the failed or cancelled jobs of `ids` back to pending and record who did it; one
+        row per job found (previous status, replayed or not). The workers are woken when the
+        caller's transaction commits."""
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["jobs_replay"], list(ids), actor, reason)
+
+    async def job_attempts_of(self, conn: Executor, job_id: int) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["job_attempts_of"], job_id)
+
+    async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql["job_events_of"], job_id)
+
+    async def jobs_prune(
+        self,
+        conn: Executor,
+        ages: Mapping[str, float],
+        limit: int,
+        leader: str | None = None,
+    ) -> dict[str, int]:
+        """Delete one batch of at most `limit` finished jobs older than the age of their status
+        (seconds by status), with everything recorded about them; how many of each status went.
+        With `leader`, only while that worker holds the maintenance lease."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(
+                self._sql["jobs_prune"], list(ages), list(ages.values()), limit, leader
+            )
+        return {r["status"]: r["jobs"] for r in rows}
+
+    async def jobs_prunable(self, conn: Executor, ages: Mapping[str, float]) -> dict[str, int]:
+        """What jobs_prune would delete, counted by status."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["jobs_prunable"], list(ages), list(ages.values()))
+        return {r["status"]: r["jobs"] for r in rows}
 
     # --- migrations ---------------------------------------------------------------------------
 
