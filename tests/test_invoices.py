@@ -108,7 +108,7 @@ async def test_create_if_absent_returns_the_existing_invoice(conn):
     assert first.created and not second.created and first.id == second.id
 
 
-def test_a_bad_retry_configuration_stops_the_start_up():
+async def test_a_bad_retry_configuration_stops_the_start_up():
     with pytest.raises(pgworker.ConfigError):
         service.retry_policy({"INVOICE_MAX_RETRIES": "many"})
     with pytest.raises(pgworker.ConfigError):
