@@ -146,7 +146,7 @@ async def demo(dsn: str) -> list[str]:
                 "completed",
                 2,
                 {"synced": 7},
-                "ConnectionError: CRM unavailable (attempt 2)",
+                None,  # completed: its failures are in job_attempts
                 ["retried", "retried", "completed"],
             ),
             card: (
