@@ -159,8 +159,14 @@ class Attempt:
 
     def upgrade(self, task: Task) -> None:
         """Bring the payload from the job's version to the task's through its upgraders (the
-        claim took only versions they lead from); `ctx.payload` is then the upgraded one."""
-        self.payload = task.upgraded(self.payload, self._record["version"])
+        claim took only versions they lead from); `ctx.payload` is then the upgraded one, and
+        `ctx.job` keeps the row as stored (its payload decoded apart: an upgrader may change
+        the one it is given)."""
+        version = self._record["version"]
+        if version < task.version:
+            if self._job is None:
+                self._job = Job.from_record(self._record)
+            self.payload = task.upgraded(self.payload, version)
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:

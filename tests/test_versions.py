@@ -168,13 +168,16 @@ async def test_registry_enqueue_writes_the_task_version(conn):
 # --- claims ---------------------------------------------------------------------------------
 
 
-def recording(seen: list, version: int = 1, **options) -> pgworker.Registry:
-    """A registry whose `x` handler (at `version`) records what it sees."""
+def recording(seen: list, version: int = 1, stored: list | None = None, **options):
+    """A registry whose `x` handler (at `version`) records what it sees: (the job's version, its
+    payload argument, ctx.payload) in `seen`, and ctx.job.payload in `stored`."""
     registry = pgworker.Registry()
 
     @registry.task("x", version=version, **options)
     async def x(ctx, payload):
         seen.append((ctx.job.version, payload, ctx.payload))
+        if stored is not None:
+            stored.append(ctx.job.payload)
         return version
 
     return registry
@@ -204,7 +207,7 @@ async def test_a_version_1_worker_leaves_version_2_jobs_for_a_version_2_worker(d
 
 async def test_an_upgrader_lets_a_newer_worker_run_older_jobs(dsn, conn):
     def v1_to_v2(p):
-        return {"number": p["n"]}
+        return {"number": p.pop("n")}  # changes its input: ctx.job keeps the stored payload
 
     def v2_to_v3(p):
         return {**p, "unit": "kg"}
@@ -213,7 +216,8 @@ async def test_an_upgrader_lets_a_newer_worker_run_older_jobs(dsn, conn):
     middle = await pgworker.enqueue(conn, "x", {"number": 2}, version=2)
     current = await pgworker.enqueue(conn, "x", {"number": 3, "unit": "g"}, version=3)
     seen: list = []
-    registry = recording(seen, version=3, upgrade={1: v1_to_v2, 2: v2_to_v3})
+    stored: list = []
+    registry = recording(seen, 3, stored, upgrade={1: v1_to_v2, 2: v2_to_v3})
     async with serving_guarded(registry, dsn):
         for r in (old, middle, current):
             await wait_for(lambda r=r: has_status(conn, r.job.id, "completed"))
@@ -222,6 +226,11 @@ async def test_an_upgrader_lets_a_newer_worker_run_older_jobs(dsn, conn):
         (1, {"number": 1, "unit": "kg"}, {"number": 1, "unit": "kg"}),
         (2, {"number": 2, "unit": "kg"}, {"number": 2, "unit": "kg"}),
         (3, {"number": 3, "unit": "g"}, {"number": 3, "unit": "g"}),
+    ]
+    assert sorted(stored, key=lambda p: p.get("number", 0)) == [
+        {"n": 1},
+        {"number": 2},
+        {"number": 3, "unit": "g"},
     ]
     stored = await pgworker.get_job(conn, old.job.id)
     assert (stored.version, stored.payload) == (1, {"n": 1})
