@@ -11,6 +11,7 @@ import pytest
 
 import pgworker
 from pgworker import _maintenance, _notifier
+from pgworker._db import files
 from pgworker._maintenance import Maintenance
 from pgworker.operations import status
 
@@ -173,7 +174,7 @@ async def test_migrate_through_a_pool(empty_dsn):
     """migrate(pool) took the migration lock on one pooled connection, then raised
     AttributeError (a pool has no transaction), the lock left behind."""
     async with asyncpg.create_pool(empty_dsn, min_size=1, max_size=3) as p:
-        assert await pgworker.migrate(p) == [1, 2, 3, 4, 5]
+        assert await pgworker.migrate(p) == [m.version for m in files.migrations("pgworker")]
         assert await pgworker.migrate(p) == []
         locks = await p.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
         assert locks == 0
