@@ -143,12 +143,16 @@ class Steps:
                     self._done = done
         return self._done
 
+    async def _recorded(self, name: Any, fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+        """The step's checked name, and the steps this job has done (read once per attempt)."""
+        name = step_name(name)
+        _callable(fn)
+        return name, await self._steps_done(name)
+
     async def step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name = step_name(name)
-        _callable(fn)
-        done = await self._steps_done(name)
+        name, done = await self._recorded(name, fn)
         if name in done:
             return json.loads(done[name])
         started = datetime.now(UTC)
@@ -164,9 +168,7 @@ class Steps:
     async def transactional_step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name = step_name(name)
-        _callable(fn)
-        done = await self._steps_done(name)
+        name, done = await self._recorded(name, fn)
         if name in done:
             return json.loads(done[name])
         pool = await self._store.pool()

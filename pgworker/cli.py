@@ -747,16 +747,15 @@ async def _replay(args: argparse.Namespace) -> int:
     )
     conn = await connect(_dsn(args))
     try:
+        selection = {"type": args.type, "since": since, "queue": args.queue}
         result = await replay(
             conn,
             args.ids or None,
-            type=args.type,
-            since=since,
-            queue=args.queue,
             by=args.by,
             reason=args.reason,
             dry_run=args.dry_run,
             schema=_schema(args),
+            **selection,
         )
     finally:
         await conn.close()

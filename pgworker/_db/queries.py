@@ -58,6 +58,11 @@ class Queries:
         self.cancel_channel = files.cancel_channel(schema)
         self._sql = files.queries(schema)
 
+    async def _rows(self, conn: Executor, name: str, *args: Any) -> list[Row]:
+        """The rows of statement `name`, a missing schema said as SchemaError."""
+        with schema_errors(self.schema):
+            return await conn.fetch(self._sql[name], *args)
+
     # --- enqueue ---------------------------------------------------------------------------
 
     async def job_insert(self, conn: Executor, *args: Any) -> Row | None:
@@ -308,12 +313,10 @@ class Queries:
         return noted is not None
 
     async def job_steps_of(self, conn: Executor, job_id: int) -> list[Row]:
-        with schema_errors(self.schema):
-            return await conn.fetch(self._sql["job_steps_of"], job_id)
+        return await self._rows(conn, "job_steps_of", job_id)
 
     async def job_milestones_of(self, conn: Executor, job_id: int) -> list[Row]:
-        with schema_errors(self.schema):
-            return await conn.fetch(self._sql["job_milestones_of"], job_id)
+        return await self._rows(conn, "job_milestones_of", job_id)
 
     # --- failed jobs, replay, retention ------------------------------------------------------
 
@@ -353,12 +356,10 @@ class Queries:
             return await conn.fetch(self._sql["jobs_replay"], list(ids), actor, reason)
 
     async def job_attempts_of(self, conn: Executor, job_id: int) -> list[Row]:
-        with schema_errors(self.schema):
-            return await conn.fetch(self._sql["job_attempts_of"], job_id)
+        return await self._rows(conn, "job_attempts_of", job_id)
 
     async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
-        with schema_errors(self.schema):
-            return await conn.fetch(self._sql["job_events_of"], job_id)
+        return await self._rows(conn, "job_events_of", job_id)
 
     async def jobs_prune(
         self,
