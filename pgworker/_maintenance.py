@@ -178,7 +178,12 @@ class Maintenance:
 
     def _decide(self, row: Row) -> Decision:
         key = (row["id"], row["attempts"], row["claimed_at"])
-        delay = next_retry(self._policy(row["type"]), row["retry_count"], row["max_retries"])
+        delay = next_retry(
+            self._policy(row["type"]),
+            row["retry_count"],
+            row["max_retries"],
+            elapsed=row["elapsed"],
+        )
         if delay is None:
             return key, "failed", 0.0, 0
         return key, "pending", delay, 1

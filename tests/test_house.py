@@ -233,6 +233,36 @@ async def test_a_rescued_job_waits_for_its_backoff(dsn, conn):
     assert [r["outcome"] for r in outcomes] == ["lost", "lost"]
 
 
+@aio
+async def test_a_lost_job_past_its_retry_budget_fails_at_its_rescue(dsn, conn):
+    """The rescue applies the whole rule: with retries left but its max_elapsed spent, a job
+    whose worker was lost fails; one within its budget is retried."""
+    registry = pgworker.Registry()
+    policy = RetryPolicy(max_retries=100, initial_delay=600, max_delay=600, max_elapsed=60)
+
+    @registry.task("budgeted", retry=policy)
+    async def handler(ctx, payload):
+        return None
+
+    spent = await pgworker.enqueue(conn, "budgeted", {})
+    fresh = await pgworker.enqueue(conn, "budgeted", {})
+    for r in (spent, fresh):
+        await fake_claim(conn, r.job.id)
+    await conn.execute(
+        "UPDATE pgworker.jobs SET budget_started_at = now() - make_interval(secs => $2) "
+        "WHERE id = $1",
+        spent.job.id,
+        120.0,
+    )
+    await conn.execute(
+        "UPDATE pgworker.jobs SET budget_started_at = now() WHERE id = $1", fresh.job.id
+    )
+    async with serving_guarded(registry, dsn, lease=1):
+        await wait_for(lambda: has_status(conn, spent.job.id, "failed"))
+        await wait_for(lambda: has_status(conn, fresh.job.id, "pending"))
+    assert (await pgworker.get_job(conn, spent.job.id)).retry_count == 0
+
+
 # --- the SQL files travel with the package ------------------------------------------------------
 
 
