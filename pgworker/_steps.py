@@ -19,6 +19,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,22 @@ MAX_NAME_LENGTH = 200
 """The longest step name or milestone, in characters."""
 CLOSE_TIMEOUT = 5.0
 """Seconds a stopping worker waits for steps still holding a connection before closing it."""
+
+_inside: ContextVar[str | None] = ContextVar("pgworker_transactional_step", default=None)
+"""The name of the transactional step whose function runs in this context, if any."""
+
+
+def not_inside_a_transactional_step(what: str) -> None:
+    """Steps and milestones are not for the function of a transactional step: each would wait,
+    holding the step's connection, for another of the steps' pool (one per slot: with every
+    slot inside a transactional step, forever)."""
+    outer = _inside.get()
+    if outer is not None:
+        raise PgWorkerError(
+            f"{what} called inside the function of transactional step {outer!r}: call it "
+            "before or after that step (its function gets a connection and a transaction; "
+            "write there what belongs with the step's effect)"
+        )
 
 
 class StepStore:
@@ -121,7 +138,7 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 class Steps:
     """One attempt's steps: those its job had done (read at the first step) and those it did."""
 
-    __slots__ = ("_attempt", "_done", "_key", "_loading", "_store")
+    __slots__ = ("_attempt", "_done", "_key", "_loading", "_running", "_store")
 
     def __init__(self, attempt: Attempt) -> None:
         if attempt.store is None:
@@ -131,6 +148,7 @@ class Steps:
         self._key: AttemptKey = (attempt.id, attempt.number, attempt.claimed_at)
         self._done: dict[str, str] | None = None
         self._loading = asyncio.Lock()
+        self._running: dict[str, asyncio.Lock] = {}  # a lock per step name being run
 
     async def _steps_done(self, name: str) -> dict[str, str]:
         if self._done is None:
@@ -143,55 +161,87 @@ class Steps:
                     self._done = done
         return self._done
 
-    async def _recorded(self, name: Any, fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    async def _recorded(
+        self, name: Any, fn: Callable[..., Any], what: str
+    ) -> tuple[str, dict[str, str]]:
         """The step's checked name, and the steps this job has done (read once per attempt)."""
         name = step_name(name)
         _callable(fn)
+        not_inside_a_transactional_step(f"{what} {name!r}")
         return name, await self._steps_done(name)
 
     async def step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name, done = await self._recorded(name, fn)
+        name, done = await self._recorded(name, fn, "step")
         if name in done:
             return json.loads(done[name])
-        started = datetime.now(UTC)
-        value = await _call(fn, args, kwargs)
-        text = _json("result", value, f"the result of step {name!r}")
-        pool = await self._store.pool()
-        stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
-        if stored is None:
-            raise lost(self._attempt, f"step {name!r} ran but was not recorded")
-        done[name] = stored
+        async with self._one_at_a_time(name):
+            if name in done:  # run meanwhile by another task of this handler
+                return json.loads(done[name])
+            started = datetime.now(UTC)
+            value = await _call(fn, args, kwargs)
+            text = _json("result", value, f"the result of step {name!r}")
+            pool = await self._store.pool()
+            stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
+            if stored is None:
+                raise lost(self._attempt, f"step {name!r} ran but was not recorded")
+            done[name] = stored
         return json.loads(stored)
+
+    def _one_at_a_time(self, name: str) -> asyncio.Lock:
+        """The lock of a step's name: tasks of one handler running the same step at once
+        (asyncio.gather) run it once, the others getting its result."""
+        lock = self._running.get(name)
+        if lock is None:
+            lock = self._running[name] = asyncio.Lock()
+        return lock
 
     async def transactional_step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name, done = await self._recorded(name, fn)
+        name, done = await self._recorded(name, fn, "transactional step")
         if name in done:
             return json.loads(done[name])
-        pool = await self._store.pool()
-        async with pool.acquire() as conn, conn.transaction():
-            pending = fn(conn, *args, **kwargs)
-            if not inspect.isawaitable(pending):
-                raise ValidationError(
-                    "fn",
-                    f"step {name!r}: a transactional step's function must be async (it is "
-                    f"awaited as fn(conn, ...)), got {fn!r}; nothing was stored",
-                )
-            value = await pending
-            text = _json("result", value, f"the result of step {name!r}")
-            # started_at None: now(), when this transaction began.
-            stored = await self._store.q.job_step_record(conn, self._key, name, text, None)
-            if stored is None:
-                # Raised inside the transaction: the step's own writes roll back with it.
-                raise lost(self._attempt, f"step {name!r} rolled back")
-        done[name] = stored
+        async with self._one_at_a_time(name):
+            if name in done:
+                return json.loads(done[name])
+            pool = await self._store.pool()
+            async with pool.acquire() as conn, conn.transaction():
+                inside = _inside.set(name)
+                try:
+                    pending = fn(conn, *args, **kwargs)
+                    if not inspect.isawaitable(pending):
+                        raise ValidationError(
+                            "fn",
+                            f"step {name!r}: a transactional step's function must be async (it "
+                            f"is awaited as fn(conn, ...)), got {fn!r}; nothing was stored",
+                        )
+                    value = await pending
+                finally:
+                    _inside.reset(inside)
+                if not conn.is_in_transaction():
+                    # fn sent COMMIT or ROLLBACK: its writes are committed or gone apart from
+                    # the step, whose record would now commit by itself. Not recorded.
+                    raise ValidationError(
+                        "fn",
+                        f"step {name!r}: the function ended the step's transaction itself "
+                        "(COMMIT or ROLLBACK), so its writes and the step cannot commit together; "
+                        "the step is not recorded (for a savepoint, use `async with "
+                        "conn.transaction()` inside it)",
+                    )
+                text = _json("result", value, f"the result of step {name!r}")
+                # started_at None: now(), when this transaction began.
+                stored = await self._store.q.job_step_record(conn, self._key, name, text, None)
+                if stored is None:
+                    # Raised inside the transaction: the step's own writes roll back with it.
+                    raise lost(self._attempt, f"step {name!r} rolled back")
+            done[name] = stored
         return json.loads(stored)
 
     async def progress(self, milestone: Any, detail: Any) -> None:
         milestone = limits.name("milestone", milestone, MAX_NAME_LENGTH)
+        not_inside_a_transactional_step(f"progress {milestone!r}")
         if detail is not None and not isinstance(detail, dict):
             raise ValidationError("detail", f"must be a dict or None, got {type(detail).__name__}")
         text = None if detail is None else _json("detail", detail, "the detail")

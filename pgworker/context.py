@@ -4,12 +4,14 @@ current context (jobs enqueued from a handler inherit it)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ._steps import Steps, step_name
+from .errors import PgWorkerError
 from .models import Job
 
 if TYPE_CHECKING:
@@ -29,12 +31,13 @@ class JobContext:
     """What a handler knows about the attempt it runs, and what it keeps across attempts: its
     durable steps and milestones. `log` is bound to the job's keys."""
 
-    __slots__ = ("_attempt", "_steps", "worker_id")
+    __slots__ = ("_attempt", "_steps", "_thread", "worker_id")
 
     def __init__(self, attempt: Attempt, worker_id: str) -> None:
         self._attempt = attempt
         self.worker_id = worker_id
         self._steps: Steps | None = None  # made at the first step or milestone
+        self._thread = threading.get_ident()  # the event loop's
 
     job: Job = _forward("_attempt.job")
     """The job as its claim left it."""
@@ -48,12 +51,22 @@ class JobContext:
     log: Any = _forward("_attempt.log")
     """A logger bound to the job's keys."""
 
-    def _attempt_steps(self) -> Steps:
+    def _attempt_steps(self, what: str) -> Steps:
+        """The attempt's steps, for `await ctx.<what>(...)` on the worker's event loop. From a
+        plain `def` handler (a thread) the call is an error at once: its coroutine, never
+        awaited, would do nothing, silently."""
+        if threading.get_ident() != self._thread:
+            raise PgWorkerError(
+                f"ctx.{what} is a coroutine for `async def` handlers, awaited on the worker's "
+                "event loop; this handler runs in a thread (a plain `def`): make it `async def`"
+            )
         if self._steps is None:
             self._steps = Steps(self._attempt)
         return self._steps
 
-    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def step(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Awaitable[Any]:
         """`fn(*args, **kwargs)` run at most once per job and `name`: its result is stored in
         `job_steps` under the attempt's fence, and a later attempt gets it back without calling
         `fn`. `fn` may be async, or a plain function (run in a thread). A step that raises
@@ -62,29 +75,34 @@ class JobContext:
         tuple comes back a list), the first time as on later attempts. A name used again in the
         same attempt returns the stored result without calling `fn`. Raises PgWorkerError, and
         records nothing, once this attempt no longer holds its job (the handler should let it
-        propagate). Steps are awaited, so they are for `async def` handlers."""
-        return await self._attempt_steps().step(name, fn, args, kwargs)
+        propagate). Steps are awaited, so they are for `async def` handlers: called from a plain
+        `def` handler, it raises PgWorkerError at once. Tasks of one handler running the same
+        step at once run it once."""
+        return self._attempt_steps("step").step(name, fn, args, kwargs)
 
-    async def transactional_step(
+    def transactional_step(
         self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """Like `step`, for an effect that is a write to this database: `await fn(conn, *args,
         **kwargs)` runs in a transaction on a connection of the worker's (from a pool kept for
         steps, with the server's default session settings), the step is recorded in that same
         transaction, and both commit together or neither: a crash, an exception, a result that
-        cannot be stored or a lost lease rolls the effect back with the checkpoint."""
-        return await self._attempt_steps().transactional_step(name, fn, args, kwargs)
+        cannot be stored or a lost lease rolls the effect back with the checkpoint. `fn` must
+        not end the transaction itself (COMMIT, ROLLBACK: a ValidationError, the step not
+        recorded; `async with conn.transaction()` inside it makes a savepoint), nor call
+        `ctx.step`, `ctx.transactional_step` or `ctx.progress` (a PgWorkerError)."""
+        return self._attempt_steps("transactional_step").transactional_step(name, fn, args, kwargs)
 
     def key(self, name: str) -> str:
         """A key for an effect outside this database, the same on every attempt of this job:
         pass it as the idempotency key of a remote API so that a repeated call is recognised."""
         return f"pgworker:{self._attempt.id}:{step_name(name)}"
 
-    async def progress(self, milestone: str, detail: dict[str, Any] | None = None) -> None:
+    def progress(self, milestone: str, detail: dict[str, Any] | None = None) -> Awaitable[None]:
         """Report a milestone: `jobs.progress` becomes {"milestone", "detail", "at" (ISO 8601,
         UTC), "attempt"}, kept through later attempts and after the job ends, and
         `job_milestones` keeps every one. Fenced like a step."""
-        await self._attempt_steps().progress(milestone, detail)
+        return self._attempt_steps("progress").progress(milestone, detail)
 
     @property
     def last_progress(self) -> dict[str, Any] | None:
