@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 from ._limits import clean_text
 
@@ -43,6 +43,14 @@ DEFAULT_KEYS: tuple[str, ...] = (
 """The words a sensitive key's name contains (case-insensitively): Settings.redact_keys."""
 MIN_VALUE = 4
 """Payload values shorter than this are not searched for in texts."""
+MAX_SECRETS = 1000
+"""The most forms of the payload's sensitive values searched for in a text (each costs a scan):
+a payload holding more has its failures' texts withheld whole (WITHHELD), never searched for
+seconds on the event loop."""
+WITHHELD = (
+    f"[REDACTED: the payload holds more than {MAX_SECRETS:,} forms of sensitive values; "
+    "the text is withheld]"
+)
 MESSAGE_LIMIT = 500
 """A stored error message: its first line, at most this many characters."""
 DETAIL_LIMIT = 8 * 1024
@@ -100,14 +108,17 @@ class Redactor:
             and bool(self._sensitive.search(name))
         )
 
-    def secrets(self, payload: Any) -> list[str]:
+    def secrets(self, payload: Any) -> list[str] | None:
         """The texts of the payload's sensitive values (4 characters or more), as they may show
-        in a message: as they are, and as `repr` and JSON write them when that differs."""
+        in a message: as they are, and as `repr`, JSON and URL encoding write them when that
+        differs; None when there are more than MAX_SECRETS of them."""
         found: set[str] = set()
         if self._sensitive is None:
             return []
         stack: list[tuple[Any, bool]] = [(payload, False)]
         while stack:
+            if len(found) > MAX_SECRETS:
+                return None
             value, hidden = stack.pop()
             if isinstance(value, dict):
                 stack.extend((v, hidden or self.sensitive(k)) for k, v in value.items())
@@ -121,14 +132,27 @@ class Redactor:
                         found.add(repr(value)[1:-1])
                         found.add(json.dumps(value)[1:-1])
                         found.add(json.dumps(value, ensure_ascii=False)[1:-1])
+                        found.add(quote(value, safe=""))
+                        found.add(quote_plus(value, safe=""))
+        if len(found) > MAX_SECRETS:
+            return None
         return sorted((s for s in found if len(s) >= MIN_VALUE), key=len, reverse=True)
 
     def text(self, text: str, payload: Any = None, extra: Iterable[str] = ()) -> str:
-        """`text` with the payload's secrets (and `extra` texts) and the patterns redacted."""
-        values = [*self.secrets(payload), *(e for e in extra if len(e) >= MIN_VALUE)]
+        """`text` with the payload's secrets (and `extra` texts), in any letter case, and the
+        patterns redacted; WITHHELD when the payload holds too many secrets to search for."""
+        secrets = self.secrets(payload)
+        if secrets is None:
+            return WITHHELD
+        values = [*secrets, *(e for e in extra if len(e) >= MIN_VALUE)]
         if values:
-            values.sort(key=len, reverse=True)
-            text = re.sub("|".join(re.escape(v) for v in values), REDACTED, text)
+            # Only those the text holds go into the pattern: a scan each, at C speed, rather
+            # than an alternation of every one tried at each position of the text.
+            folded = text.lower()
+            present = sorted((v for v in values if v.lower() in folded), key=len, reverse=True)
+            if present:
+                pattern = "|".join(re.escape(v) for v in present)
+                text = re.sub(pattern, REDACTED, text, flags=re.IGNORECASE)
         if "://" in text:
             text = _URL_PASSWORD.sub(rf"\1{REDACTED}@", text)
         if self._pairs is not None:
@@ -136,14 +160,27 @@ class Redactor:
         return _BEARER.sub(rf"\1 {REDACTED}", text)
 
     def payload(self, payload: Any) -> Any:
-        """A copy of `payload` with the values of its sensitive keys replaced, at any depth."""
-        if isinstance(payload, dict):
-            return {
-                k: REDACTED if self.sensitive(k) else self.payload(v) for k, v in payload.items()
-            }
-        if isinstance(payload, list):
-            return [self.payload(v) for v in payload]
-        return payload
+        """A copy of `payload` with the values of its sensitive keys replaced, at any depth
+        (iteratively: a payload nested as deep as enqueue allows would exhaust the stack)."""
+        if not isinstance(payload, dict | list):
+            return payload
+        top: dict[Any, Any] | list[Any] = {} if isinstance(payload, dict) else []
+        stack: list[tuple[Any, dict[Any, Any] | list[Any]]] = [(payload, top)]
+        while stack:
+            source, copy = stack.pop()
+            items = source.items() if isinstance(source, dict) else enumerate(source)
+            for k, v in items:
+                if isinstance(source, dict) and self.sensitive(k):
+                    v = REDACTED
+                elif isinstance(v, dict | list):
+                    child: dict[Any, Any] | list[Any] = {} if isinstance(v, dict) else []
+                    stack.append((v, child))
+                    v = child
+                if isinstance(copy, dict):
+                    copy[k] = v
+                else:
+                    copy.append(v)
+        return top
 
 
 @cache

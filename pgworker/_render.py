@@ -199,16 +199,16 @@ def failed_json(jobs: Sequence[FailedJob]) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """A value made JSON: times as ISO 8601, enums as their value, mappings and lists walked."""
+    """What json.dumps cannot write, made JSON (its `default`): times as ISO 8601, enums as
+    their value, other mappings as dicts. The encoder walks the rest: payloads and results
+    nested as deep as enqueue allows are never walked by a recursion of this module's."""
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 SHOWN = (
@@ -244,21 +244,20 @@ def show_json(found: Mapping[str, Any]) -> str:
     """`pgworker show --json`: {"job": its columns (payload redacted), "milestones", "steps",
     "attempts", "events"}, times as ISO 8601."""
     return json.dumps(
-        _plain(
-            {
-                "job": _job(found),
-                "milestones": found["milestones"],
-                "steps": found["steps"],
-                "attempts": found["attempts"],
-                "events": found["events"],
-            }
-        ),
+        {
+            "job": _job(found),
+            "milestones": found["milestones"],
+            "steps": found["steps"],
+            "attempts": found["attempts"],
+            "events": found["events"],
+        },
+        default=_plain,
         indent=2,
     )
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(_plain(value), ensure_ascii=False)
+    return json.dumps(value, default=_plain, ensure_ascii=False)
 
 
 def show_text(found: Mapping[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -113,7 +114,7 @@ class Registry:
                     "max_retries",
                     f"{max_retries} differs from retry.max_retries={retry.max_retries}; give one",
                 )
-            policy = RetryPolicy(max_retries, policy.initial_delay, policy.max_delay, policy.jitter)
+            policy = dataclasses.replace(policy, max_retries=max_retries)
         prio = limits.priority("priority", priority, error=ConfigError)
         version = limits.count("version", version, minimum=1, error=ConfigError)
         upgraders = _upgraders(upgrade, version)

@@ -5,6 +5,7 @@ operators' command lines. Each test states what must hold, and failed before its
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -188,3 +189,148 @@ async def test_a_step_from_a_plain_def_handler_is_a_clear_error(dsn, conn):
     assert job is not None and job.error is not None
     assert "ctx.step" in job.error and "async def" in job.error
     assert ran == []
+
+
+# --- secrets --------------------------------------------------------------------------------------
+
+
+async def texts_of(conn: Any, job_id: int) -> str:
+    """Every text pgworker stored about a job: its row and its attempts' rows."""
+    row = await conn.fetchval(
+        "SELECT to_jsonb(j)::text FROM pgworker.jobs AS j WHERE id = $1", job_id
+    )
+    attempts = await conn.fetchval(
+        "SELECT coalesce(jsonb_agg(to_jsonb(a)), '[]')::text FROM pgworker.job_attempts AS a "
+        "WHERE job_id = $1",
+        job_id,
+    )
+    # The payload holds the secrets as given: what matters is every other column.
+    job = json.loads(row)
+    del job["payload"]
+    return json.dumps(job) + attempts
+
+
+async def test_a_secret_in_another_letter_case_or_url_encoded_is_redacted(dsn, conn):
+    """The payload's password shown upper-cased, and its api key URL-encoded (as an HTTP
+    client's error quotes a query string), were stored word for word in jobs.error and
+    job_attempts."""
+    registry = pgworker.Registry()
+
+    @registry.task("login", max_retries=0)
+    async def login(ctx: pgworker.JobContext, p: dict[str, Any]) -> None:
+        from urllib.parse import quote
+
+        raise ValueError(
+            f"user {p['password'].upper()} refused; GET /x?k={quote(p['api_key'], safe='')}\n"
+            f"second line {p['password'].upper()}"
+        )
+
+    payload = {"password": "Hunter2-Xyzzy", "api_key": "sk live/123 ü"}
+    r = await pgworker.enqueue(conn, "login", payload)
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: has_status(conn, r.job.id, "failed"))
+    stored = await texts_of(conn, r.job.id)
+    assert "[REDACTED]" in stored
+    for leak in ("HUNTER2-XYZZY", "sk%20live%2F123%20%C3%BC", "Hunter2"):
+        assert leak.lower() not in stored.lower(), leak
+
+
+async def test_a_payload_with_many_secrets_never_stalls_the_worker(dsn, conn):
+    """20,000 tokens under a sensitive key: each failure searched its texts with a regular
+    expression of 20,000+ alternatives, tried at every position, for seconds on the event loop
+    (no heartbeat, no claim meanwhile) per text. Now the search is bounded and such a payload's
+    error texts are withheld whole: no token is stored, the job fails promptly."""
+    import random
+    import string
+    import time
+
+    from pgworker._redact import redactor
+
+    rng = random.Random(13)
+    tokens = ["".join(rng.choices(string.ascii_letters, k=12)) for _ in range(20_000)]
+    started = time.monotonic()
+    text = redactor().text("x" * 60_000 + tokens[7], {"tokens": tokens})
+    assert time.monotonic() - started < 1.0
+    assert tokens[7] not in text
+
+    registry = pgworker.Registry()
+
+    @registry.task("many", max_retries=0)
+    async def many(ctx: pgworker.JobContext, p: dict[str, Any]) -> None:
+        raise ValueError(f"rejected {p['tokens'][7]} and {p['tokens'][19_999]}")
+
+    r = await pgworker.enqueue(conn, "many", {"tokens": tokens})
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: has_status(conn, r.job.id, "failed"), timeout=20)
+    stored = await texts_of(conn, r.job.id)
+    assert tokens[7] not in stored and tokens[19_999] not in stored
+    assert "REDACTED" in stored
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def cli(dsn: str, *args: str) -> Any:
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(depth - 1):
+        value = {"password": "p4ssw0rd-deep", "next": value}
+    return value
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+async def test_show_a_job_whose_payload_is_nested_as_deep_as_enqueue_allows(dsn, conn, form):
+    """A payload nested 499 deep (enqueue takes 500) and a step result as deep: `pgworker show`
+    died with a RecursionError traceback (redacting the payload, making it JSON)."""
+    r = await pgworker.enqueue(conn, "deep", nested(499, 1))
+    await conn.execute(
+        "INSERT INTO pgworker.job_steps (job_id, name, result, attempt, started_at) "
+        "VALUES ($1, 's', $2::jsonb, 1, now())",
+        r.job.id,
+        json.dumps(nested(400, [1])),
+    )
+    shown = cli(dsn, "show", str(r.job.id), *(["--json"] if form == "json" else []))
+    assert shown.returncode == 0, shown.stderr
+    assert "p4ssw0rd-deep" not in shown.stdout.split("steps")[0]
+    if form == "json":
+        payload = json.loads(shown.stdout)["job"]["payload"]
+        assert payload["password"] == "[REDACTED]"
+
+
+@pytest.mark.parametrize("payload", [[1, {"token": "tok-12345"}], "a string", 42, None, True])
+async def test_show_a_job_whose_payload_is_not_an_object(dsn, conn, payload):
+    r = await pgworker.enqueue(conn, "scalar", payload)
+    for extra in ([], ["--json"]):
+        shown = cli(dsn, "show", str(r.job.id), *extra)
+        assert shown.returncode == 0, shown.stderr
+        assert "tok-12345" not in shown.stdout
+
+
+# --- retry policy, versions -----------------------------------------------------------------------
+
+
+def test_max_retries_beside_a_policy_keeps_its_retry_budget():
+    """`task(max_retries=3, retry=RetryPolicy(max_retries=3, max_elapsed=60))` rebuilt the
+    policy from four of its fields: the retry budget in time was dropped, silently."""
+    registry = pgworker.Registry()
+    policy = pgworker.RetryPolicy(max_retries=3, initial_delay=2, max_elapsed=60)
+
+    @registry.task("budgeted", max_retries=3, retry=policy)
+    async def handler(ctx: pgworker.JobContext, payload: Any) -> None:
+        return None
+
+    assert registry["budgeted"].retry == policy
