@@ -340,12 +340,12 @@ def _no_unknown(wanted: Iterable[int], found: Mapping[int, str]) -> None:
 def _statuses(value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise ValidationError("statuses", f"must be a list of statuses, got {value!r}")
-    found = tuple(dict.fromkeys(value))
-    if not found or any(s not in FINISHED for s in found):
+    found = tuple(value)
+    if not found or any(not isinstance(s, str) or s not in FINISHED for s in found):
         raise ValidationError(
             "statuses", f"must be one or more of {', '.join(FINISHED)}, got {value!r}"
         )
-    return found
+    return tuple(dict.fromkeys(found))
 
 
 async def prune(
@@ -397,6 +397,10 @@ async def show_job(
     is no such job."""
     q = queries(limits.identifier("schema", schema))
     job_id = _job_id(job_id)
+    if isinstance(redact_keys, str) or not isinstance(redact_keys, Sequence):
+        raise ValidationError("redact_keys", f"must be a list of key names, got {redact_keys!r}")
+    for key in redact_keys:
+        limits.name("redact_keys", key, limits.MAX_QUEUE_LENGTH)
     row = await q.job_get(conn, job_id)
     if row is None:
         return None

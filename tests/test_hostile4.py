@@ -334,3 +334,26 @@ def test_max_retries_beside_a_policy_keeps_its_retry_budget():
         return None
 
     assert registry["budgeted"].retry == policy
+
+
+# --- the Python API of failed jobs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("statuses", [[["failed"]], [{"failed": 1}]])
+async def test_prune_with_statuses_that_are_not_names_is_a_validation_error(conn, statuses):
+    """A list inside the list raised TypeError (unhashable) from a public function."""
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.prune(conn, older_than=3600, statuses=statuses)
+    assert caught.value.field == "statuses"
+
+
+@pytest.mark.parametrize("keys", ["password", [5], [""], None])
+async def test_show_job_with_bad_redact_keys_is_a_validation_error(conn, keys):
+    """`redact_keys="password"` redacted every key holding one of its letters; `[5]` raised
+    AttributeError once a job was found. Checked like Settings.redact_keys, job or not."""
+    from pgworker.operations import show_job
+
+    r = await pgworker.enqueue(conn, "t", {"apple": 1, "password": "hunter2-x"})
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await show_job(conn, r.job.id, redact_keys=keys)
+    assert caught.value.field == "redact_keys"
