@@ -323,7 +323,7 @@ async def test_show_a_job_whose_payload_is_not_an_object(dsn, conn, payload):
 # --- retry policy, versions -----------------------------------------------------------------------
 
 
-def test_max_retries_beside_a_policy_keeps_its_retry_budget():
+async def test_max_retries_beside_a_policy_keeps_its_retry_budget():
     """`task(max_retries=3, retry=RetryPolicy(max_retries=3, max_elapsed=60))` rebuilt the
     policy from four of its fields: the retry budget in time was dropped, silently."""
     registry = pgworker.Registry()
