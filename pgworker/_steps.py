@@ -18,7 +18,7 @@ import asyncio
 import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -170,15 +170,23 @@ class Steps:
         not_inside_a_transactional_step(f"{what} {name!r}")
         return name, await self._steps_done(name)
 
+    async def _once(
+        self, name: Any, fn: Callable[..., Any], what: str, run: Callable[[str], Awaitable[str]]
+    ) -> Any:
+        """The step's stored result; `run(name)` (which runs and records it, returning the
+        stored JSON text) only when this job has not done it yet. Tasks of one handler calling
+        the same step at once run it once: the others wait and get its result."""
+        name, done = await self._recorded(name, fn, what)
+        if name not in done:
+            async with self._one_at_a_time(name):
+                if name not in done:
+                    done[name] = await run(name)
+        return json.loads(done[name])
+
     async def step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name, done = await self._recorded(name, fn, "step")
-        if name in done:
-            return json.loads(done[name])
-        async with self._one_at_a_time(name):
-            if name in done:  # run meanwhile by another task of this handler
-                return json.loads(done[name])
+        async def run(name: str) -> str:
             started = datetime.now(UTC)
             value = await _call(fn, args, kwargs)
             text = _json("result", value, f"the result of step {name!r}")
@@ -186,8 +194,9 @@ class Steps:
             stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
             if stored is None:
                 raise lost(self._attempt, f"step {name!r} ran but was not recorded")
-            done[name] = stored
-        return json.loads(stored)
+            return stored
+
+        return await self._once(name, fn, "step", run)
 
     def _one_at_a_time(self, name: str) -> asyncio.Lock:
         """The lock of a step's name: tasks of one handler running the same step at once
@@ -200,12 +209,7 @@ class Steps:
     async def transactional_step(
         self, name: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        name, done = await self._recorded(name, fn, "transactional step")
-        if name in done:
-            return json.loads(done[name])
-        async with self._one_at_a_time(name):
-            if name in done:
-                return json.loads(done[name])
+        async def run(name: str) -> str:
             pool = await self._store.pool()
             async with pool.acquire() as conn, conn.transaction():
                 inside = _inside.set(name)
@@ -236,8 +240,9 @@ class Steps:
                 if stored is None:
                     # Raised inside the transaction: the step's own writes roll back with it.
                     raise lost(self._attempt, f"step {name!r} rolled back")
-            done[name] = stored
-        return json.loads(stored)
+            return stored
+
+        return await self._once(name, fn, "transactional step", run)
 
     async def progress(self, milestone: Any, detail: Any) -> None:
         milestone = limits.name("milestone", milestone, MAX_NAME_LENGTH)

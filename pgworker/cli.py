@@ -521,6 +521,19 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 LOG_FORMATS = ["json", "console"]
+_RUN_SETTINGS = (
+    "concurrency",
+    "worker_id",
+    "poll_interval",
+    "shutdown_timeout",
+    "lease",
+    "listen",
+    "durable_claims",
+    "schema",
+    "retain_completed",
+    "retain_failed",
+)
+"""The options of `run` that are Settings fields of the same name (None: not given)."""
 
 
 def _from_env(name: str, choices: list[str], default: str) -> str:
@@ -581,20 +594,9 @@ async def _run(args: argparse.Namespace) -> int:
         args.log_level or _from_env("PGWORKER_LOG_LEVEL", list(LEVELS), "info"),
     )
     registry = _load(args.target)
-    settings = Settings.from_env(
-        dsn=_dsn(args),
-        concurrency=args.concurrency,
-        queues=tuple(args.queues) if args.queues else None,
-        worker_id=args.worker_id,
-        poll_interval=args.poll_interval,
-        shutdown_timeout=args.shutdown_timeout,
-        lease=args.lease,
-        listen=args.listen,
-        durable_claims=args.durable_claims,
-        schema=args.schema,
-        retain_completed=args.retain_completed,
-        retain_failed=args.retain_failed,
-    )
+    given = {name: getattr(args, name) for name in _RUN_SETTINGS}
+    queues = tuple(args.queues) if args.queues else None
+    settings = Settings.from_env(dsn=_dsn(args), queues=queues, **given)
     worker = Worker(registry, settings=settings)
     log = get_logger(worker_id=settings.worker_id)
 

@@ -318,6 +318,12 @@ class Queries:
     async def job_milestones_of(self, conn: Executor, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_milestones_of", job_id)
 
+    async def job_attempts_of(self, conn: Executor, job_id: int) -> list[Row]:
+        return await self._rows(conn, "job_attempts_of", job_id)
+
+    async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
+        return await self._rows(conn, "job_events_of", job_id)
+
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(
@@ -354,12 +360,6 @@ class Queries:
         caller's transaction commits."""
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["jobs_replay"], list(ids), actor, reason)
-
-    async def job_attempts_of(self, conn: Executor, job_id: int) -> list[Row]:
-        return await self._rows(conn, "job_attempts_of", job_id)
-
-    async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
-        return await self._rows(conn, "job_events_of", job_id)
 
     async def jobs_prune(
         self,
