@@ -133,7 +133,9 @@ class Redactor:
                         found.add(json.dumps(value)[1:-1])
                         found.add(json.dumps(value, ensure_ascii=False)[1:-1])
                         found.add(quote(value, safe=""))
+                        found.add(quote(value))  # the default keeps "/" as it is
                         found.add(quote_plus(value, safe=""))
+                        found.add(quote_plus(value))
         if len(found) > MAX_SECRETS:
             return None
         return sorted((s for s in found if len(s) >= MIN_VALUE), key=len, reverse=True)

@@ -370,8 +370,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 SINCE_HELP = (
-    "only jobs that failed within this duration (30s, 15m, 2h, 7d) or since this ISO 8601 time "
-    "with a time zone (default: any time)"
+    "only jobs that failed within this duration (30s, 15m, 2h, 7d, 1w, or seconds) or since "
+    "this ISO 8601 time with a time zone (default: any time)"
 )
 
 

@@ -186,6 +186,10 @@ def since_moment(field: str, value: object) -> datetime | None:
                 "must be a duration such as 30s, 15m, 2h or 7d, or an ISO 8601 time with a time "
                 f"zone such as 2030-01-01T09:00:00+00:00, got {value!r}",
             ) from None
+        if moment.tzinfo is None:
+            raise ValidationError(
+                field, f"{value!r} has no time zone; add one, e.g. {value.strip()}+00:00"
+            )
         return limits.moment(field, moment)
     return datetime.now(UTC) - timedelta(seconds=limits.seconds(field, value))
 

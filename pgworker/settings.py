@@ -134,7 +134,9 @@ class Settings:
         )
         for name in ("retain_completed", "retain_failed"):
             age = getattr(self, name)
-            if age is not None:
+            if isinstance(age, str):  # as on the command line: 7d, 12h, 0 or none
+                age = retention(name, age)
+            elif age is not None:
                 age = limits.seconds(name, age, error=ConfigError) or None
             object.__setattr__(self, name, age)
         keys: object = self.redact_keys

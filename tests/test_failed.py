@@ -393,3 +393,10 @@ async def test_every_new_option_says_its_default_and_each_command_shows_examples
     examples = text.split("\nexamples:\n", 1)[-1].strip().splitlines()
     assert "\nexamples:\n" in text and examples, text
     assert all(f"pgworker {command}" in line for line in examples), text
+
+
+async def test_a_since_time_without_a_zone_says_how_to_add_one():
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.list_failed(None, since="2026-01-01T00:00:00")  # type: ignore[arg-type]
+    assert caught.value.field == "since"
+    assert "has no time zone; add one, e.g. 2026-01-01T00:00:00+00:00" in str(caught.value)

@@ -113,3 +113,9 @@ async def test_a_bad_retry_configuration_stops_the_start_up():
         service.retry_policy({"INVOICE_MAX_RETRIES": "many"})
     with pytest.raises(pgworker.ConfigError):
         service.retry_policy({"INVOICE_MAX_ELAPSED": "-1"})
+
+
+async def test_a_bad_retry_variable_is_named():
+    with pytest.raises(pgworker.ConfigError) as caught:
+        service.retry_policy({"INVOICE_RETRY_DELAY": "soon"})
+    assert caught.value.field == "INVOICE_RETRY_DELAY"

@@ -250,3 +250,28 @@ async def test_no_secret_reaches_the_tables_or_the_worker_log(dsn, conn, tmp_pat
     failed = [x for x in lines if x.get("event") == "job failed" and x.get("job_id") == login]
     assert [x["error"] for x in failed] == [error], text
     assert any(x.get("event") == "handler raised" for x in lines), text
+
+
+def test_a_secret_url_encoded_by_quotes_defaults_is_redacted():
+    """`urllib.parse.quote` keeps `/` by default: a secret holding one, quoted as an HTTP client
+    quotes a path, is found as well."""
+    from urllib.parse import quote, quote_plus, urlencode
+
+    payload = {"password": 'p@ss wörd/"x'}
+    secret = payload["password"]
+    for text in (quote(secret), quote(secret, safe=""), quote_plus(secret), urlencode(payload)):
+        assert REDACTED in redactor().text(f"url={text}", payload), text
+        assert "ss" not in redactor().text(f"url={text}", payload).replace("password", ""), text
+
+
+def test_retention_settings_take_what_the_command_line_takes():
+    from pgworker import ConfigError, Settings
+
+    dsn = "postgresql://x@h/d"
+    assert Settings(dsn, retain_completed="7d").retain_completed == 7 * 86400
+    assert Settings(dsn, retain_failed="none").retain_failed is None
+    assert Settings(dsn, retain_failed="0").retain_failed is None
+    assert Settings(dsn, retain_completed=3600).retain_completed == 3600
+    with pytest.raises(ConfigError) as caught:
+        Settings(dsn, retain_completed="soon")
+    assert caught.value.field == "retain_completed"

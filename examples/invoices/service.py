@@ -25,15 +25,20 @@ def order_id(value: Any) -> str:
 def retry_policy(env: Mapping[str, str] = os.environ) -> pgworker.RetryPolicy:
     """INVOICE_MAX_RETRIES (default 5), INVOICE_RETRY_DELAY (seconds, default 1) and
     INVOICE_MAX_ELAPSED (seconds, default 3600): a bad value stops the start-up, naming it."""
-    try:
-        max_retries = int(env.get("INVOICE_MAX_RETRIES", "5"))
-        delay = float(env.get("INVOICE_RETRY_DELAY", "1"))
-        max_elapsed = float(env.get("INVOICE_MAX_ELAPSED", "3600"))
-    except ValueError as exc:
-        raise pgworker.ConfigError("INVOICE_*", f"must be numbers ({exc})") from None
+    max_retries = int(_number(env, "INVOICE_MAX_RETRIES", "5"))
+    delay = _number(env, "INVOICE_RETRY_DELAY", "1")
+    max_elapsed = _number(env, "INVOICE_MAX_ELAPSED", "3600")
     return pgworker.RetryPolicy(
         max_retries=max_retries, initial_delay=delay, max_delay=60.0, max_elapsed=max_elapsed
     )
+
+
+def _number(env: Mapping[str, str], name: str, default: str) -> float:
+    raw = env.get(name, default)
+    try:
+        return float(raw)
+    except ValueError:
+        raise pgworker.ConfigError(name, f"must be a number, got {raw!r}") from None
 
 
 async def request_invoice(conn: Any, order: Any, amount_cents: int) -> pgworker.EnqueueResult:
