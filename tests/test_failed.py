@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,24 +16,13 @@ import pgworker
 from pgworker import cli as cli_module
 from pgworker import operations
 
-from .helpers import ROOT, attempts, has_status, logged, serving_guarded, wait_for
-from .test_cli import cli_env
+from .helpers import attempts, has_status, logged, serving_guarded, wait_for
+from .test_cli import cli
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 FAST = pgworker.RetryPolicy(max_retries=2, initial_delay=0.01, max_delay=0.01, jitter=0)
 SECRET = "hunter2-xyz"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
 
 
 def flaky_registry(broken: dict[str, bool]) -> pgworker.Registry:

@@ -5,8 +5,6 @@ long jobs are kept."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -17,23 +15,12 @@ from pgworker import _maintenance
 from pgworker._db.queries import queries
 from pgworker._maintenance import Maintenance
 
-from .helpers import ROOT, has_status, logged, serving_guarded, wait_for
-from .test_cli import cli_env
+from .helpers import has_status, logged, serving_guarded, wait_for
+from .test_cli import cli
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 DAY = 86400.0
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
 
 
 async def finished(
