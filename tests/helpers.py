@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 
@@ -108,7 +108,6 @@ class _Link:
         self.client = client
         self.server = server
         self.application_name = ""
-        self.server_port: int = server.get_extra_info("sockname")[1]
         self.flowing = asyncio.Event()  # cleared: nothing more reaches the client
         self.flowing.set()
         self.swallowing = False  # the server's replies are dropped until its ReadyForQuery
@@ -135,7 +134,11 @@ class PgProxy:
 
     def __init__(self, dsn: str) -> None:
         parts = urlsplit(dsn)
-        self._dsn = parts
+        query = dict(parse_qsl(parts.query))
+        self._socket: str | None = None
+        if query.get("host", "").startswith("/"):  # a server on a Unix socket (devdb)
+            self._socket = f"{query.pop('host')}/.s.PGSQL.{query.pop('port', '5432')}"
+        self._dsn = parts._replace(query=urlencode(query))
         self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -183,7 +186,10 @@ class PgProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
+            if self._socket is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(self._socket)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:
             writer.close()
             return
@@ -257,6 +263,11 @@ class PgProxy:
 
 
 UPDATES_ATTEMPTS = re.compile(r"UPDATE\s+\S*job_attempts\b", re.IGNORECASE)
+
+
+def database_of(dsn: str) -> str:
+    """The database a DSN names (its path), whatever its query holds (a socket directory)."""
+    return urlsplit(dsn).path.lstrip("/")
 
 
 async def status_of(conn: Any, job_id: int) -> str:

@@ -20,7 +20,7 @@ from pgworker import _render
 from pgworker import cli as cli_module
 from pgworker._db import files
 
-from .helpers import ROOT, all_finished, attempts, spawn_worker, wait_for
+from .helpers import ROOT, all_finished, attempts, database_of, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -294,7 +294,7 @@ async def test_enqueue_run_at_is_stored(dsn, conn):
 async def listeners(conn, dsn: str) -> int:
     return await conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name LIKE $2",
-        dsn.rsplit("/", 1)[1],
+        database_of(dsn),
         "pgworker-listen:%",
     )
 
@@ -332,7 +332,7 @@ async def test_no_listen_opens_no_listen_connection_and_still_serves_by_polling(
 async def test_durable_claims_commit_as_the_server_is_configured(dsn, conn, tmp_path):
     """The claim sets synchronous_commit for its own transaction: `off` by default, the server's
     setting with --durable-claims. A trigger records what the claim's transaction runs with."""
-    await conn.execute(f'ALTER DATABASE "{dsn.rsplit("/", 1)[1]}" SET synchronous_commit = local')
+    await conn.execute(f'ALTER DATABASE "{database_of(dsn)}" SET synchronous_commit = local')
     await conn.execute(
         """
         CREATE TABLE claim_commits (job_id bigint, synchronous_commit text);

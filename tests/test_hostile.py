@@ -25,7 +25,7 @@ import pgworker
 from pgworker import JobSpec, Worker
 
 from . import helpers
-from .helpers import all_finished, attempts, has_status, serves_on, status_of, wait_for
+from .helpers import all_finished, attempts, database_of, has_status, serves_on, status_of, wait_for
 from .test_chaos import Workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -344,7 +344,7 @@ async def _leads(conn: asyncpg.Connection, worker_id: str) -> bool:
 
 
 async def test_a_statement_the_database_refuses_is_one_line_from_the_cli(dsn, conn):
-    db_name = dsn.rsplit("/", 1)[1]
+    db_name = database_of(dsn)
     await conn.execute(f'ALTER DATABASE "{db_name}" SET default_transaction_read_only = on')
     result = await anyio.run_process(
         [sys.executable, "-m", "pgworker", "enqueue", "t", "--dsn", dsn], check=False
@@ -383,7 +383,7 @@ async def _no_sessions(conn: asyncpg.Connection) -> bool:
 async def test_a_database_read_only_for_a_while_is_served_again(dsn, conn):
     """Failover-like: the worker's sessions are (re)opened while the database is read-only
     (`default_transaction_read_only`, as on a standby); once it is writable again, new jobs run."""
-    db_name = dsn.rsplit("/", 1)[1]
+    db_name = database_of(dsn)
     async with serving(dsn) as worker:
         await serves_on(conn)
         await conn.execute(f'ALTER DATABASE "{db_name}" SET default_transaction_read_only = on')

@@ -25,7 +25,7 @@ import pgworker
 from pgworker import JobSpec, Worker
 
 from . import helpers
-from .helpers import all_finished, attempts, has_status, serves_on, status_of, wait_for
+from .helpers import all_finished, attempts, database_of, has_status, serves_on, status_of, wait_for
 from .test_chaos import Workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -356,7 +356,7 @@ async def _run_blocked_outcome(dsn: str, conn: asyncpg.Connection, unblock) -> N
 
 
 async def test_E_statement_timeout_on_an_outcome_write(dsn, conn):
-    db_name = dsn.rsplit("/", 1)[1]
+    db_name = database_of(dsn)
     await conn.execute(f"ALTER DATABASE \"{db_name}\" SET statement_timeout = '300ms'")
 
     async def nothing(conn: asyncpg.Connection, pid: int) -> None:

@@ -18,7 +18,7 @@ import pgworker
 from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError
 from pgworker import _limits as limits
 
-from .helpers import ROOT
+from .helpers import ROOT, database_of
 from .test_cli import cli, cli_env
 
 SURROGATE = "\udcff"
@@ -356,7 +356,7 @@ async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
     json it is a JSON line like every other line of stderr."""
     from .helpers import spawn_worker, wait_for
 
-    name = dsn.rsplit("/", 1)[1]
+    name = database_of(dsn)
     log = tmp_path / "worker.log"
     worker = spawn_worker("tests.apps.basic", dsn, log, "--log-format", "json")
     try:

@@ -41,7 +41,8 @@ DSN_PASSWORD = "dsn-pass-4567"
 def with_password(dsn: str, password: str) -> str:
     """`dsn` with a password (the test server trusts every login: it is not checked)."""
     parts = urlsplit(dsn)
-    netloc = f"{parts.username or 'postgres'}:{password}@{parts.hostname}:{parts.port or 5432}"
+    where = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    netloc = f"{parts.username or 'postgres'}:{password}@{where}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 
