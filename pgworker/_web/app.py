@@ -1,0 +1,56 @@
+"""The ASGI application of `pgworker serve`: FastAPI (Starlette underneath, served by uvicorn).
+
+FastAPI is chosen over plain Starlette because the API's OpenAPI document and its request
+validation come from one set of typed models, which schemathesis then checks; the dashboard uses
+the same application with Jinja2 templates. Both share one asyncpg pool, opened by the lifespan."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+
+from .._version import __version__
+
+BODY_LIMIT = 1024 * 1024
+"""The largest request body accepted by default, in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    """How `pgworker serve` runs: validated by the CLI before the server starts."""
+
+    dsn: str
+    schema: str = "pgworker"
+    tokens: tuple[str, ...] = ()
+    """Bearer tokens accepted; empty only with `insecure_no_auth`."""
+    insecure_no_auth: bool = False
+    read_only: bool = False
+    body_limit: int = BODY_LIMIT
+    maintenance: bool = True
+    worker_id: str = ""
+    """The id this server leads maintenance under."""
+
+
+def create_app(config: WebConfig) -> FastAPI:
+    """The application: the API under /jobs, /queues, /workers, /healthz, the dashboard at /."""
+    from . import api, dashboard
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with api.resources(app, config):
+            yield
+
+    app = FastAPI(title="pgworker", version=__version__, lifespan=lifespan)
+    app.state.config = config
+    api.install(app, config)
+    dashboard.install(app, config)
+    return app
+
+
+def state(app: Any) -> Any:
+    """The application's shared state (config, pool, queries), set by the lifespan."""
+    return app.state
