@@ -24,8 +24,8 @@ from typing import NoReturn, cast
 import anyio
 import asyncpg
 
+from . import _health_file, _render
 from . import _limits as limits
-from . import _render
 from ._db.connection import connect
 from ._db.migrations import check_schema
 from ._logs import LEVELS, LogFormat, configure_logging, get_logger
@@ -263,6 +263,12 @@ def _parser() -> argparse.ArgumentParser:
         "them forever (default: $PGWORKER_RETAIN_FAILED, else 30d)",
     )
     run.add_argument(
+        "--health-file",
+        metavar="PATH",
+        help="rewrite this file at each heartbeat with the services' health, for `pgworker "
+        "health` (default: $PGWORKER_HEALTH_FILE, else none)",
+    )
+    run.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         help="json: one JSON object per line; console: readable lines; both on stderr "
@@ -366,6 +372,28 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print JSON instead of a table (default: a table)"
     )
     _failed_jobs_commands(sub, common)
+
+    health = _command(
+        sub,
+        "health",
+        [],
+        "exit 0 when a worker's health file says it is healthy",
+        "Read the file that `pgworker run --health-file PATH` rewrites at each heartbeat, and "
+        "exit 0 only when it was written less than the worker's lease ago and every service in "
+        "it is ok or retrying; else print one line saying why (no file, stale by N s, a service "
+        "stopped, unreadable JSON) and exit 1. Reads the file only, never the database: for "
+        "Docker's HEALTHCHECK and Kubernetes exec probes.",
+        [
+            "pgworker health --health-file /tmp/pgworker-health.json",
+            "PGWORKER_HEALTH_FILE=/tmp/pgworker-health.json pgworker health",
+        ],
+    )
+    health.add_argument(
+        "--health-file",
+        metavar="PATH",
+        help="the file a worker's `pgworker run --health-file` writes (default: "
+        "$PGWORKER_HEALTH_FILE; required if it is not set)",
+    )
     return p
 
 
@@ -532,6 +560,7 @@ _RUN_SETTINGS = (
     "schema",
     "retain_completed",
     "retain_failed",
+    "health_file",
 )
 """The options of `run` that are Settings fields of the same name (None: not given)."""
 
@@ -786,6 +815,22 @@ async def _prune(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _health(args: argparse.Namespace) -> int:
+    path = args.health_file or os.environ.get("PGWORKER_HEALTH_FILE")
+    if not path:
+        raise ValidationError(
+            "--health-file",
+            "give the file `pgworker run --health-file` writes, or set PGWORKER_HEALTH_FILE",
+        )
+    verdict = _health_file.judge(path)
+    if verdict.healthy:
+        print(f"pgworker health: ok: {verdict.reason}")
+        return 0
+    # 1, not 2: Docker's HEALTHCHECK reserves exit status 2.
+    print(f"pgworker health: unhealthy: {verdict.reason}", file=sys.stderr)
+    return 1
+
+
 COMMANDS = {
     "migrate": _migrate,
     "run": _run,
@@ -796,6 +841,7 @@ COMMANDS = {
     "show": _show,
     "replay": _replay,
     "prune": _prune,
+    "health": _health,
 }
 
 

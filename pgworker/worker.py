@@ -17,7 +17,7 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from . import _executor
+from . import _executor, _health_file
 from ._completer import Completer
 from ._db.connection import (
     create_pool,
@@ -57,7 +57,7 @@ class _Services:
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
         self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
-        self.heartbeat = Heartbeat(self.producer, s)
+        self.heartbeat = Heartbeat(self.producer, s, on_beat=worker._write_health_file)
         self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
         self.notifier = (
             Notifier(
@@ -118,6 +118,7 @@ class Worker:
         self._healths: dict[str, Health] = {}
         self._context: contextlib.AbstractAsyncContextManager[Worker] | None = None
         self._running = False
+        self._health_file_failed = False
         self.abandoned = 0
         """Handlers abandoned at the last stop because they ignored their cancellation (their
         jobs were handed back; their tasks still run in this event loop)."""
@@ -145,6 +146,29 @@ class Worker:
         and `last_error` (text or None). Empty before the worker starts."""
         return {name: health.as_dict() for name, health in self._healths.items()}
 
+    def _write_health_file(self, *, strict: bool = False) -> None:
+        """Rewrite the health file (`Settings.health_file`), if any. A write that fails is logged
+        once, not raised: the file goes stale, and that is what the probe reports. `strict` (at
+        start-up): a path that cannot be written is a ConfigError."""
+        path = self.settings.health_file
+        if path is None:
+            return
+        content = _health_file.record(
+            self.worker_id, self.settings.lease, self.health(), self._stop_requested
+        )
+        try:
+            _health_file.write(path, content)
+        except OSError as exc:
+            if strict:
+                raise ConfigError(
+                    "health_file", f"cannot write {path!r}: {exc.strerror or exc}"
+                ) from None
+            if not self._health_file_failed:
+                self._log.warning("could not write the health file", path=path, error=str(exc))
+            self._health_file_failed = True
+        else:
+            self._health_file_failed = False
+
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -164,6 +188,8 @@ class Worker:
         _executor.serving()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._ended)
+            self._healths = {}
+            self._write_health_file(strict=True)
             pool = await create_pool(
                 s.dsn,
                 size=POOL_SIZE,
@@ -201,6 +227,7 @@ class Worker:
         if services.notifier is not None:
             running.append(services.notifier)
         self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
+        self._write_health_file()
         try:
             async with anyio.create_task_group() as tg:
                 for svc in running:
@@ -238,6 +265,7 @@ class Worker:
                         self._log.warning(
                             "could not unregister from the database", error=describe(exc)
                         )
+            self._write_health_file()
             self._log.info(
                 "worker stopped",
                 outcomes_written=completer.written,

@@ -17,6 +17,7 @@ import pytest
 import pgworker
 from pgworker import Job, RetryPolicy
 from pgworker._db import files
+from pgworker._version import DISTRIBUTION
 from pgworker._db.queries import Queries
 from pgworker.models import JOB_FIELDS
 from pgworker.retry import next_retry
@@ -100,7 +101,7 @@ def test_init_holds_no_logic():
 
 
 def test_version_comes_from_the_package_metadata():
-    assert pgworker.__version__ == importlib.metadata.version("pgworker")
+    assert pgworker.__version__ == importlib.metadata.version(DISTRIBUTION)
 
 
 @aio
