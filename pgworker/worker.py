@@ -57,7 +57,7 @@ class _Services:
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
         self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
-        self.heartbeat = Heartbeat(self.producer, s, on_beat=worker._write_health_file)
+        self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
         self.notifier = (
             Notifier(
@@ -158,16 +158,22 @@ class Worker:
         )
         try:
             _health_file.write(path, content)
-        except OSError as exc:
+        except Exception as exc:
             if strict:
-                raise ConfigError(
-                    "health_file", f"cannot write {path!r}: {exc.strerror or exc}"
-                ) from None
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ConfigError("health_file", f"cannot write {path!r}: {reason}") from None
             if not self._health_file_failed:
-                self._log.warning("could not write the health file", path=path, error=str(exc))
+                self._log.warning("could not write the health file", path=path, error=describe(exc))
             self._health_file_failed = True
         else:
             self._health_file_failed = False
+
+    async def _write_health_file_often(self) -> None:
+        """Every third of the lease (the heartbeat's period), whatever the services' states: a
+        service that retries does not make the file stale, a frozen event loop does."""
+        while True:
+            self._write_health_file()
+            await anyio.sleep(self.settings.lease / 3)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -227,9 +233,10 @@ class Worker:
         if services.notifier is not None:
             running.append(services.notifier)
         self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
-        self._write_health_file()
         try:
             async with anyio.create_task_group() as tg:
+                if s.health_file is not None:
+                    tg.start_soon(self._write_health_file_often)
                 for svc in running:
                     tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
                 self._producer = producer
