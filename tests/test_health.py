@@ -18,7 +18,7 @@ import pytest
 import pgworker
 from pgworker import cli as cli_module
 
-from .helpers import ROOT, has_status, spawn_worker, wait_for
+from .helpers import ROOT, has_status, logged, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 SERVICES = {"producer", "heartbeat", "completer", "notifier", "maintenance"}
@@ -205,6 +205,49 @@ async def test_a_health_file_that_cannot_be_written_stops_the_start(dsn, conn, t
         f"pgworker run: error: health_file: cannot write {str(path)!r}: No such file or directory"
     ), lines
     assert await conn.fetchval("SELECT count(*) FROM pgworker.workers") == 0
+
+
+@aio
+async def test_a_write_that_fails_later_is_logged_once_and_the_worker_serves_on(
+    dsn, conn, tmp_path
+):
+    """In code (`Worker(..., health_file=...)`): the file's directory goes away while the worker
+    serves; one warning, no dead worker, and the file is written again once it can be."""
+    from structlog.testing import capture_logs
+
+    from tests.apps.basic import registry
+
+    directory = tmp_path / "run"
+    directory.mkdir()
+    path = directory / "health.json"
+    with capture_logs() as logs:
+        async with pgworker.Worker(
+            registry, dsn, health_file=path, lease=0.6, poll_interval=0.05
+        ) as worker:
+            await wait_for(lambda: path.exists())
+            path.unlink()
+            directory.rmdir()
+            await wait_for(lambda: len(logged(logs, "could not write the health file")) > 0)
+            job = await pgworker.enqueue(conn, "echo", {"n": 2})
+            await wait_for(lambda: has_status(conn, job.job.id, "completed"))
+            for _ in range(3):  # three more heartbeats, so as many more failed writes
+                seen = await last_seen(conn, worker.worker_id)
+                await wait_for(lambda seen=seen: last_seen(conn, worker.worker_id, after=seen))
+            beats = len(logged(logs, "health file"))
+            directory.mkdir()
+            await wait_for(lambda: healthy(path))
+            assert {h["state"] for h in worker.health().values()} == {"ok"}
+    [warning] = logged(logs, "could not write the health file")
+    assert warning["log_level"] == "warning" and warning["path"] == str(path)
+    assert "FileNotFoundError" in warning["error"] and beats == 1
+
+
+async def last_seen(conn, worker_id: str, after: datetime | None = None) -> datetime | None:
+    """The worker's last heartbeat (later than `after`, else None)."""
+    seen = await conn.fetchval(
+        "SELECT last_seen_at FROM pgworker.workers WHERE worker_id = $1", worker_id
+    )
+    return seen if after is None or seen > after else None
 
 
 def test_the_health_file_setting_is_validated():

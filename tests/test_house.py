@@ -17,8 +17,8 @@ import pytest
 import pgworker
 from pgworker import Job, RetryPolicy
 from pgworker._db import files
-from pgworker._version import DISTRIBUTION
 from pgworker._db.queries import Queries
+from pgworker._version import DISTRIBUTION
 from pgworker.models import JOB_FIELDS
 from pgworker.retry import next_retry
 

@@ -199,9 +199,10 @@ def test_the_image_runs_pgworker_as_a_user_and_probes_its_health_file():
     build, final = stages(ROOT / "Dockerfile")
     for stage in (build, final):
         assert re.fullmatch(r"python:3\.1[1-9]-slim( AS \w+)?", stage[0][1]), stage[0]
+    assert final[0][1] == "python:3.12-slim"  # as the README says
     found = dict(final)
-    user = found["USER"].split(":")
-    assert all(part.isdigit() and int(part) > 0 for part in user), found["USER"]
+    assert found["USER"] == "10001:10001" and found["WORKDIR"] == "/app"
+    assert "--uid 10001 " in found["RUN"]  # the last RUN: the user made
     assert json.loads(found["ENTRYPOINT"]) == ["pgworker"]
     assert found["STOPSIGNAL"] == "SIGTERM"
     options, _, command = found["HEALTHCHECK"].partition(" CMD ")
@@ -217,7 +218,7 @@ def test_the_image_runs_pgworker_as_a_user_and_probes_its_health_file():
 
 
 def test_the_dockerfile_run_steps_build_and_install_the_entrypoint(tmp_path):
-    """The build stage's COPY and RUN, then the final stage's pip RUN (with EXTRAS=metrics), run
+    """The build stage's COPY and RUN, then the final stage's pip RUN (EXTRAS=metrics,otel), run
     here with /wheels under tmp_path and each stage's `pip` from a fresh virtualenv: the wheel
     builds from just what is copied, installs with the extra, and `pgworker` (the ENTRYPOINT)
     runs and answers the HEALTHCHECK's command."""
@@ -251,11 +252,11 @@ def test_the_dockerfile_run_steps_build_and_install_the_entrypoint(tmp_path):
     installs = [args for word, args in final if word == "RUN" and "pip install" in args]
     assert len(installs) == 1
     bin_ = fresh_venv(tmp_path / "image-venv")
-    env = clean_env(PATH=f"{bin_}:{os.environ['PATH']}", EXTRAS="metrics")
+    env = clean_env(PATH=f"{bin_}:{os.environ['PATH']}", EXTRAS="metrics,otel")
     run("sh", "-ec", here(installs[0]), cwd=tmp_path, env=env)
     assert not wheels.exists()  # removed in the same step: not left in a layer
     assert (bin_ / "pgworker").is_file()
-    run(bin_ / "python", "-c", "import prometheus_client", env=clean_env())
+    run(bin_ / "python", "-c", "import prometheus_client, opentelemetry", env=clean_env())
     version = run(bin_ / "pgworker", "--version", env=clean_env(), cwd=tmp_path)
     assert version.stdout.strip() == f"pgworker {VERSION}"
     probe = subprocess.run(
@@ -315,3 +316,44 @@ async def test_the_compose_example_migrates_once_then_runs_two_workers(dsn, conn
             w.send_signal(signal.SIGTERM)
         codes = [w.wait(timeout=60) for w in workers]
     assert codes == [0, 0]
+
+
+# --- the README -----------------------------------------------------------------------------------
+
+
+def readme_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def test_every_install_line_of_the_readme_names_the_distribution_and_real_extras():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION
+    extras = set(project["optional-dependencies"])
+    text = (ROOT / "README.md").read_text()
+    installs = re.findall(r"pip install ([^\s`]+)", text)
+    assert len(installs) >= 3, installs
+    for target in installs:
+        target = target.strip("'\"")
+        if target == ".":
+            continue
+        name, _, listed = target.partition("[")
+        assert name == DISTRIBUTION, target
+        assert set(filter(None, listed.rstrip("]").split(","))) <= extras, target
+    assert f"Installed as `{DISTRIBUTION}`, imported and run as `pgworker`" in text
+
+
+def test_the_readme_kubernetes_probe_is_the_image_healthcheck_and_outlasts_a_graceful_stop():
+    [pod] = [yaml.safe_load(b) for b in readme_blocks("yaml") if "livenessProbe" in b]
+    [container] = pod["spec"]["containers"]
+    probe = container["livenessProbe"]
+    healthcheck = dict(stages(ROOT / "Dockerfile")[-1])["HEALTHCHECK"]
+    assert probe["exec"]["command"] == json.loads(healthcheck.partition(" CMD ")[2])
+    shutdown_timeout = pgworker.Settings(dsn="x").shutdown_timeout
+    assert pod["spec"]["terminationGracePeriodSeconds"] > shutdown_timeout
+    assert probe["periodSeconds"] * probe["failureThreshold"] > shutdown_timeout
+    [mount] = container["volumeMounts"]
+    health_file = probe["exec"]["command"][-1]
+    assert Path(health_file).parent == Path(mount["mountPath"])
+    assert container["args"][0] == "run"
