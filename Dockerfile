@@ -17,6 +17,7 @@ ARG EXTRAS=""
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PGWORKER_HEALTH_FILE=/tmp/pgworker-health.json
 COPY --from=build /wheels /wheels
 RUN echo "$(echo /wheels/pgworker_queue-*.whl)${EXTRAS:+[${EXTRAS}]}" > /wheels/requirements.txt \
