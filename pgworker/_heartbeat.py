@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 
 import anyio
 
@@ -23,16 +22,13 @@ class Heartbeat:
     """The heartbeat service: every third of the lease, extend the leases of all running attempts
     in one statement, say the worker is alive, act on cancel requests the notifications missed,
     and stop the attempts whose lease was lost (their job was rescued and may already run
-    elsewhere). `on_beat` runs after each round, failed or not (the health file)."""
+    elsewhere)."""
 
     name = "heartbeat"
 
-    def __init__(
-        self, producer: Producer, settings: Settings, on_beat: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, producer: Producer, settings: Settings) -> None:
         self._producer = producer
         self._settings = settings
-        self._on_beat = on_beat or (lambda: None)
         self._q = queries(settings.schema)
         self._log = get_logger(worker_id=settings.worker_id)
 
@@ -59,11 +55,9 @@ class Heartbeat:
         return False
 
     async def reset(self, exc: Exception) -> None:
-        self._on_beat()
         await recover(self._producer.pool, exc)
 
     async def idle(self) -> None:
-        self._on_beat()
         await anyio.sleep(self._settings.lease / 3)
 
     async def step(self) -> None:
