@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import DISTRIBUTION
 from .errors import ConfigError
-from .models import AttemptResult, Outcome
+from .models import AttemptResult, JobStatus, Outcome
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ COUNTED = tuple(o for o in Outcome if o not in (Outcome.RUNNING, Outcome.LOST))
 rescue (an attempt stopped here because its job was claimed again was already counted there)."""
 OUTCOMES = (*(o.value for o in COUNTED), Outcome.LOST.value)
 
+STATUSES = tuple(s.value for s in JobStatus)
 MAX_QUEUES = 1000
 """The most queues the queue gauges show (by name): queue names come from whoever enqueues."""
 
@@ -211,9 +212,12 @@ class Metrics:
         found = self._queues
         if found is not None:
             rows, ages = found
+            by_queue: dict[str, dict[str, int]] = {}
             for r in rows:
-                counts.add_metric([r["queue"], r["status"]], r["jobs"])
-            for queue in dict.fromkeys(r["queue"] for r in rows):
+                by_queue.setdefault(r["queue"], dict.fromkeys(STATUSES, 0))[r["status"]] = r["jobs"]
+            for queue, statuses in by_queue.items():
+                for status, n in statuses.items():
+                    counts.add_metric([queue, status], n)
                 oldest.add_metric([queue], ages.get(queue, 0.0))
         yield counts
         yield oldest
