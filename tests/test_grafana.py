@@ -88,6 +88,10 @@ async def test_each_metric_the_promql_names_is_in_a_real_scrape(dsn, conn):
     scraped = {name for name, _ in samples}
     named = {m for _, t in targets("expr") for m in METRIC.findall(t["expr"])}
     assert named, "no metric named"
+    # The README's alerts too.
+    readme = (ROOT / "README.md").read_text()
+    alerts = readme.split("#### What to alert on", 1)[1].split("\n#### ", 1)[0]
+    named |= set(METRIC.findall(alerts))
     missing = sorted(named - scraped)
     assert not missing, missing
     families = {n.removesuffix(s) for n in scraped for s in SUFFIXES if n.endswith(s)} | scraped

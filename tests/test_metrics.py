@@ -433,3 +433,43 @@ async def test_queue_gauges_are_cleared_when_leadership_is_lost(dsn, conn):
         )
         await wait_for(lambda: not gauges())
         assert value(scrape(port), "pgworker_slots") == 10.0
+
+
+async def test_lost_connections_are_counted_as_reconnects(dsn, conn):
+    from .apps.metrics import registry
+
+    port = free_port()
+    async with pgworker.Worker(registry, dsn, metrics_port=port, worker_id="metrics-cut") as w:
+        await wait_for(lambda: value(scrape(port), "pgworker_db_reconnects_total") == 0.0)
+        # The server ends every connection of the worker: the listener's and the pool's.
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name LIKE '%:metrics-cut'"
+        )
+        job = await pgworker.enqueue(conn, "ok", {})
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", job.job.id
+            ),
+            timeout=20,
+        )
+        found = await wait_for(
+            lambda: (value(scrape(port), "pgworker_db_reconnects_total") or 0.0) >= 2.0,
+            timeout=20,
+        )
+        assert found
+        assert w.health()["producer"]["state"] == "ok"
+
+
+async def test_the_queue_gauges_show_at_most_so_many_queues(conn):
+    from pgworker._db.queries import queries
+
+    for queue in ("c", "a", "b"):
+        await pgworker.enqueue(conn, "ok", {}, queue=queue)
+    rows = await queries("pgworker").metrics_queues(conn, 2)
+    assert [(r["queue"], r["status"], r["jobs"]) for r in rows] == [
+        ("a", "pending", 1),
+        ("b", "pending", 1),
+    ]
+    assert all(r["oldest_pending_seconds"] >= 0 for r in rows)
+    assert _metrics.MAX_QUEUES == 1000
