@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgworker
 from pgworker import _metrics
+from pgworker._version import DISTRIBUTION
 
 from .apps.metrics import HOSTILE
 from .helpers import ROOT, fake_claim, spawn_worker, wait_for
@@ -354,9 +355,8 @@ async def test_without_prometheus_client_metrics_are_a_config_error_naming_the_e
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
-    assert "metrics_port" in out.stdout and "pip install 'pgworker[metrics]'" in out.stdout, (
-        out.stdout + out.stderr
-    )
+    wanted = f"metrics_port: metrics need prometheus-client: pip install '{DISTRIBUTION}[metrics]'"
+    assert out.stdout.strip() == wanted, out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(
