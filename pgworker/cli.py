@@ -190,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
             "pgworker run app.handlers --log-format json --log-level warning",
             "PGWORKER_QUEUES=default,mail pgworker run app.handlers --no-listen",
             "pgworker run app.handlers --retain-completed 1d --retain-failed none",
+            "pgworker run app.handlers --metrics-port 9100 --metrics-host 0.0.0.0",
         ],
     )
     run.add_argument(
@@ -267,6 +268,17 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="rewrite this file at each heartbeat with the services' health, for `pgworker "
         "health` (default: $PGWORKER_HEALTH_FILE, else none)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=integer,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, port 1 to 65535; needs the "
+        "metrics extra (default: $PGWORKER_METRICS_PORT, else no metrics)",
+    )
+    run.add_argument(
+        "--metrics-host",
+        help="the address the metrics server listens on, 0.0.0.0 in a container (default: "
+        "$PGWORKER_METRICS_HOST, else 127.0.0.1)",
     )
     run.add_argument(
         "--log-format",
@@ -561,6 +573,8 @@ _RUN_SETTINGS = (
     "retain_completed",
     "retain_failed",
     "health_file",
+    "metrics_port",
+    "metrics_host",
 )
 """The options of `run` that are Settings fields of the same name (None: not given)."""
 

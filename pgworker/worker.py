@@ -11,10 +11,11 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import asyncpg
 
 from . import _executor, _health_file
@@ -37,6 +38,9 @@ from .models import DEFAULT_QUEUE
 from .registry import Registry
 from .settings import Settings, dsn_from_env
 
+if TYPE_CHECKING:
+    from ._metrics import Metrics
+
 POOL_SIZE = 4
 LOCK_TIMEOUT = 5.0
 """The longest a worker's statement waits on a lock (shorter with a short lease): a row an
@@ -46,7 +50,7 @@ operator holds locked makes that service retry and say so in `health()`, not han
 class _Services:
     """What a started worker holds: the pool and its services."""
 
-    def __init__(self, worker: Worker, pool: asyncpg.Pool) -> None:
+    def __init__(self, worker: Worker, pool: asyncpg.Pool, metrics: Metrics | None) -> None:
         s = worker.settings
         self.pool = pool
         self.completer = Completer(
@@ -56,9 +60,13 @@ class _Services:
             on_requeued=lambda delay: self.producer.requeued(delay),
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
-        self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
+        self.producer = Producer(
+            pool, worker.registry, s, self.completer, worker._wakeup, metrics=metrics
+        )
         self.heartbeat = Heartbeat(self.producer, s)
-        self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
+        self.maintenance = Maintenance(
+            pool, s, worker.registry, stopping=self.producer.done, metrics=metrics
+        )
         self.notifier = (
             Notifier(
                 s.dsn, s.schema, s.served_queues, worker._wakeup, self.producer.cancel, s.worker_id
@@ -123,6 +131,10 @@ class Worker:
         """Handlers abandoned at the last stop because they ignored their cancellation (their
         jobs were handed back; their tasks still run in this event loop)."""
         self._log = get_logger(worker_id=settings.worker_id)
+        if settings.metrics_port is not None:
+            from . import _metrics
+
+            _metrics.require()
 
     @property
     def worker_id(self) -> str:
@@ -196,6 +208,13 @@ class Worker:
             stack.callback(self._ended)
             self._healths = {}
             self._write_health_file(strict=True)
+            metrics = None
+            if s.metrics_port is not None:
+                from ._metrics import Metrics
+
+                metrics = Metrics(s)
+                metrics.start()
+                stack.push_async_callback(_close_metrics, metrics)
             pool = await create_pool(
                 s.dsn,
                 size=POOL_SIZE,
@@ -203,7 +222,9 @@ class Worker:
                 lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
             )
             stack.push_async_callback(_close_pool, pool)
-            services = _Services(self, pool)
+            services = _Services(self, pool, metrics)
+            if metrics is not None:
+                self._watch(metrics, services)
             try:
                 await check_schema(pool, s.schema)
                 await check_privileges(pool, s.schema)
@@ -214,6 +235,20 @@ class Worker:
             except Exception as exc:
                 raise _start_error(s.schema, exc) from exc
             yield services
+
+    def _watch(self, metrics: Metrics, services: _Services) -> None:
+        """What the metrics read from the running services at each scrape."""
+        running = services.producer.running
+        notifier = services.notifier
+        metrics.busy = lambda: len(running)
+
+        def reconnects() -> int:
+            lost = sum(
+                h.connections_lost for n, h in list(self._healths.items()) if n != "notifier"
+            )
+            return lost + (notifier.reconnects if notifier is not None else 0)
+
+        metrics.reconnects = reconnects
 
     def _ended(self) -> None:
         """Ready to run again: a stop asked for belonged to the run that ended."""
@@ -317,6 +352,11 @@ async def _close_pool(pool: asyncpg.Pool) -> None:
             await pool.close()
         if waited.cancelled_caught:  # a connection stayed busy: stop waiting on it
             pool.terminate()
+
+
+async def _close_metrics(metrics: Metrics) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(metrics.close)
 
 
 def _start_error(schema: str, exc: Exception) -> Exception:

@@ -243,6 +243,11 @@ class Queries:
             worker_id,
         )
 
+    async def metrics_queues(self, conn: Executor, max_queues: int) -> list[Row]:
+        """Per queue (the first `max_queues` by name): `jobs` by `status`, and
+        `oldest_pending_seconds` (None when no pending job is due)."""
+        return await conn.fetch(self._sql["metrics_queues"], max_queues)
+
     async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)
 
