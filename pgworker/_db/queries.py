@@ -324,6 +324,30 @@ class Queries:
     async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
+    # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
+
+    async def dashboard_jobs(
+        self,
+        conn: Executor,
+        *,
+        status: str | None,
+        type: str | None,
+        queue: str | None,
+        correlation_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of jobs, newest first (keyset on id), without payloads or results."""
+        return await self._rows(
+            conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
+        )
+
+    async def dashboard_workers(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_workers", limit)
+
+    async def dashboard_overdue(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_overdue", limit)
+
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(
