@@ -912,6 +912,9 @@ async def _serve(args: argparse.Namespace) -> int:
         await check_schema(conn, schema)
     finally:
         await conn.close()
+    worker_id = f"serve-{default_worker_id()}"
+    if args.maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
+        Settings.from_env(dsn=dsn, schema=schema, worker_id=worker_id)
     config = WebConfig(
         dsn=dsn,
         schema=schema,
@@ -920,7 +923,7 @@ async def _serve(args: argparse.Namespace) -> int:
         read_only=args.read_only,
         body_limit=args.body_limit,
         maintenance=args.maintenance,
-        worker_id=f"serve-{default_worker_id()}",
+        worker_id=worker_id,
     )
     await serve(config, args.host, args.port, log_level=level)
     return 0

@@ -465,3 +465,124 @@ async def test_healthz_503_when_the_schema_is_not_current(server: Served, conn: 
         assert_problem(r, 503)
         await conn.execute("DROP SCHEMA pgworker CASCADE")
         assert_problem(await c.get("/healthz"), 503)
+
+
+HOSTILE_ENQUEUES = [
+    ('{"type":"t","payload":{},"priority":1e400}', "priority"),
+    ('{"type":"t","payload":{},"priority":true}', "priority"),
+    ('{"type":"t","payload":{},"max_retries":99999999999999999999999}', "max_retries"),
+    ('{"type":"t","payload":{},"delay":NaN}', "delay"),
+    ('{"type":"t","payload":{},"delay":Infinity}', "delay"),
+    ('{"type":"t","payload":{},"delay":1e999}', "delay"),
+    ('{"type":"t","payload":{},"delay":true}', "delay"),
+    ('{"type":"t","payload":{},"delay":"5"}', "delay"),
+    ('{"type":"t","payload":NaN}', "payload"),
+    ('{"type":"t","payload":[Infinity]}', "payload"),
+    ('{"type":"t","payload":1e400}', "payload"),
+    ('{"type":"\\ud800","payload":{}}', "type"),
+    ('{"type":"t","payload":{"\\ud800":1}}', "payload"),
+    ('{"type":"t","payload":"\\udfff"}', "payload"),
+    ('{"type":"t\\u0000","payload":{}}', "type"),
+    ('{"type":"t","payload":{},"idempotency_key":"\\u0000"}', "idempotency_key"),
+    ('{"type":"t","payload":{},"correlation_id":"\\ud800"}', "correlation_id"),
+    ('{"type":"t","payload":{},"run_at":"9999-12-31T23:59:59-14:00"}', "run_at"),
+    ('{"type":"t","payload":{},"run_at":"0001-01-01T00:00:00+14:00"}', "run_at"),
+    ('{"type":"t","payload":{},"run_at":1e308}', "run_at"),
+    ('{"type":"t","payload":{},"version":0}', "version"),
+    ('{"type":"t","payload":{},"version":99999999999999}', "version"),
+    ('{"type":"t","payload":' + "[" * 600 + "]" * 600 + "}", "payload"),
+    ("[" * 100_000 + "]" * 100_000, "body"),
+    ("[]", "body"),
+    ("null", "body"),
+    ('"x"', "body"),
+]
+HOSTILE_CLAIMS = [
+    ('{"worker_id":"w","lease":-1}', "lease"),
+    ('{"worker_id":"w","lease":1e308}', "lease"),
+    ('{"worker_id":"w","lease":0}', "lease"),
+    ('{"worker_id":"w","lease":NaN}', "lease"),
+    ('{"worker_id":"w\\u0000"}', "worker_id"),
+    ('{"worker_id":"\\ud800"}', "worker_id"),
+    ('{"worker_id":""}', "worker_id"),
+    ('{"worker_id":"w","types":["\\u0000"]}', "types"),
+    ('{"worker_id":"w","types":[]}', "types"),
+    ('{"worker_id":"w","queues":["\\ud800"]}', "queues"),
+    ('{"worker_id":"w","versions":{"t":[0]}}', "versions"),
+    ('{"worker_id":"w","versions":{"t":[99999999999999999999]}}', "versions"),
+    ('{"worker_id":"w","versions":{"t":[]}}', "versions"),
+    ('{"worker_id":"w","versions":{"\\u0000":[1]}}', "versions"),
+    ('{"worker_id":"w","versions":[1]}', "versions"),
+    ('{"worker_id":"' + "w" * 300 + '"}', "worker_id"),
+]
+
+
+async def test_hostile_input_is_a_4xx_naming_the_field(server: Served, conn: Any) -> None:
+    """Bad JSON, huge ints, wrong types, NUL bytes, lone surrogates, negative or endless leases,
+    ids out of bigint range: each a 4xx naming the field, never a 500 nor a dead server."""
+    json_type = {"Content-Type": "application/json"}
+    async with server.client() as c:
+        job = await enqueue(c, "hostile")
+        for body, field in HOSTILE_ENQUEUES:
+            assert_problem(await c.post("/jobs", content=body, headers=json_type), 422, field)
+        for body, field in HOSTILE_CLAIMS:
+            assert_problem(await c.post("/jobs/claim", content=body, headers=json_type), 422, field)
+        assert_problem(
+            await c.post("/jobs", content=b"\xff\xfe\x00", headers=json_type), 422, "body"
+        )
+        assert_problem(await c.post("/jobs", content=b'{"type":"t","payload":{}}'), 422, "body")
+        base = f"/jobs/{job['id']}"
+        for path, body, field in [
+            (f"{base}/heartbeat", '{"worker_id":"w","attempt":99999999999999999999}', "attempt"),
+            (f"{base}/heartbeat", '{"worker_id":"w","attempt":-5}', "attempt"),
+            (f"{base}/heartbeat", '{"worker_id":"w","attempt":1,"lease":-1}', "lease"),
+            (f"{base}/heartbeat", '{"worker_id":"w","attempt":1,"lease":1e308}', "lease"),
+            (f"{base}/complete", '{"worker_id":"w","attempt":1,"result":"\\u0000"}', "result"),
+            (
+                f"{base}/fail",
+                '{"worker_id":"w","attempt":1,"error":"e","retry_after":1e308}',
+                "retry_after",
+            ),
+            (
+                f"{base}/fail",
+                '{"worker_id":"w","attempt":1,"error":"e","retry_after":-1}',
+                "retry_after",
+            ),
+            (
+                f"{base}/fail",
+                '{"worker_id":"w","attempt":1,"error":"e","permanent":"yes"}',
+                "permanent",
+            ),
+            (f"{base}/fail", '{"worker_id":"w","attempt":1}', "error"),
+            (f"{base}/replay", '{"by":"\\u0000"}', "by"),
+            (f"{base}/replay", '{"reason":"\\ud800"}', "reason"),
+            (f"{base}/replay", "[1]", "body"),
+        ]:
+            assert_problem(await c.post(path, content=body, headers=json_type), 422, field)
+        for path in ["/jobs/99999999999999999999999", "/jobs/-1", "/jobs/0", "/jobs/abc"]:
+            assert_problem(await c.get(path), 422, "id")
+        assert_problem(await c.post("/jobs/99999999999999999999999/cancel"), 422, "id")
+        for query, field in [
+            ("type=%00", "type"),
+            ("correlation_id=%00x", "correlation_id"),
+            ("limit=99999999999999999999999", "limit"),
+            ("before=-1", "before"),
+            ("status=%00", "status"),
+        ]:
+            assert_problem(await c.get(f"/jobs?{query}"), 422, field)
+
+        # A worker's error text is hostile too: stored cleaned and redacted, never refused.
+        held = await claim(c, "w", types=["hostile"])
+        failed = await c.post(
+            f"{base}/fail",
+            content='{"worker_id":"w","attempt":1,"permanent":true,'
+            '"error":"\\ud800 Boom\\u0000 password=hunter22\\nBearer abcdefgh"}',
+            headers=json_type,
+        )
+        assert failed.status_code == 200, failed.text
+        assert held["id"] == job["id"] and "hunter22" not in failed.text
+        assert (await c.get("/healthz")).status_code == 200
+        assert (await c.post("/jobs", json={"type": "t", "payload": {}})).status_code == 201
+    detail = await conn.fetchval(
+        "SELECT error_detail FROM pgworker.job_attempts WHERE job_id = $1", job["id"]
+    )
+    assert "abcdefgh" not in detail and "[REDACTED]" in detail

@@ -161,10 +161,11 @@ async def _drain(receive: Receive, most: int) -> None:
 
 
 def _field(loc: tuple[Any, ...]) -> str:
+    """The input at fault: the top-level field (a body's, a query's or a path's), else `body`."""
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:] if len(parts) > 1 else parts
-    return ".".join(parts)
+        parts = parts[1:]
+    return parts[0] if parts else "body"
 
 
 def install(app: FastAPI, config: WebConfig) -> None:
@@ -184,7 +185,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
-            return problem(422, "the body is not valid JSON (UTF-8)", "body")
+            return problem(422, "the body is not valid JSON (UTF-8), or nests too deep", "body")
         headers = dict(exc.headers or {})
         return problem(exc.status_code, str(exc.detail), **headers)
 
