@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import _limits as limits
 from .._db.queries import queries
-from ..errors import DatabaseUnavailable, PgWorkerError, ValidationError
+from ..errors import DatabaseUnavailable, PgWorkerError, SchemaError, ValidationError
 from ..models import JobStatus
 from ..operations import CancelResult, cancel, list_failed, replay, show_job, status
 from ..settings import Settings
@@ -155,6 +155,13 @@ class _Dashboard:
                         "title": "Database unavailable",
                         "message": "The database did not answer. Try again in a moment.",
                     },
+                    status=503,
+                )
+            except SchemaError as exc:
+                response = self.page(
+                    request,
+                    "error.html",
+                    {"title": "Database not ready", "message": str(exc)},
                     status=503,
                 )
             response.headers.update(SECURITY_HEADERS)
@@ -348,8 +355,7 @@ class _Dashboard:
                     "payload": found["payload"],
                     "milestones": found["milestones"],
                     "steps": found["steps"],
-                    "attempts": found["attempts"],
-                    "events": found["events"],
+                    "timeline": _timeline(found["attempts"], found["events"]),
                     "replayable": job.status.value in ("failed", "cancelled"),
                     "cancellable": job.status.value in ("pending", "running"),
                     "refresh": job.status.value in ("pending", "running"),
@@ -502,6 +508,13 @@ class _NotFound(_Refused):
         super().__init__(404, "No such job", f"There is no job {job_id}.")
 
 
+def _timeline(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's attempts and what people did to it (replays), in the order they happened."""
+    items = [{**a, "kind": "attempt", "at": a["started_at"]} for a in attempts]
+    items += [{**e, "event": e["kind"], "kind": "event"} for e in events]
+    return sorted(items, key=lambda i: i["at"])
+
+
 def _query(request: Request) -> str:
     return f"?{request.url.query}" if request.url.query else ""
 
@@ -566,7 +579,7 @@ def _filters(params: Mapping[str, str]) -> dict[str, str | None]:
     for field, bound in bounds.items():
         value = params.get(field, "").strip()
         try:
-            found[field] = limits.name(field, value, bound, required=False) or None
+            found[field] = limits.name(field, value, bound) if value else None
         except ValidationError as exc:
             raise _Refused(400, "Bad filter", str(exc)) from None
     return found
