@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 import pgworker
 
-from .helpers import attempts, status_of, wait_for
+from .helpers import ROOT, attempts, status_of, wait_for
 from .webserver import TOKEN, Served, run_serve, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -341,20 +344,54 @@ async def test_default_body_limit_is_one_megabyte(server: Served) -> None:
         assert r.status_code == 201
 
 
-async def test_serve_rescues_an_http_claim_whose_lease_expired(server: Served, conn: Any) -> None:
-    async with server.client() as c:
+FAST_MAINTENANCE = {"PGWORKER_LEASE": "1"}
+"""The leader's lease, and so its tick (half of it): a rescue within about a second."""
+
+
+async def test_serve_rescues_an_http_claim_whose_lease_expired(dsn: str, conn: Any) -> None:
+    async with serving(dsn, env=FAST_MAINTENANCE) as served, served.client() as c:
         job = await enqueue(c)
         await claim(c, worker_id="vanished", lease=0.5)
-    await wait_for(lambda: _rescued(conn, job["id"]), timeout=30, every=0.2)
+        await wait_for(lambda: _rescued(conn, job["id"]), timeout=30, every=0.1)
+        leader = await conn.fetchval("SELECT worker_id FROM pgworker.leader")
+        assert leader.startswith("serve-")
     rows = await attempts(conn, job["id"])
-    assert [r["outcome"] for r in rows] == ["lost"]
-    assert (
-        await conn.fetchval("SELECT retry_count FROM pgworker.jobs WHERE id = $1", job["id"]) == 1
-    )
+    assert [(r["outcome"], r["worker_id"]) for r in rows] == [("lost", "vanished")]
+    # RetryPolicy()'s defaults: retried, counted.
+    assert await conn.fetchval("SELECT retry_count FROM pgworker.jobs") == 1
+
+
+async def test_no_maintenance_leaves_rescue_to_others(dsn: str, conn: Any) -> None:
+    async with serving(dsn, "--no-maintenance", env=FAST_MAINTENANCE) as served:
+        async with served.client() as c:
+            job = await enqueue(c)
+            await claim(c, worker_id="vanished", lease=0.2)
+        # Six ticks of a leader's: none comes from this server.
+        await anyio.sleep(3)
+        assert await status_of(conn, job["id"]) == "running"
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.leader") == 0
 
 
 async def _rescued(conn: Any, job_id: int) -> bool:
     return await status_of(conn, job_id) == "pending"
+
+
+async def test_the_readme_curl_worker_works(server: Served, conn: Any) -> None:
+    """examples/recipes/http_worker.sh, the README's curl examples, against a live server."""
+    if not (shutil.which("curl") and shutil.which("jq")):
+        pytest.skip("needs curl and jq")
+    env = {
+        "PGWORKER_URL": server.url,
+        "PGWORKER_API_TOKEN": server.token,
+        "PATH": os.environ["PATH"],
+    }
+    done = await anyio.run_process(
+        ["bash", str(ROOT / "examples" / "recipes" / "http_worker.sh")], env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    job = await conn.fetchrow("SELECT status, result::text FROM pgworker.jobs")
+    assert (job["status"], json.loads(job["result"])) == ("completed", {"sent": True})
+    assert b'"queues"' in done.stdout and b'"attempt_history"' in done.stdout
 
 
 async def test_serve_without_token_exits_with_a_message(dsn: str) -> None:
