@@ -14,7 +14,9 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 import threading
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +33,7 @@ from .webserver import Served, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 APP = "tests.apps.dashboard"
@@ -121,7 +124,9 @@ def log_in(driver: Any, served: Served) -> None:
 @contextmanager
 def worker(dsn: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A real `pgworker run tests.apps.dashboard`, stopped with SIGTERM when the block ends."""
-    process = spawn_worker(APP, dsn, tmp_path / "worker.log", "--poll-interval", "0.1")
+    process = spawn_worker(
+        APP, dsn, tmp_path / "worker.log", "--poll-interval", "0.1", "--shutdown-timeout", "1"
+    )
     try:
         yield process
     finally:
@@ -648,6 +653,41 @@ async def test_a_huge_payload_is_cut_on_its_page(dsn, conn):
         assert len(listed.content) < 50_000  # the list never reads payloads
 
 
+async def test_workers_their_running_jobs_heartbeats_and_jobs_past_their_lease(dsn, conn, tmp_path):
+    busy = await pgworker.enqueue(conn, "resize-image", {}, queue="media")
+    waiting = await pgworker.enqueue(conn, "no-one-serves-this", {}, queue="media")
+    await conn.execute(
+        "INSERT INTO pgworker.workers (worker_id, hostname, pid, queues, types, concurrency, "
+        "last_seen_at) VALUES ('frozen-1', 'host-b', 42, '{media}', '{x}', 4, "
+        "now() - interval '5 minutes')"
+    )
+    with worker(dsn, tmp_path):
+        await wait_for(lambda: has_status(conn, busy.job.id, "running"), timeout=WAIT)
+        holder = await conn.fetchval(
+            "SELECT worker_id FROM pgworker.jobs WHERE id = $1", busy.job.id
+        )
+        async with serving(dsn) as served, http(served) as client:
+            shown = (await client.get("/ui/workers")).text
+            row = shown[shown.index(holder) :]
+            row = row[: row.index("</tr>")]
+            assert f'href="/ui/jobs/{busy.job.id}"' in row
+            assert "not seen for" not in row
+            frozen = shown[shown.index("frozen-1") :]
+            assert "not seen for 5 min" in frozen[: frozen.index("</tr>")]
+            queues = (await client.get("/")).text
+            assert "No live worker serves" in queues and "no-one-serves-this" in queues
+            assert "Running past their lease" not in queues
+            await conn.execute(
+                "UPDATE pgworker.jobs SET status = 'running', attempts = 1, claimed_at = now(), "
+                "worker_id = 'frozen-1', lease_expires_at = now() - interval '2 minutes' "
+                "WHERE id = $1",
+                waiting.job.id,
+            )
+            queues = (await client.get("/")).text
+            past = queues[queues.index("Running past their lease") :]
+            assert f'href="/ui/jobs/{waiting.job.id}"' in past and "frozen-1" in past
+
+
 async def test_login_goes_back_to_the_page_asked_for_and_nowhere_else(dsn):
     async with serving(dsn) as served, http(served, login=False) as client:
         first = await client.get("/ui/jobs?status=failed")
@@ -684,3 +724,31 @@ async def test_pages_send_security_headers_and_say_when_the_schema_is_missing(ds
             await conn.execute("ALTER SCHEMA pgworker_away RENAME TO pgworker")
         assert answer.status_code == 503
         assert "pgworker migrate" in answer.text and "Traceback" not in answer.text
+
+
+async def test_the_wheel_carries_the_templates_and_the_stylesheet(tmp_path):
+    shipped, wanted = _wheel_and_web_files(tmp_path)
+    assert wanted and wanted <= shipped
+    assert {f"pgworker/sql/queries/dashboard_{n}.sql" for n in ("jobs", "workers", "overdue")} <= (
+        shipped
+    )
+
+
+def _wheel_and_web_files(tmp_path: Path) -> tuple[set[str], set[str]]:
+    """The files of a wheel built from the checkout, and the dashboard's templates and static
+    files in the checkout."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    web = ROOT / "pgworker" / "_web"
+    wanted = {
+        p.relative_to(ROOT).as_posix()
+        for folder in ("templates", "static")
+        for p in (web / folder).iterdir()
+    }
+    return shipped, wanted
