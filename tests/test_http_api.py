@@ -334,6 +334,21 @@ async def test_oversized_body_refused(dsn: str, conn: Any) -> None:
     assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 1
 
 
+async def test_a_body_announced_too_large_is_refused_before_it_is_sent(server: Served) -> None:
+    """Only the headers are sent, announcing 1 GB: the 413 comes back at once."""
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (
+        f"POST /jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {server.token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
+    )
+    with anyio.fail_after(10):
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            await stream.send(head.encode())
+            answer = await stream.receive()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"over the limit" in answer
+
+
 async def test_default_body_limit_is_one_megabyte(server: Served) -> None:
     async with server.client() as c:
         big = json.dumps({"type": "t", "payload": "x" * (1024 * 1024)}).encode()

@@ -87,7 +87,7 @@ class Guard:
         refusal = self._refusal(scope)
         if refusal is not None:
             await refusal(scope, receive, send)
-            if refusal.status_code == 413:
+            if refusal.status_code == 413 and "connection" not in refusal.headers:
                 await _drain(receive, DRAIN_LIMIT)
             return
         limit = self.config.body_limit
