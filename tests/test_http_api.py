@@ -12,12 +12,13 @@ import shutil
 from typing import Any
 
 import anyio
+import asyncpg
 import httpx
 import pytest
 
 import pgworker
 
-from .helpers import ROOT, attempts, status_of, wait_for
+from .helpers import ROOT, attempts, database_of, status_of, wait_for
 from .webserver import TOKEN, Served, run_serve, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -638,3 +639,28 @@ async def test_hostile_input_is_a_4xx_naming_the_field(server: Served, conn: Any
         "SELECT error_detail FROM pgworker.job_attempts WHERE job_id = $1", job["id"]
     )
     assert "abcdefgh" not in detail and "[REDACTED]" in detail
+
+
+async def test_database_gone_is_503_never_500(server_dsn: str, dsn: str) -> None:
+    async with serving(dsn) as served, served.client() as c:
+        assert (await c.get("/healthz")).status_code == 200
+        admin = await asyncpg.connect(server_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE "{database_of(dsn)}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        assert_problem(await c.get("/healthz"), 503)
+        assert_problem(await c.get("/jobs"), 503)
+        assert_problem(await c.post("/jobs/claim", json={"worker_id": "w"}), 503)
+        assert served.process.poll() is None
+
+
+async def test_token_ok_accepts_each_token_and_nothing_else() -> None:
+    from pgworker._web.app import WebConfig, token_ok
+
+    config = WebConfig(dsn="postgresql://x/y", tokens=("old-token", "new-token"))
+    assert token_ok(config, "old-token") and token_ok(config, "new-token")
+    for wrong in (None, "", "old", "old-token ", "new-tokenx", "\ud800", "é"):
+        assert not token_ok(config, wrong)
+    assert not token_ok(WebConfig(dsn="postgresql://x/y"), "anything")
+    assert token_ok(WebConfig(dsn="postgresql://x/y", insecure_no_auth=True), None)
