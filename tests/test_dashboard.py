@@ -652,6 +652,22 @@ async def test_a_huge_payload_is_cut_on_its_page(dsn, conn):
         listed = await client.get("/ui/jobs")
         assert len(listed.content) < 50_000  # the list never reads payloads
 
+        # A job that snoozed 1,000 times: its page lists the latest 200 attempts.
+        snoozer = await pgworker.enqueue(conn, "poll-feed", {})
+        await conn.execute(
+            "INSERT INTO pgworker.job_attempts (job_id, attempt, type, queue, worker_id, "
+            "correlation_id, outcome, started_at, finished_at) "
+            "SELECT $1, n, 'poll-feed', 'default', 'w', 'c', 'snoozed', "
+            "now() - (1001 - n) * interval '1 minute', now() - (1001 - n) * interval '1 minute' "
+            "FROM generate_series(1, 1000) AS n",
+            snoozer.job.id,
+        )
+        await conn.execute("UPDATE pgworker.jobs SET attempts = 1000 WHERE id = $1", snoozer.job.id)
+        shown = (await client.get(f"/ui/jobs/{snoozer.job.id}")).text
+        assert shown.count("Attempt ") == 200
+        assert "800 earlier entries not shown" in shown
+        assert "Attempt 1000: snoozed" in shown and "Attempt 800:" not in shown
+
 
 async def test_workers_their_running_jobs_heartbeats_and_jobs_past_their_lease(dsn, conn, tmp_path):
     busy = await pgworker.enqueue(conn, "resize-image", {}, queue="media")

@@ -51,6 +51,9 @@ MAX_PAGE_SIZE = 200
 SHOWN_WORKERS = 500
 SHOWN_OVERDUE = 100
 SHOWN_FAILURES = 20
+SHOWN_HISTORY = 200
+"""The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
+that snoozed for weeks may have thousands of attempts."""
 LIVE_WITHIN = 60.0
 """A worker seen within this many seconds is live."""
 ACTOR = "dashboard"
@@ -353,9 +356,9 @@ class _Dashboard:
                     "job": job,
                     "state": words.state(row),
                     "payload": found["payload"],
-                    "milestones": found["milestones"],
-                    "steps": found["steps"],
-                    "timeline": _timeline(found["attempts"], found["events"]),
+                    "milestones": _latest(found["milestones"]),
+                    "steps": _latest(found["steps"]),
+                    "timeline": _latest(_timeline(found["attempts"], found["events"])),
                     "replayable": job.status.value in ("failed", "cancelled"),
                     "cancellable": job.status.value in ("pending", "running"),
                     "refresh": job.status.value in ("pending", "running"),
@@ -513,6 +516,18 @@ def _timeline(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> l
     items = [{**a, "kind": "attempt", "at": a["started_at"]} for a in attempts]
     items += [{**e, "event": e["kind"], "kind": "event"} for e in events]
     return sorted(items, key=lambda i: i["at"])
+
+
+class Latest(list[Any]):
+    """The last SHOWN_HISTORY items of a list, and how many earlier ones are left out."""
+
+    def __init__(self, items: list[Any], left_out: int) -> None:
+        super().__init__(items)
+        self.left_out = left_out
+
+
+def _latest(items: list[Any]) -> Latest:
+    return Latest(items[-SHOWN_HISTORY:], max(len(items) - SHOWN_HISTORY, 0))
 
 
 def _query(request: Request) -> str:
