@@ -903,8 +903,9 @@ async def _serve(args: argparse.Namespace) -> int:
         from ._web.app import WebConfig
         from ._web.server import serve
     except ImportError as exc:
+        missing = exc.name or "a dependency"
         raise PgWorkerError(
-            f"serve needs the web extra ({exc.name} is missing): pip install '{DISTRIBUTION}[web]'"
+            f"serve needs the web extra ({missing} is missing): pip install '{DISTRIBUTION}[web]'"
         ) from None
     dsn, schema = _dsn(args), _schema(args)
     conn = await connect(dsn)

@@ -410,6 +410,12 @@ async def test_the_readme_curl_worker_works(server: Served, conn: Any) -> None:
     assert b'"queues"' in done.stdout and b'"attempt_history"' in done.stdout
 
 
+async def test_serve_without_a_schema_exits_saying_what_to_run(empty_dsn: str) -> None:
+    done = run_serve(empty_dsn, "--token", TOKEN)
+    assert done.returncode == 2
+    assert "pgworker migrate" in done.stderr and "Traceback" not in done.stderr
+
+
 async def test_serve_without_token_exits_with_a_message(dsn: str) -> None:
     done = run_serve(dsn, "--port", "1")
     assert done.returncode == 2
@@ -664,3 +670,13 @@ async def test_token_ok_accepts_each_token_and_nothing_else() -> None:
         assert not token_ok(config, wrong)
     assert not token_ok(WebConfig(dsn="postgresql://x/y"), "anything")
     assert token_ok(WebConfig(dsn="postgresql://x/y", insecure_no_auth=True), None)
+
+
+async def test_serve_without_the_web_extra_names_it(dsn: str, tmp_path: Any) -> None:
+    shadow = tmp_path / "fastapi"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('absent', name='fastapi')\n")
+    done = run_serve(dsn, "--token", TOKEN, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert done.returncode == 2
+    assert "pip install 'pgworker[web]'" in done.stderr and "fastapi" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -50,7 +50,7 @@ class Served:
 def _environment(env: dict[str, str] | None) -> dict[str, str]:
     drop = ("PGWORKER_DSN", "DATABASE_URL", "PGWORKER_API_TOKEN")
     environment = {k: v for k, v in os.environ.items() if k not in drop}
-    environment.update(PYTHONPATH=str(ROOT), **(env or {}))
+    environment.update({"PYTHONPATH": str(ROOT), **(env or {})})
     return environment
 
 
