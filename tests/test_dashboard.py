@@ -94,9 +94,15 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 def until(driver: Any, predicate: Any, timeout: float = WAIT) -> Any:
+    """Poll `predicate(driver)` until truthy; a page that reloads itself meanwhile (its elements
+    gone stale or not there yet) is polled again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(predicate)
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored).until(
+        predicate
+    )
 
 
 def css(driver: Any, selector: str) -> Any:
@@ -517,7 +523,16 @@ async def test_a_button_needs_its_session_csrf_token_and_origin(dsn, conn):
             assert answer.status_code == 403
         assert await status_of(conn, job_id) == "pending"
         answer = await client.post(
-            f"/ui/jobs/{job_id}/cancel", data={"csrf": token}, headers={"Origin": served.url}
+            f"/ui/jobs/{job_id}/cancel",
+            data={"csrf": token},
+            headers={"Origin": "http://evil.example", "X-Forwarded-Host": "other.example"},
+        )
+        assert answer.status_code == 403
+        # Behind a proxy that passes the browser's host on.
+        answer = await client.post(
+            f"/ui/jobs/{job_id}/cancel",
+            data={"csrf": token},
+            headers={"Origin": "https://jobs.example", "X-Forwarded-Host": "jobs.example"},
         )
         assert answer.status_code == 303
         assert await status_of(conn, job_id) == "cancelled"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from importlib.resources import files
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -83,7 +82,7 @@ class _Refused(Exception):
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(files("pgworker._web") / "templates")),
+        loader=jinja2.PackageLoader("pgworker._web", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -107,7 +106,7 @@ def install(app: FastAPI, config: Any) -> None:
     dashboard = _Dashboard(app, config)
     app.mount(
         f"{PREFIX}/static",
-        StaticFiles(directory=str(files("pgworker._web") / "static")),
+        StaticFiles(packages=[("pgworker._web", "static")]),
         name="dashboard-static",
     )
     routes: list[tuple[str, Handler, list[str]]] = [
@@ -126,6 +125,8 @@ def install(app: FastAPI, config: Any) -> None:
 
 
 class _Dashboard:
+    """The pages and buttons of one server: its signing secret, templates and redaction keys."""
+
     def __init__(self, app: FastAPI, config: Any) -> None:
         self.app = app
         self.config = config
@@ -223,11 +224,16 @@ class _Dashboard:
 
     def _same_origin(self, request: Request) -> bool:
         """Whether a POST comes from this server's own pages, as far as the browser says:
-        browsers send Origin (and Sec-Fetch-Site) with every cross-origin POST."""
+        browsers send Origin (and Sec-Fetch-Site) with every cross-origin POST. Behind a reverse
+        proxy the browser's host is the proxy's, which passes it on as Host or X-Forwarded-Host
+        (headers a page of another origin cannot make a browser send)."""
         if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
             return False
         origin = request.headers.get("origin")
-        return origin is None or urlsplit(origin).netloc == request.headers.get("host", "")
+        if origin is None:
+            return True
+        hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}
+        return urlsplit(origin).netloc in hosts - {None, ""}
 
     async def checked_form(self, request: Request) -> tuple[Session | None, Mapping[str, Any]]:
         """The session and form of a POST whose origin and CSRF token are right; else 403."""
@@ -267,7 +273,6 @@ class _Dashboard:
     # --- pages -----------------------------------------------------------------------------------
 
     async def queues(self, request: Request) -> Response:
-
         async def render(session: Session) -> Response:
             found = await status(self.pool, schema=self.config.schema, live_within=LIVE_WITHIN)
             oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
