@@ -548,6 +548,7 @@ def _serve_command(sub: argparse._SubParsersAction[_Parser], common: _Parser) ->
         "--token",
         dest="tokens",
         action="append",
+        metavar="TOKEN",
         help="a bearer token clients must send; repeat for several. The tokens of "
         "$PGWORKER_API_TOKEN (comma-separated: old,new while rotating) are accepted as well; "
         "prefer the variable, a command line is visible to every user of the host "
@@ -574,6 +575,7 @@ def _serve_command(sub: argparse._SubParsersAction[_Parser], common: _Parser) ->
     srv.add_argument(
         "--body-limit",
         type=integer,
+        metavar="BYTES",
         default=_BODY_LIMIT,
         help=f"the largest request body accepted, in bytes; a larger one is refused with 413 "
         f"(default: {_BODY_LIMIT} = 1 MB)",
