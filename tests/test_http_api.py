@@ -6,6 +6,7 @@ job whose HTTP worker vanished, and hostile input."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -345,7 +346,10 @@ async def test_a_body_announced_too_large_is_refused_before_it_is_sent(server: S
     with anyio.fail_after(10):
         async with await anyio.connect_tcp(host, int(port)) as stream:
             await stream.send(head.encode())
-            answer = await stream.receive()
+            answer = b""
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while b"limit" not in answer:  # the server closes the connection after it
+                    answer += await stream.receive()
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"over the limit" in answer
 
