@@ -329,6 +329,30 @@ class Queries:
     async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
+    # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
+
+    async def dashboard_jobs(
+        self,
+        conn: Executor,
+        *,
+        status: str | None,
+        type: str | None,
+        queue: str | None,
+        correlation_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of jobs, newest first (keyset on id), without payloads or results."""
+        return await self._rows(
+            conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
+        )
+
+    async def dashboard_workers(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_workers", limit)
+
+    async def dashboard_overdue(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_overdue", limit)
+
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(
@@ -411,3 +435,67 @@ class Queries:
     async def migrations_latest(self, conn: Executor) -> int | None:
         latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
         return latest
+
+    # --- the HTTP API (pgworker serve) ---------------------------------------------------------
+
+    async def http_job_claim(
+        self,
+        conn: Executor,
+        worker_id: str,
+        *,
+        queues: Sequence[str] | None,
+        types: Sequence[str] | None,
+        versions: Mapping[str, Sequence[int]],
+        lease: float,
+        default_max_retries: int,
+    ) -> Row | None:
+        """Claim one due job for an HTTP worker, durably (see http_job_claim.sql); the whole
+        job, or None when nothing is due."""
+        keys = [f"{t}@{v}" for t, allowed in versions.items() for v in allowed]
+        with schema_errors(self.schema):
+            return await conn.fetchrow(
+                self._sql["http_job_claim"],
+                worker_id,
+                None if queues is None else list(queues),
+                None if types is None else list(types),
+                list(versions),
+                keys,
+                lease,
+                default_max_retries,
+            )
+
+    async def http_worker_seen(
+        self,
+        conn: Executor,
+        worker_id: str,
+        hostname: str,
+        queues: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> None:
+        with schema_errors(self.schema):
+            await conn.execute(
+                self._sql["http_worker_seen"],
+                worker_id,
+                hostname,
+                None if queues is None else list(queues),
+                None if types is None else list(types),
+            )
+
+    async def http_jobs_list(
+        self,
+        conn: Executor,
+        *,
+        status: str | None,
+        type_: str | None,
+        queue: str | None,
+        correlation_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of jobs, newest first, below the id `before`."""
+        return await self._rows(
+            conn, "http_jobs_list", status, type_, queue, correlation_id, before, limit
+        )
+
+    async def http_workers(self, conn: Executor) -> list[Row]:
+        return await self._rows(conn, "http_workers")
