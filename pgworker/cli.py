@@ -568,7 +568,7 @@ def _serve_command(sub: argparse._SubParsersAction[_Parser], common: _Parser) ->
         "TOKEN one of --token or $PGWORKER_API_TOKEN; serve refuses to start without a token "
         "unless --insecure-no-auth. It also takes part in the election of the maintenance "
         "leader, which rescues expired leases and prunes finished jobs (--no-maintenance to opt "
-        "out). Needs the web extra: pip install 'pgworker[web]'.",
+        "out). Needs the web extra: pip install 'pgworker-queue[web]'.",
         [
             "PGWORKER_API_TOKEN=s3cret pgworker serve",
             "pgworker serve --host 0.0.0.0 --port 9000 --token s3cret --read-only",

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import pgworker
+from pgworker._version import DISTRIBUTION
 
 from .helpers import ROOT, attempts, database_of, status_of, wait_for
 from .webserver import TOKEN, Served, run_serve, server, serving
@@ -682,5 +683,5 @@ async def test_serve_without_the_web_extra_names_it(dsn: str, tmp_path: Any) -> 
     (shadow / "__init__.py").write_text("raise ImportError('absent', name='fastapi')\n")
     done = run_serve(dsn, "--token", TOKEN, env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
     assert done.returncode == 2
-    assert "pip install 'pgworker[web]'" in done.stderr and "fastapi" in done.stderr
+    assert f"pip install '{DISTRIBUTION}[web]'" in done.stderr and "fastapi" in done.stderr
     assert "Traceback" not in done.stderr
