@@ -445,7 +445,7 @@ def _too_many(ran: list[DrainedAttempt], max_attempts: int) -> str:
     counts = Counter((a.job_id, a.type) for a in ran)
     last = {a.job_id: a.outcome for a in ran}
     busiest = ", ".join(
-        f"job {job_id} ({type_!r}) {n} times, last {last[job_id]}"
+        f"job {job_id} ({type_!r}): {n} attempt{'' if n == 1 else 's'}, the last {last[job_id]}"
         for (job_id, type_), n in counts.most_common(3)
     )
     return (
