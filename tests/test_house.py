@@ -72,6 +72,7 @@ PUBLIC_MODULES = {
     "registry",
     "retry",
     "settings",
+    "testing",
     "worker",
 }
 
