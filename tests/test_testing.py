@@ -423,7 +423,8 @@ async def test_drain_stops_after_max_attempts_naming_the_endless_job(conn):
     r = await pgworker.enqueue(conn, "forever", {})
     ok_job = await pgworker.enqueue(conn, "ok", {})
     with pytest.raises(DrainError) as caught:
-        await drain(conn, registry, max_attempts=50)
+        async with asyncio.timeout(60):  # unbounded, it would never return
+            await drain(conn, registry, max_attempts=50)
     message = str(caught.value)
     assert message.startswith("drain ran max_attempts=50 attempts and jobs are still due; ")
     assert f"job {r.job.id} ('forever'): 49 attempts, the last snoozed" in message
