@@ -17,7 +17,7 @@ import pytest
 
 import pgworker
 
-from .helpers import wait_for
+from .helpers import has_status, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -131,7 +131,7 @@ def run_script(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @aio
-async def test_the_plain_script_enqueues_then_runs_its_jobs(dsn, conn):
+async def test_the_plain_script_enqueues_then_runs_its_jobs(dsn, conn, tmp_path):
     done = run_script(dsn, "ada@example.org", "bob@example.org")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
@@ -152,6 +152,16 @@ async def test_the_plain_script_enqueues_then_runs_its_jobs(dsn, conn):
     ]
     job = await pgworker.get_job(conn, 2)
     assert job is not None and job.result == {"sent_to": "bob@example.org"}
+    # Without --wait, any worker serving the script's registry runs them.
+    done = run_script(dsn, "eve@example.org", "--edition", "2027-01")
+    assert done.returncode == 0, done.stderr
+    eve = int(done.stdout.split()[1])
+    worker = spawn_worker("examples.script", dsn, tmp_path / "worker.log")
+    try:
+        await wait_for(lambda: has_status(conn, eve, "completed"), timeout=30)
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0
     done = run_script(dsn, "nobody", "--edition", "2027-01", "--wait")
     assert done.returncode == 1
     assert re.fullmatch(

@@ -67,7 +67,7 @@ def test_the_example_suite_passes(server_dsn):
 PROJECT = {
     "pytest.ini": """
         [pytest]
-        asyncio_mode = auto
+        asyncio_mode = strict
         asyncio_default_fixture_loop_scope = function
         asyncio_default_test_loop_scope = function
     """,
@@ -76,8 +76,12 @@ PROJECT = {
     """,
     "test_plugin.py": """
         import os
+        import pytest
         import pgworker
         from pgworker.testing import enqueued_jobs
+
+        pytestmark = pytest.mark.asyncio
+        held = []
 
         async def test_one(pgworker_conn, pgworker_database):
             with open(os.environ["SEEN"], "w") as f:
@@ -85,8 +89,10 @@ PROJECT = {
             first = await pgworker.enqueue(pgworker_conn, "t", {"n": 1})
             second = await pgworker.enqueue(pgworker_conn, "t", {"n": 2}, idempotency_key="k")
             assert (first.job.id, second.job.id) == (1, 2)
+            held.append(pgworker_conn)
 
         async def test_two_starts_empty(pgworker_conn):
+            assert held[0].is_closed()
             assert await enqueued_jobs(pgworker_conn) == []
             again = await pgworker.enqueue(pgworker_conn, "t", {"n": 2}, idempotency_key="k")
             assert again.created and again.job.id == 1
@@ -155,6 +161,41 @@ def test_the_plugin_is_opt_in(tmp_path, server_dsn):
     assert done.returncode == 0, done.stdout + done.stderr
     plugins = importlib.metadata.entry_points(group="pytest11")
     assert not [e for e in plugins if e.value.startswith("pgworker")]
+
+
+def test_the_fixtures_run_under_anyio_without_pytest_asyncio(tmp_path, server_dsn):
+    project = write_project(
+        tmp_path,
+        {
+            "pytest.ini": "[pytest]\n",
+            "conftest.py": 'pytest_plugins = ["pgworker.testing"]\n',
+            "test_anyio.py": """
+                import pytest
+                import pgworker
+                from pgworker.testing import assert_enqueued
+
+                @pytest.fixture
+                def anyio_backend():
+                    return "asyncio"
+
+                @pytest.mark.anyio
+                async def test_one(pgworker_conn):
+                    await pgworker.enqueue(pgworker_conn, "t", {"n": 1})
+                    await assert_enqueued(pgworker_conn, "t", payload={"n": 1})
+            """,
+        },
+    )
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "pytest_asyncio.py").write_text("raise ImportError('not installed')\n")
+    done = run_pytest(
+        project,
+        "-p",
+        "no:asyncio",
+        env={"PGWORKER_TEST_DSN": server_dsn, "PYTHONPATH": str(shadow)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
 
 
 def test_importing_it_needs_only_pytest_and_pgworker():
@@ -501,6 +542,16 @@ async def test_advance_makes_delayed_jobs_due_in_their_order(conn):
     await advance(conn, 86400 * 2)
     await drain(conn, registry)
     assert order == [1, 2, 3]
+    budget = await pgworker.enqueue(conn, "ok", {"n": 4}, delay=60)
+    started = await conn.fetchval(
+        "UPDATE pgworker.jobs SET budget_started_at = now() WHERE id = $1 "
+        "RETURNING budget_started_at",
+        budget.job.id,
+    )
+    assert await advance(conn, 30) == 1
+    moved = await pgworker.get_job(conn, budget.job.id)
+    assert moved.budget_started_at == started - timedelta(seconds=30)
+    assert moved.run_at == budget.job.run_at - timedelta(seconds=30)
     with pytest.raises(pgworker.ValidationError) as caught:
         await advance(conn, -1)
     assert caught.value.field == "by"
