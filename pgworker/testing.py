@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
+import anyio
 import asyncpg
 import pytest
 import structlog
@@ -411,12 +412,23 @@ async def _drain(
             await q.testing_advance(conn, due)
             advanced += due
             continue
-        if len(ran) >= max_attempts:
-            await _hand_back(conn, q, records[0])
-            raise DrainError(_too_many(ran, max_attempts))
         attempt = Attempt(records[0], store)
-        with structlog.contextvars.bound_contextvars(**attempt.keys):
-            result = await execute(attempt, registry[attempt.type], WORKER_ID, redact)
+        if len(ran) >= max_attempts:
+            await _hand_back(conn, q, attempt)
+            raise DrainError(_too_many(ran, max_attempts))
+        try:
+            with structlog.contextvars.bound_contextvars(**attempt.keys):
+                result = await execute(attempt, registry[attempt.type], WORKER_ID, redact)
+        except BaseException:  # the test was cancelled (its timeout) while the handler ran
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await _hand_back(conn, q, attempt)
+            raise
+        if attempt.task_cancelled:
+            # The handler saw the test's own cancellation (asyncio.timeout, task.cancel()): the
+            # executor handed the job back, and the cancellation goes on to the test.
+            with anyio.CancelScope(shield=True):
+                await q.job_finish_many(conn, [result])
+            raise asyncio.CancelledError
         await q.job_finish_many(conn, [result])
         ran.append(
             DrainedAttempt(
@@ -429,15 +441,14 @@ async def _drain(
             )
         )
     rest = horizon - advanced
-    if rest > 0 and horizon != float("inf"):
+    if rest > 0:
         await q.testing_advance(conn, rest)
         advanced = horizon
     return DrainResult(tuple(ran), advanced)
 
 
-async def _hand_back(conn: Any, q: Queries, record: Any) -> None:
-    """A claimed attempt that `drain` will not run: back to pending, uncounted."""
-    attempt = Attempt(record)
+async def _hand_back(conn: Any, q: Queries, attempt: Attempt) -> None:
+    """A claimed attempt that `drain` will not run (to its end): back to pending, uncounted."""
     await q.job_finish_many(conn, [attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)])
 
 
@@ -689,6 +700,8 @@ async def run_job(
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):
         result = await execute(running, task, WORKER_ID, redactor(tuple(redact_keys)))
+    if running.task_cancelled:  # the test's own cancellation: it goes on to the test
+        raise asyncio.CancelledError
     return JobRun(
         status=result.status.value,
         outcome=result.outcome.value,

@@ -510,6 +510,24 @@ async def test_drain_takes_a_pool_and_a_moment(pool):
 
 
 @aio
+async def test_a_drain_cancelled_while_a_handler_runs_hands_its_job_back(conn):
+    started = asyncio.Event()
+
+    async def stuck(ctx, payload):
+        started.set()
+        await asyncio.sleep(30)
+
+    r = await pgworker.enqueue(conn, "stuck", {})
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await drain(conn, registry_of(stuck=stuck))
+    assert started.is_set()
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.retry_count) == ("pending", 0)
+    assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["interrupted"]
+
+
+@aio
 async def test_drain_applies_the_task_timeout(conn):
     registry = pgworker.Registry()
 
@@ -684,6 +702,10 @@ async def test_run_job_applies_the_timeout_and_upgraders():
     async def slow(ctx, payload):
         await asyncio.sleep(30)
 
+    @registry.task("stuck")
+    async def stuck(ctx, payload):
+        await asyncio.sleep(30)
+
     @registry.task("v2", version=2, upgrade={1: lambda p: {**p, "v": 2}})
     async def v2(ctx, payload):
         return payload
@@ -692,6 +714,9 @@ async def test_run_job_applies_the_timeout_and_upgraders():
     assert run.outcome == "timed_out" and run.error == "TimeoutError: timed out after 0.05s"
     assert (await run_job(registry, "v2", {"a": 1}, version=1)).result == {"a": 1, "v": 2}
     assert (await run_job(registry, "v2", {"a": 1})).result == {"a": 1}
+    with pytest.raises(TimeoutError):  # the test's own timeout is not the handler's outcome
+        async with asyncio.timeout(0.1):
+            await run_job(registry, "stuck")
     with pytest.raises(pgworker.ValidationError) as caught:
         await run_job(registry, "v2", {}, version=3)
     assert caught.value.field == "version"
