@@ -37,7 +37,7 @@ from . import _limits as limits
 from ._db.queries import AttemptKey, Queries, queries
 from ._executor import Attempt, execute
 from ._redact import DEFAULT_KEYS, redactor
-from ._steps import StepStore
+from ._steps import MAX_NAME_LENGTH, StepStore
 from .enqueue import _payload
 from .errors import PgWorkerError, ValidationError
 from .models import (
@@ -680,7 +680,7 @@ async def run_job(
             f"(its own and those its upgraders lead from), not {given_version}",
         )
     done = {
-        limits.name("steps", name, 200): _json_text(f"steps[{name!r}]", value)
+        limits.name("steps", name, MAX_NAME_LENGTH): _json_text(f"steps[{name!r}]", value)
         for name, value in (steps or {}).items()
     }
     progress = None if last_progress is None else _json_text("last_progress", dict(last_progress))
@@ -692,7 +692,9 @@ async def run_job(
         attempt=number,
         retry_count=retried,
         max_retries=allowed,
-        correlation_id=limits.name("correlation_id", correlation_id, 200, required=False)
+        correlation_id=limits.name(
+            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        )
         or str(uuid.uuid4()),
         version=given_version,
         progress=progress,
