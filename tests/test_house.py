@@ -73,6 +73,7 @@ PUBLIC_MODULES = {
     "registry",
     "retry",
     "settings",
+    "testing",
     "worker",
 }
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from .. import _limits as limits
 from ..models import AttemptResult
 from . import files
 from .connection import Conn, Executor, privilege_error, schema_errors, transaction
@@ -32,6 +33,11 @@ def attempt_conflict(exc: BaseException) -> int | None:
         return None
     found = _ATTEMPT_KEY.search(getattr(exc, "detail", None) or "")
     return int(found.group(1)) if found else None
+
+
+def _with_database(sql: str, database: str) -> str:
+    """`sql` with its `{database}` placeholder set to `database`, checked as a plain identifier."""
+    return sql.replace("{database}", f'"{limits.identifier("database", database)}"')
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -411,6 +417,71 @@ class Queries:
         with schema_errors(self.schema):
             rows = await conn.fetch(self._sql["jobs_prunable"], list(ages), list(ages.values()))
         return {r["status"]: r["jobs"] for r in rows}
+
+    # --- pgworker.testing (users' test suites) -----------------------------------------------
+
+    async def testing_jobs(
+        self,
+        conn: Executor,
+        *,
+        type_: str | None = None,
+        queue: str | None = None,
+        statuses: Sequence[str] | None = None,
+        payload: str | None = None,
+        payload_contains: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        priority: int | None = None,
+    ) -> list[Row]:
+        """The jobs matching every filter given (None: any), oldest first; payloads as JSON
+        text."""
+        with schema_errors(self.schema):
+            return await conn.fetch(
+                self._sql["testing_jobs"],
+                type_,
+                queue,
+                None if statuses is None else list(statuses),
+                payload,
+                payload_contains,
+                idempotency_key,
+                correlation_id,
+                priority,
+            )
+
+    async def testing_advance(self, conn: Executor, seconds: float) -> int:
+        """Move the pending jobs' schedule `seconds` earlier; how many moved."""
+        with schema_errors(self.schema):
+            moved: int = await conn.fetchval(self._sql["testing_advance"], seconds)
+        return moved
+
+    async def testing_next_due(
+        self,
+        conn: Executor,
+        queues: Sequence[str],
+        version_1_types: Sequence[str],
+        other_versions: Sequence[str],
+    ) -> float | None:
+        """Seconds until the next job a claim would take is due (<= 0: due), or None."""
+        with schema_errors(self.schema):
+            due: float | None = await conn.fetchval(
+                self._sql["testing_next_due"],
+                list(queues),
+                list(version_1_types),
+                list(other_versions),
+            )
+        return due
+
+    async def testing_reset(self, conn: Executor) -> None:
+        """Empty the schema's tables but the migrations."""
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["testing_reset"])
+
+    async def testing_database_create(self, conn: Conn, database: str) -> None:
+        """Create database `database`, a plain identifier (the only other name put in SQL)."""
+        await conn.execute(_with_database(self._sql["testing_database_create"], database))
+
+    async def testing_database_drop(self, conn: Conn, database: str) -> None:
+        await conn.execute(_with_database(self._sql["testing_database_drop"], database))
 
     # --- migrations ---------------------------------------------------------------------------
 
