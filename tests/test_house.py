@@ -61,6 +61,7 @@ PUBLIC = {
     "migrate",
     "prune",
     "replay",
+    "sync",
 }
 PUBLIC_MODULES = {
     "cli",
@@ -72,6 +73,7 @@ PUBLIC_MODULES = {
     "registry",
     "retry",
     "settings",
+    "sync",
     "worker",
 }
 
