@@ -34,6 +34,7 @@ from .helpers import wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 ROOT = Path(__file__).resolve().parent.parent
+MANAGE = [sys.executable, "-m", "examples.django_app.manage"]
 
 # Columns every path must write alike (ids, and the times the database chose, differ).
 COMPARED = (
@@ -521,9 +522,9 @@ async def test_anything_else_is_a_type_error_naming_what_is_accepted(dsn):
         await pgworker.enqueue_many(object(), [JobSpec("t")])
     with pytest.raises(TypeError, match="psycopg Connection, a SQLAlchemy Connection or Session"):
         pgworker.sync.enqueue("postgresql://x/y", "t", {})
-    with psycopg.connect(dsn) as pconn:
-        with pytest.raises(TypeError, match=r"synchronous connection: use pgworker\.sync\.enqueue"):
-            await pgworker.enqueue(pconn, "t", {})
+    sync_only = r"synchronous connection: use pgworker\.sync\.enqueue"
+    with psycopg.connect(dsn) as pconn, pytest.raises(TypeError, match=sync_only):
+        await pgworker.enqueue(pconn, "t", {})
     aconn = await psycopg.AsyncConnection.connect(dsn)
     try:
         with pytest.raises(TypeError, match=r"asynchronous connection: use `await pgworker"):
@@ -596,9 +597,11 @@ async def test_an_aborted_transaction_is_a_clear_error(dsn, conn):
 
 @aio
 async def test_a_missing_schema_is_a_schema_error(empty_dsn):
-    with psycopg.connect(empty_dsn) as pconn:
-        with pytest.raises(pgworker.SchemaError, match="run `pgworker migrate`"):
-            pgworker.sync.enqueue(pconn, "t", {})
+    with (
+        psycopg.connect(empty_dsn) as pconn,
+        pytest.raises(pgworker.SchemaError, match="run `pgworker migrate`"),
+    ):
+        pgworker.sync.enqueue(pconn, "t", {})
 
 
 def test_import_pgworker_imports_no_driver_but_asyncpg():
@@ -642,8 +645,7 @@ async def test_the_django_example_view_enqueues_in_its_transaction(dsn, conn):
     env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
     env.update(PYTHONPATH=str(ROOT), PGWORKER_DSN=dsn)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "examples.django_app.manage", "pgworker", "run"]
-        + ["examples.django_app.handlers"],
+        [*MANAGE, "pgworker", "run", "examples.django_app.handlers"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,

@@ -1,5 +1,6 @@
 """`python manage.py pgworker ARGS...`: the `pgworker` command on Django's database, e.g.
-`python manage.py pgworker migrate` or `python manage.py pgworker run examples.django_app.handlers`."""
+`python manage.py pgworker migrate` or
+`python manage.py pgworker run examples.django_app.handlers`."""
 
 from __future__ import annotations
 
