@@ -455,22 +455,72 @@ async def test_enqueue_many_is_all_or_nothing_on_every_driver(many_via, conn):
     assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == before
 
 
+# A batch whose first job is new and whose second conflicts with the job holding "k".
+CONFLICTING = [
+    JobSpec("t", {"fresh": 1}, idempotency_key="fresh"),
+    JobSpec("t", {"a": 2}, idempotency_key="k"),
+]
+
+
+def sync_usable_after_conflicts(conn: Any, execute: Callable[[str], Any]) -> None:
+    """In the caller's open transaction: a write of its own, two conflicts, one more enqueue."""
+    execute("INSERT INTO mine VALUES (1)")
+    with pytest.raises(IdempotencyConflict):
+        pgworker.sync.enqueue_many(conn, CONFLICTING)
+    with pytest.raises(IdempotencyConflict):
+        pgworker.sync.enqueue(conn, "t", {"a": 2}, idempotency_key="k")
+    pgworker.sync.enqueue(conn, "after", {})
+
+
 @aio
 async def test_a_conflict_leaves_the_callers_transaction_usable(dsn, conn):
-    """As on asyncpg, IdempotencyConflict rolls back only pgworker's own savepoint: the
-    caller's earlier writes stay and commit."""
+    """As on asyncpg, IdempotencyConflict rolls back only pgworker's own savepoint: the jobs its
+    batch had inserted are gone, the caller's own writes stay and commit."""
     await pgworker.enqueue(conn, "t", {"a": 1}, idempotency_key="k")
+    await conn.execute("CREATE TABLE mine (n int)")
+
     with psycopg.connect(dsn) as pconn:
-        pconn.execute("CREATE TABLE mine (n int)")
-        pconn.execute("INSERT INTO mine VALUES (1)")
-        with pytest.raises(IdempotencyConflict):
-            pgworker.sync.enqueue_many(pconn, [JobSpec("t", {"a": 2}, idempotency_key="k")])
-        with pytest.raises(IdempotencyConflict):
-            pgworker.sync.enqueue(pconn, "t", {"a": 2}, idempotency_key="k")
-        pgworker.sync.enqueue(pconn, "after", {})
+        sync_usable_after_conflicts(pconn, pconn.execute)
         pconn.commit()
-    assert await conn.fetchval("SELECT count(*) FROM mine") == 1
-    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 'after'") == 1
+    with psycopg.connect(dsn, autocommit=True) as pconn, pconn.transaction():
+        sync_usable_after_conflicts(pconn, pconn.execute)
+    engine = create_engine(url(dsn, "postgresql+psycopg"))
+    with Session(engine) as session:
+        sync_usable_after_conflicts(session, lambda sql: session.execute(text(sql)))
+        session.commit()
+    engine.dispose()
+
+    def in_atomic() -> None:
+        django_database(dsn)
+        from django.db import connection, transaction
+
+        with transaction.atomic():
+            sync_usable_after_conflicts(connection, lambda sql: connection.cursor().execute(sql))
+        connection.close()
+
+    await in_django(in_atomic)
+    aconn = await psycopg.AsyncConnection.connect(dsn)
+    async with aconn:
+        await aconn.execute("INSERT INTO mine VALUES (1)")
+        with pytest.raises(IdempotencyConflict):
+            await pgworker.enqueue_many(aconn, CONFLICTING)
+        await pgworker.enqueue(aconn, "after", {})
+        await aconn.commit()
+    aengine = create_async_engine(url(dsn, "postgresql+asyncpg"))
+    async with AsyncSession(aengine) as asession:
+        await asession.execute(text("INSERT INTO mine VALUES (1)"))
+        with pytest.raises(IdempotencyConflict):
+            await pgworker.enqueue_many(asession, CONFLICTING)
+        await pgworker.enqueue(asession, "after", {})
+        await asession.commit()
+    await aengine.dispose()
+    assert await conn.fetchval("SELECT count(*) FROM mine") == 6
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 'after'") == 6
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 6 + 1
+    # The first spec of each conflicting batch was inserted, then rolled back with its savepoint.
+    assert not await conn.fetchval(
+        "SELECT count(*) FROM pgworker.jobs WHERE idempotency_key = 'fresh'"
+    )
 
 
 @aio
