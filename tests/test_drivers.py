@@ -676,7 +676,7 @@ async def test_the_django_example_view_enqueues_in_its_transaction(dsn, conn):
     await in_django(django_database, dsn)
     from django.test import Client
 
-    client = Client(raise_request_exception=False)
+    client = Client()
     response = await in_django(client.post, "/invoices/42/send")
     assert response.status_code == 202, response.content
     body = response.json()
@@ -686,14 +686,37 @@ async def test_the_django_example_view_enqueues_in_its_transaction(dsn, conn):
     assert job.idempotency_key == "invoice-42-send"
     again = (await in_django(client.post, "/invoices/42/send")).json()
     assert again == {"job_id": body["job_id"], "created": False}
-    failed = await in_django(client.post, "/invoices/7/send?fail=1")
-    assert failed.status_code == 500
+
+    def in_a_transaction_rolled_back() -> None:
+        from django.db import transaction
+        from django.test import RequestFactory
+
+        from examples.django_app.views import send_invoice
+
+        with contextlib.suppress(Rollback), transaction.atomic():
+            assert send_invoice(RequestFactory().post("/invoices/7/send"), 7).status_code == 202
+            raise Rollback
+
+    await in_django(in_a_transaction_rolled_back)
     assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 1
+
+    def by_alias() -> int:
+        from django.db import connections
+
+        return pgworker.sync.enqueue(connections["default"], "by-alias", {}).job.id
+
+    by_alias_id = await in_django(by_alias)
+    assert (await pgworker.get_job(conn, by_alias_id)).type == "by-alias"
+    await conn.execute("DELETE FROM pgworker.jobs WHERE id = $1", by_alias_id)
     await in_django(close_django)
 
     # The worker of the example runs the job, with Django set up in its handlers module.
     env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
     env.update(PYTHONPATH=str(ROOT), PGWORKER_DSN=dsn)
+    migrated = subprocess.run(
+        [*MANAGE, "pgworker", "migrate"], env=env, cwd=ROOT, capture_output=True, timeout=120
+    )
+    assert migrated.returncode == 0, migrated.stderr.decode()
     worker = subprocess.Popen(
         [*MANAGE, "pgworker", "run", "examples.django_app.handlers"],
         stdout=subprocess.DEVNULL,
@@ -715,3 +738,19 @@ async def test_the_django_example_view_enqueues_in_its_transaction(dsn, conn):
     job = await pgworker.get_job(conn, body["job_id"])
     assert job.result == {"sent": 42}
     assert job.finished_at is not None and job.finished_at <= datetime.now(UTC)
+
+
+def test_readme_blocks_naming_an_example_are_its_code():
+    """A README block whose first line names a file of examples/django_app is that file's
+    text, verbatim."""
+    import re
+
+    blocks = re.findall(r"```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    checked = 0
+    for block in blocks:
+        first, _, body = block.partition("\n")
+        named = re.fullmatch(r"# (examples/django_app/\S+)", first.strip())
+        if named is not None:
+            assert body.strip() in (ROOT / named[1]).read_text(), named[1]
+            checked += 1
+    assert checked >= 2

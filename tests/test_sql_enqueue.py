@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,6 +24,7 @@ from pgworker import _limits as limits
 from .helpers import serving_guarded, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
+ROOT = Path(__file__).resolve().parent.parent
 
 ARGUMENTS = [
     "type",
@@ -116,6 +118,28 @@ async def test_named_arguments_as_in_python(conn):
     assert job.correlation_id  # a new UUID
     numbered = await conn.fetchrow("SELECT * FROM pgworker.enqueue('t', '[1]', 'q', 7)")
     assert (await pgworker.get_job(conn, numbered["id"])).priority == 7
+    for delay, wait in (("90", timedelta(seconds=90)), ("1 month", timedelta(days=30))):
+        row = await conn.fetchrow(
+            "SELECT * FROM pgworker.enqueue('t', delay => $1::text::interval)", delay
+        )
+        job = await pgworker.get_job(conn, row["id"])
+        assert job.run_at - job.created_at == wait
+
+
+@aio
+async def test_psycopg_reads_the_argument_from_the_errors_column(dsn):
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(dsn) as pconn:
+        with pytest.raises(psycopg.Error) as caught:
+            await pconn.execute("SELECT * FROM pgworker.enqueue('t', priority => %s)", ["urgent"])
+        assert caught.value.sqlstate == "22023" and caught.value.diag.column_name == "priority"
+
+
+@aio
+async def test_jsonb_refuses_nul_before_the_function_runs(conn):
+    with pytest.raises(asyncpg.PostgresError, match="unsupported Unicode escape sequence"):
+        await conn.fetch("SELECT * FROM pgworker.enqueue('t', '{\"a\": \"\\u0000\"}')")
 
 
 @aio
@@ -136,6 +160,15 @@ async def test_idempotency_created_existing_conflict(conn):
         assert caught.value.column_name == "idempotency_key"
         assert str(caught.value) == str(pgworker.IdempotencyConflict("k", first["id"]))
     assert await count(conn) == 2
+    # PL/pgSQL catches the conflict by its SQLSTATE.
+    caught = await conn.fetchval(
+        """DO $$ BEGIN
+               PERFORM pgworker.enqueue('t', '{"other": 1}', idempotency_key => 'k');
+               RAISE EXCEPTION 'not refused';
+           EXCEPTION WHEN SQLSTATE 'PGW01' THEN NULL;
+           END $$"""
+    )
+    assert caught is None and await count(conn) == 2
 
 
 @aio
@@ -328,20 +361,7 @@ async def test_notify_on_commit_only(conn, dsn):
         await listener.close()
 
 
-TRIGGER = """
-CREATE TABLE orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, total numeric NOT NULL);
-
-CREATE FUNCTION orders_enqueue_receipt() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pgworker.enqueue('send-receipt', jsonb_build_object('order_id', NEW.id),
-                             priority => 'high', idempotency_key => 'receipt-' || NEW.id);
-    RETURN NEW;
-END
-$$;
-
-CREATE TRIGGER orders_receipt AFTER INSERT ON orders
-    FOR EACH ROW EXECUTE FUNCTION orders_enqueue_receipt();
-"""
+TRIGGER = (ROOT / "examples" / "recipes" / "enqueue_trigger.sql").read_text()
 
 
 @aio

@@ -13,13 +13,11 @@ import pgworker.sync
 @require_POST
 def send_invoice(request: HttpRequest, invoice_id: int) -> JsonResponse:
     with transaction.atomic():
-        # ... the view's own writes (Invoice.objects.filter(...).update(state="sending")) ...
+        # Invoice.objects.filter(id=invoice_id).update(state="sending") ...
         result = pgworker.sync.enqueue(
             connection,
             "send-invoice",
             {"invoice_id": invoice_id},
             idempotency_key=f"invoice-{invoice_id}-send",
         )
-        if request.GET.get("fail"):  # for the example's test: an error rolls the job back too
-            raise RuntimeError("the view failed after enqueueing")
     return JsonResponse({"job_id": result.job.id, "created": result.created}, status=202)
