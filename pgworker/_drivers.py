@@ -239,6 +239,12 @@ def _rows(description: Any, values: list[Any]) -> list[Mapping[str, Any]]:
 # --- psycopg 3 -------------------------------------------------------------------------------
 
 
+def _dict_rows(cursor: Any) -> Any:
+    """A psycopg row factory: rows as dicts, whatever row factory the caller's connection has."""
+    names = [column.name for column in cursor.description or ()]
+    return lambda values: dict(zip(names, values, strict=True))
+
+
 def _psycopg_state(conn: Any, driver: str) -> str:
     """`idle`, `intrans`, or an error: the connection closed, its transaction aborted."""
     if conn.closed:
@@ -247,9 +253,7 @@ def _psycopg_state(conn: Any, driver: str) -> str:
     if status == "INERROR":
         raise aborted(driver)
     if status not in ("IDLE", "INTRANS"):
-        raise PgWorkerError(
-            f"the {driver} is busy ({status}); enqueue between statements"
-        )
+        raise PgWorkerError(f"the {driver} is busy ({status}); enqueue between statements")
     return "idle" if status == "IDLE" else "intrans"
 
 
@@ -260,9 +264,9 @@ class _Psycopg(_Adapter):
         _psycopg_state(self.conn, self.driver)
         text, order = _rewrite(sql, self.style)
         with _driver_errors(self.driver, self._schema(sql)):
-            async with self.conn.cursor() as cur:
+            async with self.conn.cursor(row_factory=_dict_rows) as cur:
                 await cur.execute(text, _params(self.style, order, args))
-                return _rows(cur.description, await cur.fetchall())
+                return await cur.fetchall()  # type: ignore[no-any-return]
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[_Psycopg]:
@@ -292,9 +296,12 @@ class _SyncPsycopg(_Adapter):
     async def fetch(self, sql: str, *args: Any) -> list[Mapping[str, Any]]:
         _psycopg_state(self.conn, self.driver)
         text, order = _rewrite(sql, self.style)
-        with _driver_errors(self.driver, self._schema(sql)), self.conn.cursor() as cur:
+        with (
+            _driver_errors(self.driver, self._schema(sql)),
+            self.conn.cursor(row_factory=_dict_rows) as cur,
+        ):
             cur.execute(text, _params(self.style, order, args))
-            return _rows(cur.description, cur.fetchall())
+            return cur.fetchall()  # type: ignore[no-any-return]
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[_SyncPsycopg]:

@@ -524,6 +524,19 @@ async def test_a_conflict_leaves_the_callers_transaction_usable(dsn, conn):
 
 
 @aio
+async def test_the_callers_row_factory_does_not_matter(dsn, conn):
+    from psycopg.rows import dict_row, namedtuple_row
+
+    with psycopg.connect(dsn, row_factory=dict_row) as pconn:
+        one = pgworker.sync.enqueue(pconn, "t", {"a": 1}, idempotency_key="k")
+    aconn = await psycopg.AsyncConnection.connect(dsn, row_factory=namedtuple_row)
+    async with aconn:
+        again = await pgworker.enqueue(aconn, "t", {"a": 1}, idempotency_key="k")
+    assert (one.created, again.created, again.job) == (True, False, one.job)
+    assert one.job == await pgworker.get_job(conn, one.job.id)
+
+
+@aio
 async def test_validation_errors_are_those_of_asyncpg(via, conn):
     cases = [
         (("", {}), {}, "type"),
