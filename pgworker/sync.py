@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import enqueue as _enqueue
 from ._drivers import adapt_sync, run_sync
+from .enqueue import enqueue as _enqueue
+from .enqueue import enqueue_many as _enqueue_many
 from .models import DEFAULT_SCHEMA, EnqueueResult, JobSpec
 
 
@@ -34,7 +35,7 @@ def enqueue(
 ) -> EnqueueResult:
     """`pgworker.enqueue` for a synchronous connection (see the module's docstring)."""
     return run_sync(
-        _enqueue.enqueue(
+        _enqueue(
             adapt_sync(conn),
             type,
             payload,
@@ -56,4 +57,4 @@ def enqueue_many(
 ) -> list[EnqueueResult]:
     """`pgworker.enqueue_many` for a synchronous connection: all or nothing, in a savepoint
     inside the connection's transaction."""
-    return run_sync(_enqueue.enqueue_many(adapt_sync(conn), specs, schema=schema))
+    return run_sync(_enqueue_many(adapt_sync(conn), specs, schema=schema))
