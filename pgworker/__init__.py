@@ -1,5 +1,6 @@
 """pgworker: background jobs for asyncio services, on PostgreSQL."""
 
+from . import sync
 from ._logs import configure_logging
 from ._version import __version__
 from .context import JobContext
@@ -68,4 +69,5 @@ __all__ = [
     "migrate",
     "prune",
     "replay",
+    "sync",
 ]

@@ -16,6 +16,7 @@ import anyio.lowlevel
 from . import _limits as limits
 from ._db.connection import Executor, transaction
 from ._db.queries import Queries, queries
+from ._drivers import NATIVE, adapt, is_adapter
 from .context import current_correlation_id
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
 from .models import (
@@ -133,7 +134,7 @@ def _result(row: Any, key: str | None) -> EnqueueResult:
 
 
 async def enqueue(
-    conn: Executor,
+    conn: Executor | Any,
     type: str,
     payload: Any = None,
     *,
@@ -154,7 +155,12 @@ async def enqueue(
     transaction commits. With an idempotency key already used for the same type and payload,
     the existing job comes back with `created=False`; with another type or payload,
     IdempotencyConflict is raised and nothing is written.
+
+    `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
+    AsyncSession: the job is written in its transaction (see pgworker.sync for synchronous ones).
     """
+    if conn.__class__ not in NATIVE:
+        conn = adapt(conn)
     spec = JobSpec(
         type,
         {} if payload is None else payload,
@@ -197,11 +203,14 @@ async def enqueue(
 
 
 async def enqueue_many(
-    conn: Executor, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
+    conn: Executor | Any, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
-    Any invalid spec or idempotency conflict raises before anything is kept."""
+    Any invalid spec or idempotency conflict raises before anything is kept. `conn` is what
+    `enqueue` takes; another driver's connection always gets the INSERT."""
+    if conn.__class__ not in NATIVE:
+        conn = adapt(conn)
     plain = True
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
@@ -211,7 +220,7 @@ async def enqueue_many(
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
-    if plain:
+    if plain and not is_adapter(conn):
         return await _copy_many(conn, q, specs)
     unique: list[tuple[int, _Fields]] = []  # (index in specs, validated fields)
     texts: list[str] = []  # the payloads of `unique` as JSON

@@ -62,6 +62,7 @@ PUBLIC = {
     "migrate",
     "prune",
     "replay",
+    "sync",
 }
 PUBLIC_MODULES = {
     "cli",
@@ -74,6 +75,7 @@ PUBLIC_MODULES = {
     "retry",
     "settings",
     "testing",
+    "sync",
     "worker",
 }
 
