@@ -147,8 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pgworker",
         description=textwrap.fill(
-            "Background jobs on PostgreSQL. Every command takes --dsn (or PGWORKER_DSN) and "
-            "--schema; `pgworker COMMAND --help` shows its options and examples.",
+            "Background jobs on PostgreSQL. Every command but health takes --dsn (or "
+            "PGWORKER_DSN) and --schema; `pgworker COMMAND --help` shows its options and examples.",
             79,
         ),
         epilog=_examples(
