@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from .. import _limits as limits
 from .._db.connection import CONNECTION_ERRORS
 from .._logs import get_logger
 from .._redact import scrub, summary
@@ -180,6 +181,11 @@ def install(app: FastAPI, config: WebConfig) -> None:
             return problem(422, "the body is not valid JSON", "body")
         if first.get("type") == "extra_forbidden":
             return problem(422, f"{field} is not a field of this request; remove it", field)
+        if field == "priority":  # a union (int or label): say both, as enqueue() does
+            try:
+                limits.priority(field, first.get("input"))
+            except ValidationError as refused:
+                return problem(422, str(refused), field)
         return problem(422, f"{field}: {first.get('msg', 'invalid')}", field)
 
     @app.exception_handler(HTTPException)
