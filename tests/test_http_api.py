@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 from typing import Any
 
 import anyio
@@ -685,3 +686,10 @@ async def test_serve_without_the_web_extra_names_it(dsn: str, tmp_path: Any) -> 
     assert done.returncode == 2
     assert f"pip install '{DISTRIBUTION}[web]'" in done.stderr and "fastapi" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_serve_stops_on_sigterm_and_exits_0(dsn: str) -> None:
+    """An orchestrator's ordinary stop (SIGTERM) is a graceful stop, not a crash: exit 0."""
+    async with serving(dsn) as served:
+        served.process.send_signal(signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(lambda: served.process.wait(timeout=15)) == 0
