@@ -4,6 +4,7 @@ handlers. Each test states what must hold, and failed before its fix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,6 +13,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+from .helpers import database_of
+from .webserver import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,3 +96,67 @@ def test_a_garbage_health_file_that_never_goes_stale_is_unhealthy(tmp_path, cont
     path.write_text(content)
     out = health(path)
     assert out.returncode == 1, out.stdout
+
+
+# --- pgworker serve: the database gone under it -------------------------------------------------
+
+
+def test_a_logged_traceback_never_shows_the_locals_of_its_frames():
+    """The console log rendered tracebacks with rich, every frame's locals included: the bearer
+    token of the request, the DSN's password, a payload were printed in plain text on stderr."""
+    import io
+
+    import structlog
+
+    from pgworker import _logs
+
+    out = io.StringIO()
+    secret = "".join(reversed("lacol-a-ni-nekot-terces"))  # not in this file's source lines
+    _logs.configure("console", "info", stream=out)
+    try:
+
+        def handle(authorization: str) -> None:
+            raise RuntimeError("boom")
+
+        try:
+            handle(f"Bearer {secret}")
+        except RuntimeError:
+            structlog.get_logger("t").error("failed", exc_info=True)
+    finally:
+        _logs.configure("console", "info")
+    text = out.getvalue()
+    assert "RuntimeError: boom" in text and "in handle" in text
+    assert secret not in text
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_serve_recovers_when_its_connections_are_killed_never_dropping_a_client(dsn, conn):
+    """pg_terminate_backend of serve's connections while requests run: asyncpg's
+    InternalClientError reached the Exception handler, whose answer Starlette re-raises; uvicorn
+    logged a traceback (with the bearer token among its locals) and closed the client's
+    connection, so the next request on it failed with a ReadError."""
+    async with serving(dsn) as served:
+        async with served.client(timeout=30) as client:
+            seen: list[object] = []
+            for _ in range(4):
+                await asyncio.gather(*(client.get("/jobs") for _ in range(12)))
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE 'pgworker:serve%' AND datname = $1",
+                    database_of(dsn),
+                )
+                for i in range(6):
+                    answers = await asyncio.gather(
+                        client.get("/jobs"),
+                        client.post("/jobs", json={"type": "t", "payload": i}),
+                        client.get("/queues"),
+                        client.get("/workers"),
+                        client.get("/jobs/1"),
+                        return_exceptions=True,
+                    )
+                    seen += [getattr(a, "status_code", a) for a in answers]
+            assert all(s in (200, 201, 404, 503) for s in seen), seen
+            assert (await client.get("/jobs")).status_code == 200
+        log = served.stderr()
+    assert served.token not in log
+    assert "Exception in ASGI application" not in log

@@ -206,6 +206,15 @@ def install(app: FastAPI, config: WebConfig) -> None:
         _log.warning("request failed in the database", path=request.url.path, error=describe(exc))
         return problem(503, "the database could not answer; try again")
 
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return problem(503, "the database is unavailable; try again")
+
+    # Each by its class, not under Exception: Starlette re-raises what the Exception handler
+    # answers, and uvicorn then logs a traceback and closes the client's connection.
+    for kind in CONNECTION_ERRORS:
+        if not issubclass(kind, asyncpg.PostgresError):
+            app.add_exception_handler(kind, unavailable)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, CONNECTION_ERRORS):
