@@ -212,7 +212,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     # Each by its class, not under Exception: Starlette re-raises what the Exception handler
     # answers, and uvicorn then logs a traceback and closes the client's connection.
     for kind in CONNECTION_ERRORS:
-        if not issubclass(kind, asyncpg.PostgresError):
+        if issubclass(kind, Exception) and not issubclass(kind, asyncpg.PostgresError):
             app.add_exception_handler(kind, unavailable)
 
     @app.exception_handler(Exception)
