@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import pgworker
+
 from .helpers import database_of
 from .webserver import serving
 
@@ -192,3 +194,37 @@ def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_b
     assert len(lost) <= bound + 1
     assert sum(lost.values()) == 5 * bound + 1
     assert lost[("default", "served")] == 1
+
+
+# --- pgworker serve: pages ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_page_of_large_jobs_is_cut_by_its_size_and_the_pages_still_list_every_job(
+    dsn, conn
+):
+    """GET /jobs?limit=1000 read a thousand jobs whole, payloads and results of up to 64 MB each:
+    one request could hold gigabytes in serve's memory. A page now ends at about 8 MB of JSON,
+    with a next_before, and following the pages lists every job once."""
+    big = "x" * (3 * 1024 * 1024)
+    made = [(await pgworker.enqueue(conn, "big", {"blob": big, "n": i})).job.id for i in range(12)]
+    small = [(await pgworker.enqueue(conn, "small", {"n": i})).job.id for i in range(5)]
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        first = await client.get("/jobs", params={"limit": 1000})
+        assert first.status_code == 200
+        assert len(first.content) < 16 * 1024 * 1024
+        seen: list[int] = []
+        page = first.json()
+        while True:
+            assert page["jobs"], page
+            seen += [j["id"] for j in page["jobs"]]
+            if page["next_before"] is None:
+                break
+            answer = await client.get(
+                "/jobs", params={"limit": 1000, "before": page["next_before"]}
+            )
+            assert answer.status_code == 200 and len(answer.content) < 16 * 1024 * 1024
+            page = answer.json()
+        assert seen == sorted(made + small, reverse=True)
+        only = await client.get("/jobs", params={"type": "small", "limit": 5})
+        assert [j["id"] for j in only.json()["jobs"]] == small[::-1]

@@ -52,6 +52,9 @@ DEFAULT_LEASE = 30.0
 """Seconds an HTTP claim (or heartbeat) holds its job when the request gives no lease."""
 PAGE_LIMIT = 1000
 """The most jobs GET /jobs returns at once."""
+PAGE_BYTES = 8 * 1024 * 1024
+"""About the most JSON (payloads, results, milestones) one page of GET /jobs holds: past it, the
+page ends early with a `next_before` (a page holds at least one job, whatever its size)."""
 
 _log = get_logger()
 
@@ -370,8 +373,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
         before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
     ) -> dict[str, Any]:
         """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
-        the last one)."""
-        rows = await q.http_jobs_list(
+        the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""
+        rows, more = await q.http_jobs_list(
             pool(),
             status=None if status is None else status.value,
             type_=_optional_name("type", type, limits.MAX_TYPE_LENGTH),
@@ -381,9 +384,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
             ),
             before=before,
             limit=limit,
+            budget=PAGE_BYTES,
         )
         jobs = [job_json(r) for r in rows]
-        return {"jobs": jobs, "next_before": jobs[-1]["id"] if len(jobs) == limit else None}
+        return {"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None}
 
     @api.post("/jobs/{id}/cancel", tags=["jobs"], responses=_UNKNOWN)
     async def cancel_job(id: JobId) -> dict[str, Any]:
