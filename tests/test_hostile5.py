@@ -228,3 +228,48 @@ async def test_a_page_of_large_jobs_is_cut_by_its_size_and_the_pages_still_list_
         assert seen == sorted(made + small, reverse=True)
         only = await client.get("/jobs", params={"type": "small", "limit": 5})
         assert [j["id"] for j in only.json()["jobs"]] == small[::-1]
+
+
+DEEP = "[" * 5000 + "]" * 5000
+"""JSON that jsonb stores and Python cannot decode (past its recursion limit): what a row
+written around pgworker's checks (plain SQL, another language) may hold."""
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_job_python_cannot_decode_hides_neither_a_page_nor_itself_nor_the_next_claim(
+    dsn, conn
+):
+    """One such job made GET /jobs answer 409 for every page it was on (nobody could list the
+    jobs), GET /jobs/{id} of a job with such a result or milestone 500, and every HTTP claim
+    that took it 409 (the job left running till its lease ran out, then claimed again)."""
+    insert = "INSERT INTO pgworker.jobs (type, payload) VALUES ($1, $2::jsonb) RETURNING id"
+    good = await conn.fetchval(insert, "t", "{}")
+    poison = await conn.fetchval(insert, "t", DEEP)
+    done = await conn.fetchval(
+        "INSERT INTO pgworker.jobs (type, payload, status, result, finished_at) "
+        "VALUES ('u', '{}', 'completed', $1::jsonb, now()) RETURNING id",
+        DEEP,
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.job_milestones (job_id, attempt, milestone, detail) "
+        "VALUES ($1, 1, 'm', $2::jsonb)",
+        done,
+        DEEP,
+    )
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        listed = await client.get("/jobs")
+        assert listed.status_code == 200, listed.text
+        assert [j["id"] for j in listed.json()["jobs"]] == [done, poison, good]
+        shown = (await client.get(f"/jobs/{poison}")).json()
+        assert shown["payload"] is None and "RecursionError" in shown["unreadable"]["payload"]
+        shown = await client.get(f"/jobs/{done}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["result"] is None and shown.json()["milestones"][0]["detail"] is None
+        claims = []
+        for _ in range(3):
+            answer = await client.post("/jobs/claim", json={"worker_id": "w", "types": ["t"]})
+            assert answer.status_code in (200, 204), answer.text
+            claims.append(answer.json()["id"] if answer.status_code == 200 else None)
+        assert claims == [good, None, None]
+    row = await conn.fetchrow("SELECT status, error FROM pgworker.jobs WHERE id = $1", poison)
+    assert row["status"] == "failed" and row["error"].startswith("InvalidPayload: ")

@@ -30,8 +30,16 @@ from .._redact import detail, redactor, summary
 from .._service import Health, supervise
 from ..enqueue import enqueue
 from ..errors import ValidationError
-from ..models import DEFAULT_MAX_RETRIES, AttemptResult, Job, JobStatus, Outcome
-from ..operations import cancel, job_milestones, job_steps, replay
+from ..models import (
+    DEFAULT_MAX_RETRIES,
+    JOB_FIELDS,
+    JSON_COLUMNS,
+    AttemptResult,
+    Job,
+    JobStatus,
+    Outcome,
+)
+from ..operations import cancel, replay
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from . import guard
@@ -52,6 +60,8 @@ DEFAULT_LEASE = 30.0
 """Seconds an HTTP claim (or heartbeat) holds its job when the request gives no lease."""
 PAGE_LIMIT = 1000
 """The most jobs GET /jobs returns at once."""
+POISON_SKIPS = 100
+"""The most jobs with an unreadable payload one claim fails (each for good) before its 204."""
 PAGE_BYTES = 8 * 1024 * 1024
 """About the most JSON (payloads, results, milestones) one page of GET /jobs holds: past it, the
 page ends early with a `next_before` (a page holds at least one job, whatever its size)."""
@@ -120,12 +130,55 @@ def plain(value: Any) -> Any:
 
 
 def job_json(row: Row | Job, **extra: Any) -> dict[str, Any]:
-    """A job keyed by the `jobs` column names (models.JOB_FIELDS), JSON-safe."""
-    job = row if isinstance(row, Job) else Job.from_record(row)
-    found = {name: plain(getattr(job, name)) for name in job.__dataclass_fields__}
-    found.pop("steps", None)
-    found["status"] = job.status.value
-    return {**found, **extra}
+    """A job keyed by the `jobs` column names (models.JOB_FIELDS), JSON-safe. A JSON column
+    Python cannot decode (nested too deep: written around pgworker's checks) is null, and
+    `unreadable` says which and why: one such job hides neither itself nor a page of others."""
+    if isinstance(row, Job):
+        values = {name: getattr(row, name) for name in JOB_FIELDS}
+        unreadable: dict[str, str] = {}
+    else:
+        values, unreadable = _columns(row)
+    found = {
+        name: value if name in JSON_COLUMNS else plain(value) for name, value in values.items()
+    }
+    found["status"] = JobStatus(values["status"]).value
+    return {**found, **extra, **({"unreadable": unreadable} if unreadable else {})}
+
+
+def _columns(row: Row) -> tuple[dict[str, Any], dict[str, str]]:
+    """A row's columns, its JSON ones decoded, and those that cannot be, with why."""
+    values: dict[str, Any] = {}
+    unreadable: dict[str, str] = {}
+    for name in JOB_FIELDS:
+        values[name] = row[name]
+        if name in JSON_COLUMNS:
+            values[name], why = _decoded(row[name])
+            if why is not None:
+                unreadable[name] = f"the {name} of job {row['id']} cannot be decoded ({why})"
+    return values, unreadable
+
+
+def _decoded(text: str | None) -> tuple[Any, str | None]:
+    """JSON text decoded (None, and why, when Python cannot: nested past its recursion limit)."""
+    if text is None:
+        return None, None
+    try:
+        return json.loads(text), None
+    except (RecursionError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {summary(str(exc), 200)}"
+
+
+def _with_json(rows: list[Row], column: str) -> list[dict[str, Any]]:
+    """Rows (attempts, milestones, steps) JSON-safe, their JSON `column` decoded as job_json
+    does (null, with `unreadable`, when it cannot be)."""
+    found = []
+    for r in rows:
+        item = {k: plain(v) for k, v in r.items() if k != column}
+        item[column], why = _decoded(r[column])
+        if why is not None:
+            item["unreadable"] = {column: why}
+        found.append(item)
+    return found
 
 
 def _names(field: str, values: list[str] | None, max_length: int) -> list[str] | None:
@@ -260,18 +313,33 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 raise ValidationError("versions", f"lists no version of {type_!r}")
             versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
         await q.http_worker_seen(pool(), worker_id, _host(request), queues, types)
-        row = await q.http_job_claim(
-            pool(),
-            worker_id,
-            queues=queues,
-            types=types,
-            versions=versions,
-            lease=lease,
-            default_max_retries=DEFAULT_MAX_RETRIES,
-        )
-        if row is None:
-            return Response(status_code=204)
-        return JSONResponse(job_json(row, attempt=row["attempts"]))
+        for _ in range(POISON_SKIPS):
+            row = await q.http_job_claim(
+                pool(),
+                worker_id,
+                queues=queues,
+                types=types,
+                versions=versions,
+                lease=lease,
+                default_max_retries=DEFAULT_MAX_RETRIES,
+            )
+            if row is None:
+                break
+            _, why = _decoded(row["payload"])
+            if why is None:
+                return JSONResponse(job_json(row, attempt=row["attempts"]))
+            # As a Python worker does: a payload no worker can read fails at once.
+            unreadable = AttemptResult(
+                row["id"],
+                row["attempts"],
+                row["claimed_at"],
+                JobStatus.FAILED,
+                Outcome.FAILED,
+                error_type="InvalidPayload",
+                error_message=f"the payload cannot be decoded ({why})",
+            )
+            await q.job_finish_many(pool(), [unreadable])
+        return Response(status_code=204)
 
     @api.post("/jobs/{id}/heartbeat", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
     async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> dict[str, Any]:
@@ -355,12 +423,12 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def get_job(id: JobId) -> dict[str, Any]:
         """The job, with its `attempt_history`, `milestones` and `steps`."""
         row = await _job(id)
-        attempts = [dict(r) for r in await q.job_attempts_of(pool(), id)]
+        attempts = [plain(dict(r)) for r in await q.job_attempts_of(pool(), id)]
         return job_json(
             row,
-            attempt_history=plain(attempts),
-            milestones=plain(await job_milestones(pool(), id, schema=config.schema)),
-            steps=plain(await job_steps(pool(), id, schema=config.schema)),
+            attempt_history=attempts,
+            milestones=_with_json(await q.job_milestones_of(pool(), id), "detail"),
+            steps=_with_json(await q.job_steps_of(pool(), id), "result"),
         )
 
     @api.get("/jobs", tags=["jobs"])
