@@ -273,3 +273,24 @@ async def test_a_job_python_cannot_decode_hides_neither_a_page_nor_itself_nor_th
         assert claims == [good, None, None]
     row = await conn.fetchrow("SELECT status, error FROM pgworker.jobs WHERE id = $1", poison)
     assert row["status"] == "failed" and row["error"].startswith("InvalidPayload: ")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_http_worker_can_fail_its_job_when_a_column_of_it_cannot_be_decoded(dsn, conn):
+    """Its milestone written deep by SQL while it ran: `fail` decoded the whole row first and
+    answered 409, so the worker could not end its attempt."""
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        await client.post("/jobs", json={"type": "t", "payload": {"a": 1}})
+        claimed = (await client.post("/jobs/claim", json={"worker_id": "w"})).json()
+        await conn.execute(
+            "UPDATE pgworker.jobs SET progress = $2::jsonb WHERE id = $1", claimed["id"], DEEP
+        )
+        body = {
+            "worker_id": "w",
+            "attempt": claimed["attempt"],
+            "error": "E: no",
+            "permanent": True,
+        }
+        failed = await client.post(f"/jobs/{claimed['id']}/fail", json=body)
+        assert failed.status_code == 200, failed.text
+        assert failed.json()["status"] == "failed" and "progress" in failed.json()["unreadable"]

@@ -378,14 +378,14 @@ def install(app: FastAPI, config: WebConfig) -> None:
             None if body.retry_after is None else limits.seconds("retry_after", body.retry_after)
         )
         row = await held(id, body, request)
-        job = Job.from_record(row)
-        kind, message, full = _error_parts(body.error, job.payload)
+        job, _ = _columns(row)  # a column that cannot be decoded does not stop the failure
+        kind, message, full = _error_parts(body.error, job["payload"])
         policy = RetryPolicy()
         delay = None
         if not body.permanent:
-            delay = next_retry(policy, job.retry_count, job.max_retries, after)
+            delay = next_retry(policy, job["retry_count"], job["max_retries"], after)
         if delay is None and not body.permanent:
-            why = why_final(policy, job.retry_count, job.max_retries)
+            why = why_final(policy, job["retry_count"], job["max_retries"])
             message = message[: 500 - len(why)] + why
         ends = (
             (JobStatus.FAILED, Outcome.FAILED, 0.0, 0)
