@@ -360,8 +360,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     @api.post("/jobs/{id}/complete", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
     async def complete(id: JobId, body: CompleteBody, request: Request) -> dict[str, Any]:
-        """The attempt succeeded: 200 with the job, completed (cancelled when an operator asked
-        to cancel it meanwhile)."""
+        """The attempt succeeded: 200 with the job, completed (also when an operator asked to
+        cancel it meanwhile, as for a Python handler that returns first: a heartbeat's
+        `cancel_requested` is the time to stop, and `fail` with `permanent` to give up)."""
         text = _result_text(body.result) if "result" in body.model_fields_set else None
         row = await held(id, body, request)
         done = AttemptResult(
