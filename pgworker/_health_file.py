@@ -87,7 +87,7 @@ def judge(path: str, now: datetime | None = None) -> Verdict:
         )
     try:
         content = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return Verdict(False, f"{path} holds unreadable JSON ({exc})")
     parsed = _parse(content)
     if isinstance(parsed, str):
@@ -151,9 +151,14 @@ def _parse(content: Any) -> tuple[datetime, float, dict[str, str], bool] | str:
     return (
         written_at,
         float(lease),
-        {str(n): s["state"] for n, s in services.items()},
+        {_printable(n): _printable(s["state"]) for n, s in services.items()},
         content.get("stopping") is True,
     )
+
+
+def _printable(text: str) -> str:
+    """`text` as a line can print it: a lone surrogate (JSON's "\\ud800") escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _seconds(value: float) -> str:

@@ -100,6 +100,26 @@ def test_a_garbage_health_file_that_never_goes_stale_is_unhealthy(tmp_path, cont
     assert out.returncode == 1, out.stdout
 
 
+def test_a_health_file_of_deep_json_or_lone_surrogates_is_judged_in_one_line(tmp_path):
+    """json.loads raised RecursionError (not ValueError) on deep JSON, and a service name or
+    state holding a lone surrogate ("\\ud800", valid JSON) could not be printed: both ended
+    the probe with a traceback instead of its one line."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    out = health(deep)
+    assert out.returncode == 1 and "unreadable JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+    named = tmp_path / "named.json"
+    named.write_text(fresh(services={"\ud800x": {"state": "ok"}}))
+    out = health(named)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("pgworker health: ok: ") and "\\ud800x ok" in out.stdout
+    state = tmp_path / "state.json"
+    state.write_text(fresh(services={"a": {"state": "bad\ud800"}}))
+    out = health(state)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+
+
 # --- pgworker serve: the database gone under it -------------------------------------------------
 
 
