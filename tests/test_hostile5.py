@@ -9,14 +9,16 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 
 import pgworker
 
-from .helpers import database_of
+from .helpers import database_of, fake_claim, status_of, wait_for
 from .webserver import serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,3 +316,36 @@ async def test_an_http_worker_can_fail_its_job_when_a_column_of_it_cannot_be_dec
         failed = await client.post(f"/jobs/{claimed['id']}/fail", json=body)
         assert failed.status_code == 200, failed.text
         assert failed.json()["status"] == "failed" and "progress" in failed.json()["unreadable"]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_read_only_server_writes_nothing_not_even_maintenance(dsn, conn):
+    """`serve --read-only` ("reads only", says the README) still led maintenance: it took the
+    leader row, rescued and pruned (deleted) jobs; on a database role that may only read, it
+    logged a traceback of `permission denied` over and over."""
+    role = f"pgw_reader_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await conn.execute(
+            f"GRANT USAGE ON SCHEMA pgworker TO {role}; "
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA pgworker TO {role}"
+        )
+        expired = (await pgworker.enqueue(conn, "t", {})).job.id
+        await fake_claim(conn, expired, worker_id="gone", lease_s=-60)
+        reader = dsn.replace("postgres@", f"{role}@", 1)
+        async with serving(reader, "--read-only") as served, served.client() as client:
+            assert (await client.get("/jobs")).status_code == 200
+
+            async def maintained() -> bool:
+                led = await conn.fetchval("SELECT count(*) FROM pgworker.leader")
+                return bool(led) or "permission denied" in served.stderr()
+
+            # Maintenance leads (or fails to) within its first tick, at start-up: give it 3 s.
+            with anyio.move_on_after(3):
+                await wait_for(maintained, timeout=4)
+            log = served.stderr()
+        assert "permission denied" not in log and "Traceback" not in log, log
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.leader") == 0
+        assert await status_of(conn, expired) == "running"
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
