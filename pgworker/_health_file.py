@@ -94,11 +94,6 @@ def judge(path: str, now: datetime | None = None) -> Verdict:
         return Verdict(False, f"{path} is not a pgworker health file ({parsed})")
     written_at, lease, services, stopping = parsed
     age = ((now or datetime.now(UTC)) - written_at).total_seconds()
-    if age < -lease:
-        return Verdict(
-            False, f"{path} says it was written {_seconds(-age)} s in the future: not the worker's"
-        )
-    age = max(0.0, age)
     if age >= lease:
         return Verdict(
             False,
@@ -108,6 +103,11 @@ def judge(path: str, now: datetime | None = None) -> Verdict:
     bad = {name: state for name, state in services.items() if state not in HEALTHY_STATES}
     if not services:
         return Verdict(False, f"{path} lists no service: the worker has not started serving")
+    if age < -lease:  # else a file dated 9999 would never go stale
+        return Verdict(
+            False, f"{path} says it was written {_seconds(-age)} s in the future: not the worker's"
+        )
+    age = max(0.0, age)
     if bad:
         listed = ", ".join(f"{name} {state}" for name, state in bad.items())
         why = f"service {listed}" if len(bad) == 1 else f"services {listed}"
