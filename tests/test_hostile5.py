@@ -433,3 +433,27 @@ async def test_the_enqueued_job_helpers_name_the_bad_argument(conn):
         with pytest.raises(pgworker.ValidationError) as refused:
             await call
         assert refused.value.field == field
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_pgworker_show_of_a_milestone_python_cannot_decode_is_one_line(dsn, conn):
+    """A milestone's detail nested too deep (written by SQL): `pgworker show ID` ended in a
+    RecursionError traceback (and the dashboard's job page in a bare 500)."""
+    job = (await pgworker.enqueue(conn, "t", {})).job.id
+    await conn.execute(
+        "INSERT INTO pgworker.job_milestones (job_id, attempt, milestone, detail) "
+        "VALUES ($1, 1, 'm', $2::jsonb)",
+        job,
+        DEEP,
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pgworker", "show", str(job), "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and "milestone" in out.stderr
+    assert "cannot be decoded" in out.stderr
