@@ -13,13 +13,18 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ._limits import MAX_LEASE
+
 HEALTHY_STATES = ("ok", "retrying")
+MAX_BYTES = 1024 * 1024
+"""The most bytes `judge` reads: a worker's file is a few hundred; a larger one is not its."""
 
 
 def record(
@@ -67,23 +72,28 @@ def judge(path: str, now: datetime | None = None) -> Verdict:
     """Healthy only when the file at `path` was written less than its lease ago and every
     service in it is `ok` or `retrying`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = _read(path)
     except FileNotFoundError:
         return Verdict(
             False, f"no health file at {path} (is `pgworker run --health-file {path}` running?)"
         )
     except (OSError, UnicodeDecodeError) as exc:
         return Verdict(False, f"cannot read {path}: {exc}")
+    if text is None:
+        return Verdict(
+            False,
+            f"{path} is not a pgworker health file (not a regular file, or "
+            f"over {MAX_BYTES:,} bytes)",
+        )
     try:
         content = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return Verdict(False, f"{path} holds unreadable JSON ({exc})")
     parsed = _parse(content)
     if isinstance(parsed, str):
         return Verdict(False, f"{path} is not a pgworker health file ({parsed})")
     written_at, lease, services, stopping = parsed
-    age = max(0.0, ((now or datetime.now(UTC)) - written_at).total_seconds())
+    age = ((now or datetime.now(UTC)) - written_at).total_seconds()
     if age >= lease:
         return Verdict(
             False,
@@ -93,12 +103,29 @@ def judge(path: str, now: datetime | None = None) -> Verdict:
     bad = {name: state for name, state in services.items() if state not in HEALTHY_STATES}
     if not services:
         return Verdict(False, f"{path} lists no service: the worker has not started serving")
+    if age < -lease:  # else a file dated 9999 would never go stale
+        return Verdict(
+            False, f"{path} says it was written {_seconds(-age)} s in the future: not the worker's"
+        )
+    age = max(0.0, age)
     if bad:
         listed = ", ".join(f"{name} {state}" for name, state in bad.items())
         why = f"service {listed}" if len(bad) == 1 else f"services {listed}"
         return Verdict(False, why + (" (the worker is stopping)" if stopping else ""))
     states = ", ".join(f"{name} {state}" for name, state in services.items())
     return Verdict(True, f"written {_seconds(age)} s ago; {states}")
+
+
+def _read(path: str) -> str | None:
+    """The file's text; None when it is not a regular file or is over MAX_BYTES. Opened without
+    blocking (a FIFO at `path` would hang a probe) and read no further than MAX_BYTES (a path
+    turned into /dev/zero or a huge file would fill memory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(MAX_BYTES + 1)
+    return None if len(data) > MAX_BYTES else data.decode("utf-8")
 
 
 def _parse(content: Any) -> tuple[datetime, float, dict[str, str], bool] | str:
@@ -114,7 +141,7 @@ def _parse(content: Any) -> tuple[datetime, float, dict[str, str], bool] | str:
     lease = content.get("lease")
     if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
         return "no valid lease"
-    if not math.isfinite(lease):
+    if not math.isfinite(lease) or lease > MAX_LEASE:
         return "no valid lease"
     services = content.get("services")
     if not isinstance(services, dict) or not all(
@@ -124,9 +151,14 @@ def _parse(content: Any) -> tuple[datetime, float, dict[str, str], bool] | str:
     return (
         written_at,
         float(lease),
-        {str(n): s["state"] for n, s in services.items()},
+        {_printable(n): _printable(s["state"]) for n, s in services.items()},
         content.get("stopping") is True,
     )
+
+
+def _printable(text: str) -> str:
+    """`text` as a line can print it: a lone surrogate (JSON's "\\ud800") escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _seconds(value: float) -> str:

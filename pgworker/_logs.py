@@ -71,7 +71,13 @@ def configure(
     if fmt == "json":
         tail = [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     else:
-        tail = [structlog.dev.ConsoleRenderer(colors=False)]
+        # Plain tracebacks: structlog's default (rich, when installed) prints every frame's
+        # locals, and those hold bearer tokens, DSNs and payloads.
+        tail = [
+            structlog.dev.ConsoleRenderer(
+                colors=False, exception_formatter=structlog.dev.plain_traceback
+            )
+        ]
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *shared, *tail],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),

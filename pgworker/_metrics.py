@@ -58,6 +58,11 @@ OUTCOMES = (*(o.value for o in COUNTED), Outcome.LOST.value)
 STATUSES = tuple(s.value for s in JobStatus)
 MAX_QUEUES = 1000
 """The most queues the queue gauges show (by name): queue names come from whoever enqueues."""
+MAX_LOST_SERIES = 1000
+"""The most (queue, type) series the rescue's `lost` count adds: it finds jobs of any queue and
+type (HTTP workers claim whatever a client names), so past this many, further ones are counted
+under OTHER."""
+OTHER = ("(other)", "(other)")
 
 
 def require() -> None:
@@ -144,7 +149,11 @@ class Metrics:
     def lost(self, rescued: Iterable[tuple[str, str]]) -> None:
         """The (queue, type) of jobs the elected worker's rescue found with an expired lease."""
         for key in rescued:
-            series = self._series.get(key) or self._add(key)
+            series = self._series.get(key)
+            if series is None:
+                if len(self._series) >= MAX_LOST_SERIES:
+                    key = OTHER
+                series = self._series.get(key) or self._add(key)
             series.outcomes[Outcome.LOST] += 1
 
     def queues(self, rows: Sequence[Any] | None) -> None:

@@ -603,7 +603,7 @@ def _serve_command(sub: argparse._SubParsersAction[_Parser], common: _Parser) ->
         "--read-only",
         action="store_true",
         help="refuse every write (enqueue, claim, heartbeat, complete, fail, cancel, replay) "
-        "with 405 (default: off)",
+        "with 405, and take no part in maintenance (it writes: rescue, pruning) (default: off)",
     )
     srv.add_argument(
         "--no-maintenance",
@@ -975,7 +975,8 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         await conn.close()
     worker_id = f"serve-{default_worker_id()}"
-    if args.maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
+    maintenance = args.maintenance and not args.read_only  # read-only: no write of any kind
+    if maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
         Settings.from_env(dsn=dsn, schema=schema, worker_id=worker_id)
     config = WebConfig(
         dsn=dsn,
@@ -984,7 +985,7 @@ async def _serve(args: argparse.Namespace) -> int:
         insecure_no_auth=args.insecure_no_auth,
         read_only=args.read_only,
         body_limit=args.body_limit,
-        maintenance=args.maintenance,
+        maintenance=maintenance,
         worker_id=worker_id,
     )
     await serve(config, args.host, args.port, log_level=level)

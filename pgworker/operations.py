@@ -22,7 +22,7 @@ from ._db.connection import Executor, transaction
 from ._db.queries import queries
 from ._logs import get_logger
 from ._redact import DEFAULT_KEYS, redact_payload
-from .errors import ValidationError
+from .errors import PgWorkerError, ValidationError
 from .models import DEFAULT_SCHEMA, Job
 
 
@@ -52,7 +52,10 @@ async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) 
     row = await q.job_get(conn, _job_id(job_id))
     if row is None:
         return None
-    steps = {s["name"]: _decoded(s["result"]) for s in await q.job_steps_of(conn, row["id"])}
+    steps = {
+        s["name"]: _decoded(s["result"], f"the result of step {s['name']!r}")
+        for s in await q.job_steps_of(conn, row["id"])
+    }
     return dataclasses.replace(Job.from_record(row), steps=steps)
 
 
@@ -63,7 +66,7 @@ async def job_steps(
     (decoded), `attempt`, `started_at` and `finished_at`. Empty for an unknown job."""
     q = queries(limits.identifier("schema", schema))
     return [
-        {**dict(r), "result": _decoded(r["result"])}
+        {**dict(r), "result": _decoded(r["result"], f"the result of step {r['name']!r}")}
         for r in await q.job_steps_of(conn, _job_id(job_id))
     ]
 
@@ -75,13 +78,23 @@ async def job_milestones(
     `attempt`, `milestone`, `detail` (decoded) and `at`. Empty for an unknown job."""
     q = queries(limits.identifier("schema", schema))
     return [
-        {**dict(r), "detail": _decoded(r["detail"])}
+        {**dict(r), "detail": _decoded(r["detail"], f"the detail of milestone {r['seq']}")}
         for r in await q.job_milestones_of(conn, _job_id(job_id))
     ]
 
 
-def _decoded(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def _decoded(text: str | None, what: str = "a value") -> Any:
+    """JSON text decoded; one Python cannot decode (nested past its recursion limit: written
+    around pgworker's checks) is a PgWorkerError saying what it is, not a RecursionError."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        raise PgWorkerError(
+            f"{what} cannot be decoded ({type(exc).__name__}: {exc}); it was written around "
+            "pgworker's checks: read it in SQL, then fix or delete the row"
+        ) from None
 
 
 async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> CancelResult:
@@ -416,7 +429,7 @@ async def show_job(
         "steps": await job_steps(conn, job_id, schema=schema),
         "attempts": [dict(r) for r in await q.job_attempts_of(conn, job_id)],
         "events": [
-            {**dict(r), "detail": _decoded(r["detail"])}
+            {**dict(r), "detail": _decoded(r["detail"], "the detail of an event")}
             for r in await q.job_events_of(conn, job_id)
         ],
     }

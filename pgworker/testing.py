@@ -101,9 +101,27 @@ def _statuses(status: str | Iterable[str] | None) -> list[str] | None:
 
 def _json_text(field_name: str, value: Any) -> str:
     try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise ValidationError(
+            field_name, f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise ValidationError(field_name, f"must be JSON-serialisable ({exc})") from None
+    problem = limits.json_problem(text, value)
+    if problem is not None:
+        raise ValidationError(field_name, problem)
+    return text
+
+
+def _names(field_name: str, values: Iterable[str], max_length: int) -> tuple[str, ...]:
+    """A list of names, each checked; a lone string is refused (it would be read as a list of
+    its characters: redact_keys="password" would redact "p", "a", ... and not "password")."""
+    if isinstance(values, str | bytes):
+        raise ValidationError(
+            field_name, f"must be a list of names, got the string {values!r}; write [{values!r}]"
+        )
+    return tuple(limits.name(field_name, v, max_length) for v in values)
 
 
 def _filters(
@@ -117,15 +135,19 @@ def _filters(
     correlation_id: str | None,
 ) -> dict[str, Any]:
     return {
-        "type_": type,
-        "queue": queue,
+        "type_": limits.name("type", type, limits.MAX_TYPE_LENGTH, required=False),
+        "queue": limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False),
         "statuses": _statuses(status),
         "payload": None if payload is _ANY else _json_text("payload", payload),
         "payload_contains": (
             None if payload_contains is None else _json_text("payload_contains", payload_contains)
         ),
-        "idempotency_key": idempotency_key,
-        "correlation_id": correlation_id,
+        "idempotency_key": limits.name(
+            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
+        ),
+        "correlation_id": limits.name(
+            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        ),
         "priority": None if priority is None else limits.priority("priority", priority),
     }
 
@@ -211,8 +233,12 @@ async def assert_enqueued(
         "queue": queue,
         "status": status,
         "priority": priority,
-        "idempotency_key": idempotency_key,
-        "correlation_id": correlation_id,
+        "idempotency_key": limits.name(
+            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
+        ),
+        "correlation_id": limits.name(
+            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        ),
     }
     found = await enqueued_jobs(conn, **given, schema=schema)
     if found and (count is None or len(found) == count):
@@ -249,8 +275,12 @@ async def assert_not_enqueued(
         "queue": queue,
         "status": status,
         "priority": priority,
-        "idempotency_key": idempotency_key,
-        "correlation_id": correlation_id,
+        "idempotency_key": limits.name(
+            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
+        ),
+        "correlation_id": limits.name(
+            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        ),
     }
     found = await enqueued_jobs(conn, **given, schema=schema)
     if found:
@@ -493,10 +523,14 @@ async def drain(
     count = limits.count("max_attempts", max_attempts, minimum=1)
     if not isinstance(registry, Registry):
         raise ValidationError("registry", f"must be a pgworker.Registry, got {registry!r}")
-    served = tuple(queues) if queues is not None else (*registry.queues(), DEFAULT_QUEUE)
-    served = tuple(dict.fromkeys(limits.name("queues", q, limits.MAX_QUEUE_LENGTH) for q in served))
+    served = (
+        _names("queues", queues, limits.MAX_QUEUE_LENGTH)
+        if queues is not None
+        else (*registry.queues(), DEFAULT_QUEUE)
+    )
+    served = tuple(dict.fromkeys(served))
     horizon = 0.0 if until is None else _seconds("until", until)
-    keys = tuple(redact_keys)
+    keys = _names("redact_keys", redact_keys, limits.MAX_QUEUE_LENGTH)
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as held:
             return await _drain(held, registry, served, horizon, count, schema, keys)
@@ -701,7 +735,8 @@ async def run_job(
     )
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):
-        result = await execute(running, task, WORKER_ID, redactor(tuple(redact_keys)))
+        keys = _names("redact_keys", redact_keys, limits.MAX_QUEUE_LENGTH)
+        result = await execute(running, task, WORKER_ID, redactor(keys))
     if running.task_cancelled:  # the test's own cancellation: it goes on to the test
         raise asyncio.CancelledError
     return JobRun(

@@ -562,11 +562,26 @@ class Queries:
         correlation_id: str | None,
         before: int | None,
         limit: int,
-    ) -> list[Row]:
-        """A page of jobs, newest first, below the id `before`."""
-        return await self._rows(
-            conn, "http_jobs_list", status, type_, queue, correlation_id, before, limit
-        )
+        budget: int,
+    ) -> tuple[list[Row], bool]:
+        """A page of jobs, newest first, below the id `before`, and whether it was cut short (a
+        next page may follow). Read one row at a time and cut once its payloads, results and
+        milestones reach `budget` bytes of JSON (never below one job): each may hold 64 MB, and
+        a page of a thousand of them would not fit in memory."""
+        rows: list[Row] = []
+        size = 0
+        args = (status, type_, queue, correlation_id, before, limit)
+        with schema_errors(self.schema):
+            async with transaction(conn) as c:
+                async for row in c.cursor(self._sql["http_jobs_list"], *args, prefetch=1):
+                    more = sum(len(row[k] or "") for k in ("payload", "result", "progress"))
+                    if rows and size + more > budget:
+                        return rows, True
+                    rows.append(row)
+                    size += more
+                    if len(rows) >= limit:
+                        return rows, True
+        return rows, False
 
     async def http_workers(self, conn: Executor) -> list[Row]:
         return await self._rows(conn, "http_workers")

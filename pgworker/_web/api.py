@@ -30,8 +30,16 @@ from .._redact import detail, redactor, summary
 from .._service import Health, supervise
 from ..enqueue import enqueue
 from ..errors import ValidationError
-from ..models import DEFAULT_MAX_RETRIES, AttemptResult, Job, JobStatus, Outcome
-from ..operations import cancel, job_milestones, job_steps, replay
+from ..models import (
+    DEFAULT_MAX_RETRIES,
+    JOB_FIELDS,
+    JSON_COLUMNS,
+    AttemptResult,
+    Job,
+    JobStatus,
+    Outcome,
+)
+from ..operations import cancel, replay
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from . import guard
@@ -52,6 +60,11 @@ DEFAULT_LEASE = 30.0
 """Seconds an HTTP claim (or heartbeat) holds its job when the request gives no lease."""
 PAGE_LIMIT = 1000
 """The most jobs GET /jobs returns at once."""
+POISON_SKIPS = 100
+"""The most jobs with an unreadable payload one claim fails (each for good) before its 204."""
+PAGE_BYTES = 8 * 1024 * 1024
+"""About the most JSON (payloads, results, milestones) one page of GET /jobs holds: past it, the
+page ends early with a `next_before` (a page holds at least one job, whatever its size)."""
 
 _log = get_logger()
 
@@ -117,12 +130,55 @@ def plain(value: Any) -> Any:
 
 
 def job_json(row: Row | Job, **extra: Any) -> dict[str, Any]:
-    """A job keyed by the `jobs` column names (models.JOB_FIELDS), JSON-safe."""
-    job = row if isinstance(row, Job) else Job.from_record(row)
-    found = {name: plain(getattr(job, name)) for name in job.__dataclass_fields__}
-    found.pop("steps", None)
-    found["status"] = job.status.value
-    return {**found, **extra}
+    """A job keyed by the `jobs` column names (models.JOB_FIELDS), JSON-safe. A JSON column
+    Python cannot decode (nested too deep: written around pgworker's checks) is null, and
+    `unreadable` says which and why: one such job hides neither itself nor a page of others."""
+    if isinstance(row, Job):
+        values = {name: getattr(row, name) for name in JOB_FIELDS}
+        unreadable: dict[str, str] = {}
+    else:
+        values, unreadable = _columns(row)
+    found = {
+        name: value if name in JSON_COLUMNS else plain(value) for name, value in values.items()
+    }
+    found["status"] = JobStatus(values["status"]).value
+    return {**found, **extra, **({"unreadable": unreadable} if unreadable else {})}
+
+
+def _columns(row: Row) -> tuple[dict[str, Any], dict[str, str]]:
+    """A row's columns, its JSON ones decoded, and those that cannot be, with why."""
+    values: dict[str, Any] = {}
+    unreadable: dict[str, str] = {}
+    for name in JOB_FIELDS:
+        values[name] = row[name]
+        if name in JSON_COLUMNS:
+            values[name], why = _decoded(row[name])
+            if why is not None:
+                unreadable[name] = f"the {name} of job {row['id']} cannot be decoded ({why})"
+    return values, unreadable
+
+
+def _decoded(text: str | None) -> tuple[Any, str | None]:
+    """JSON text decoded (None, and why, when Python cannot: nested past its recursion limit)."""
+    if text is None:
+        return None, None
+    try:
+        return json.loads(text), None
+    except (RecursionError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {summary(str(exc), 200)}"
+
+
+def _with_json(rows: list[Row], column: str) -> list[dict[str, Any]]:
+    """Rows (attempts, milestones, steps) JSON-safe, their JSON `column` decoded as job_json
+    does (null, with `unreadable`, when it cannot be)."""
+    found = []
+    for r in rows:
+        item = {k: plain(v) for k, v in r.items() if k != column}
+        item[column], why = _decoded(r[column])
+        if why is not None:
+            item["unreadable"] = {column: why}
+        found.append(item)
+    return found
 
 
 def _names(field: str, values: list[str] | None, max_length: int) -> list[str] | None:
@@ -257,18 +313,33 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 raise ValidationError("versions", f"lists no version of {type_!r}")
             versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
         await q.http_worker_seen(pool(), worker_id, _host(request), queues, types)
-        row = await q.http_job_claim(
-            pool(),
-            worker_id,
-            queues=queues,
-            types=types,
-            versions=versions,
-            lease=lease,
-            default_max_retries=DEFAULT_MAX_RETRIES,
-        )
-        if row is None:
-            return Response(status_code=204)
-        return JSONResponse(job_json(row, attempt=row["attempts"]))
+        for _ in range(POISON_SKIPS):
+            row = await q.http_job_claim(
+                pool(),
+                worker_id,
+                queues=queues,
+                types=types,
+                versions=versions,
+                lease=lease,
+                default_max_retries=DEFAULT_MAX_RETRIES,
+            )
+            if row is None:
+                break
+            _, why = _decoded(row["payload"])
+            if why is None:
+                return JSONResponse(job_json(row, attempt=row["attempts"]))
+            # As a Python worker does: a payload no worker can read fails at once.
+            unreadable = AttemptResult(
+                row["id"],
+                row["attempts"],
+                row["claimed_at"],
+                JobStatus.FAILED,
+                Outcome.FAILED,
+                error_type="InvalidPayload",
+                error_message=f"the payload cannot be decoded ({why})",
+            )
+            await q.job_finish_many(pool(), [unreadable])
+        return Response(status_code=204)
 
     @api.post("/jobs/{id}/heartbeat", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
     async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> dict[str, Any]:
@@ -289,8 +360,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     @api.post("/jobs/{id}/complete", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
     async def complete(id: JobId, body: CompleteBody, request: Request) -> dict[str, Any]:
-        """The attempt succeeded: 200 with the job, completed (cancelled when an operator asked
-        to cancel it meanwhile)."""
+        """The attempt succeeded: 200 with the job, completed (also when an operator asked to
+        cancel it meanwhile, as for a Python handler that returns first: a heartbeat's
+        `cancel_requested` is the time to stop, and `fail` with `permanent` to give up)."""
         text = _result_text(body.result) if "result" in body.model_fields_set else None
         row = await held(id, body, request)
         done = AttemptResult(
@@ -307,14 +379,14 @@ def install(app: FastAPI, config: WebConfig) -> None:
             None if body.retry_after is None else limits.seconds("retry_after", body.retry_after)
         )
         row = await held(id, body, request)
-        job = Job.from_record(row)
-        kind, message, full = _error_parts(body.error, job.payload)
+        job, _ = _columns(row)  # a column that cannot be decoded does not stop the failure
+        kind, message, full = _error_parts(body.error, job["payload"])
         policy = RetryPolicy()
         delay = None
         if not body.permanent:
-            delay = next_retry(policy, job.retry_count, job.max_retries, after)
+            delay = next_retry(policy, job["retry_count"], job["max_retries"], after)
         if delay is None and not body.permanent:
-            why = why_final(policy, job.retry_count, job.max_retries)
+            why = why_final(policy, job["retry_count"], job["max_retries"])
             message = message[: 500 - len(why)] + why
         ends = (
             (JobStatus.FAILED, Outcome.FAILED, 0.0, 0)
@@ -352,12 +424,12 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def get_job(id: JobId) -> dict[str, Any]:
         """The job, with its `attempt_history`, `milestones` and `steps`."""
         row = await _job(id)
-        attempts = [dict(r) for r in await q.job_attempts_of(pool(), id)]
+        attempts = [plain(dict(r)) for r in await q.job_attempts_of(pool(), id)]
         return job_json(
             row,
-            attempt_history=plain(attempts),
-            milestones=plain(await job_milestones(pool(), id, schema=config.schema)),
-            steps=plain(await job_steps(pool(), id, schema=config.schema)),
+            attempt_history=attempts,
+            milestones=_with_json(await q.job_milestones_of(pool(), id), "detail"),
+            steps=_with_json(await q.job_steps_of(pool(), id), "result"),
         )
 
     @api.get("/jobs", tags=["jobs"])
@@ -370,8 +442,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
         before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
     ) -> dict[str, Any]:
         """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
-        the last one)."""
-        rows = await q.http_jobs_list(
+        the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""
+        rows, more = await q.http_jobs_list(
             pool(),
             status=None if status is None else status.value,
             type_=_optional_name("type", type, limits.MAX_TYPE_LENGTH),
@@ -381,9 +453,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
             ),
             before=before,
             limit=limit,
+            budget=PAGE_BYTES,
         )
         jobs = [job_json(r) for r in rows]
-        return {"jobs": jobs, "next_before": jobs[-1]["id"] if len(jobs) == limit else None}
+        return {"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None}
 
     @api.post("/jobs/{id}/cancel", tags=["jobs"], responses=_UNKNOWN)
     async def cancel_job(id: JobId) -> dict[str, Any]:

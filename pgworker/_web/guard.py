@@ -10,8 +10,9 @@ from typing import Any
 import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import _limits as limits
 from .._db.connection import CONNECTION_ERRORS
@@ -211,6 +212,21 @@ def install(app: FastAPI, config: WebConfig) -> None:
             return problem(422, f"the database refused a value: {describe(exc)}", "body")
         _log.warning("request failed in the database", path=request.url.path, error=describe(exc))
         return problem(503, "the database could not answer; try again")
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, exc: ClientDisconnect) -> Response:
+        """The client left in the middle of its body: nobody reads an answer, and nothing is
+        logged (any client, without a token, could otherwise fill the log with tracebacks)."""
+        return Response(status_code=400)
+
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return problem(503, "the database is unavailable; try again")
+
+    # Each by its class, not under Exception: Starlette re-raises what the Exception handler
+    # answers, and uvicorn then logs a traceback and closes the client's connection.
+    for kind in CONNECTION_ERRORS:
+        if issubclass(kind, Exception) and not issubclass(kind, asyncpg.PostgresError):
+            app.add_exception_handler(kind, unavailable)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
