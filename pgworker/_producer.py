@@ -15,6 +15,7 @@ import anyio
 import asyncpg
 import structlog
 
+from . import _tracing
 from ._completer import Completer
 from ._db.connection import HeldConnection, recover
 from ._db.queries import attempt_conflict, queries
@@ -308,6 +309,8 @@ class Producer:
         to the end, which leaves this slot's task suspect."""
         task = self._registry[attempt.type]
         sound = True
+        span = _tracing.start(attempt, self._settings.worker_id)  # None unless traced
+        result = None
         try:
             try:
                 result = await execute(attempt, task, self._settings.worker_id, self._redact)
@@ -318,6 +321,8 @@ class Producer:
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             self._completer.submit(result)
         finally:
+            if span is not None:
+                span.end(result)
             self._forget(attempt)
         return sound and not attempt.task_cancelled
 
