@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -165,7 +168,8 @@ async def test_an_attempt_span_has_the_attributes_the_link_and_the_handlers_span
     async def send_invoice(ctx: pgworker.JobContext, payload: Any) -> None:
         seen["current"] = trace.get_current_span()
         with trace.get_tracer("app").start_as_current_span("charge"):
-            child = await pgworker.enqueue(pool, "receipt", {}, queue="mail")
+            pass
+        child = await pgworker.enqueue(pool, "receipt", {}, queue="mail")
         seen["child"] = child.job.id
 
     @registry.task("receipt", queue="mail")
@@ -210,7 +214,7 @@ async def test_an_attempt_span_has_the_attributes_the_link_and_the_handlers_span
     assert charge.parent.span_id == span.context.span_id
     assert charge.context.trace_id == span.context.trace_id
     (child,) = attempt_spans(spans, seen["child"])
-    assert child.links[0].context.span_id == charge.context.span_id
+    assert child.links[0].context.span_id == span.context.span_id
     assert seen["receipt"].get_span_context() == child.context
     assert child.attributes["pgworker.job.correlation_id"] == "req-7"  # inherited
 
@@ -338,6 +342,66 @@ async def test_a_broken_tracer_never_stops_the_jobs(dsn, conn, broken):
         _install(None)
     counts = await conn.fetch("SELECT status, count(*) FROM pgworker.jobs GROUP BY status")
     assert [(r["status"], r["count"]) for r in counts] == [("completed", 5)]
+
+
+@aio
+async def test_the_jobs_of_an_unsampled_request_are_traced_and_linked(dsn, conn, spans):
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx: pgworker.JobContext, payload: Any) -> None:
+        return None
+
+    remote = trace.SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=trace.TraceFlags(0))
+    token = otel_context.attach(trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+    try:
+        r = await pgworker.enqueue(conn, "t", {})
+    finally:
+        otel_context.detach(token)
+    assert await stored(conn, [r.job.id]) == [f"00-{0xABC:032x}-{0xDEF:016x}-00"]
+    async with pgworker.Worker(registry, dsn, poll_interval=0.02):
+        await wait_for(lambda: attempt_spans(spans, r.job.id))
+    (span,) = attempt_spans(spans, r.job.id)
+    assert (span.links[0].context.trace_id, span.links[0].context.span_id) == (0xABC, 0xDEF)
+    assert not span.links[0].context.trace_flags.sampled and span.context.trace_flags.sampled
+
+
+@aio
+async def test_the_recipe_traces_a_real_worker(dsn, conn, spans, tmp_path):
+    """`pgworker run examples.recipes.tracing`: its console exporter prints the attempt's span,
+    flushed when SIGTERM ends the worker."""
+    with trace.get_tracer("web").start_as_current_span("POST /emails") as request:
+        r = await pgworker.enqueue(conn, "send-email", {"to": "a@b.c"}, queue="mail")
+    env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    log = tmp_path / "worker.log"
+    out = tmp_path / "worker.out"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "pgworker", "run", "examples.recipes.tracing", "--dsn", dsn],
+        stdout=out.open("wb"),
+        stderr=log.open("wb"),
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        await wait_for(lambda: all_finished(conn), timeout=30)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            assert worker.wait(timeout=30) == 0, log.read_text()
+        finally:
+            worker.kill()
+    text, printed, at = out.read_text(), [], 0
+    decoder = json.JSONDecoder()
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        span, at = decoder.raw_decode(text, at)
+        printed.append(span)
+    (span,) = [s for s in printed if s["name"] == "pgworker.job send-email"]
+    assert span["attributes"]["pgworker.job.id"] == r.job.id
+    assert span["attributes"]["pgworker.job.outcome"] == "completed"
+    (link,) = span["links"]
+    assert link["context"]["span_id"] == f"0x{request.get_span_context().span_id:016x}"
 
 
 # --- off: no cost ----------------------------------------------------------------------------
