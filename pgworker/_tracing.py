@@ -35,6 +35,7 @@ _FAILED = frozenset({Outcome.FAILED, Outcome.RETRIED, Outcome.TIMED_OUT})
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
+_UNKNOWN = object()
 _provider: Any = None
 _tracer: Any = None
 _warned = False
@@ -56,9 +57,15 @@ def current_traceparent() -> str | None:
 
 
 def _tracer_now(trace: Any) -> Any:
-    """pgworker's tracer from the global provider, or None while none is set."""
+    """pgworker's tracer from the global provider, or None while none is set. The API's own
+    global is read first: `get_tracer_provider()` costs a microsecond (it looks up an
+    environment variable on each call), a noticeable share of a no-op job."""
     global _provider, _tracer
-    provider = trace.get_tracer_provider()
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:  # none set: the API's proxy would make spans that record nothing
+        return None
+    if provider is _UNKNOWN:  # an API that keeps it elsewhere
+        provider = trace.get_tracer_provider()
     if provider is _provider:
         return _tracer
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
