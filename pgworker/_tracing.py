@@ -61,7 +61,7 @@ def _tracer_now(trace: Any) -> Any:
     global is read first: `get_tracer_provider()` costs a microsecond (it looks up an
     environment variable on each call), a noticeable share of a no-op job."""
     global _provider, _tracer
-    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    provider: Any = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
     if provider is None:  # none set: the API's proxy would make spans that record nothing
         return None
     if provider is _UNKNOWN:  # an API that keeps it elsewhere
