@@ -35,7 +35,7 @@ import asyncpg  # noqa: E402
 from bench.measure import BenchError, Resources, git_rev, log, versions  # noqa: E402
 from bench.profiling import profile  # noqa: E402
 from bench.report import footnotes, medians, render  # noqa: E402
-from bench.systems import BASE, LIB_SYSTEMS, SYSTEMS  # noqa: E402
+from bench.systems import BASE, LIB_SYSTEMS, OPTIONAL, SYSTEMS  # noqa: E402
 from bench.workloads import w1, w2, w4  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -192,7 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--systems",
         default=env.get("BENCH_SYSTEMS", ",".join(LIB_SYSTEMS)),
-        help="comma-separated, of: " + ",".join(LIB_SYSTEMS),
+        help="comma-separated, of: " + ",".join((*LIB_SYSTEMS, *OPTIONAL)),
     )
     p.add_argument(
         "--workloads",
@@ -249,8 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.workloads = {w.strip().lower() for w in args.workloads.split(",") if w.strip()}
     for s in args.systems:
-        if s not in LIB_SYSTEMS and s != BASE:
-            p.error(f"unknown system {s!r}; choose from {', '.join(LIB_SYSTEMS)}, {BASE}")
+        if s not in LIB_SYSTEMS and s not in OPTIONAL and s != BASE:
+            known = ", ".join((*LIB_SYSTEMS, *OPTIONAL, BASE))
+            p.error(f"unknown system {s!r}; choose from {known}")
     if (BASE in args.systems) != bool(args.base_src):
         p.error(f"the system {BASE} and --base-src (BENCH_BASE_SRC) go together")
     for name, src in (

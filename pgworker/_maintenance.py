@@ -12,7 +12,7 @@ never holding many locks, and never delaying the rescue by more than a tick."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
@@ -26,6 +26,9 @@ from .registry import Registry
 from .retry import RetryPolicy, next_retry
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from ._metrics import Metrics
+
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
 REFUSED_KEPT = 1000
@@ -37,6 +40,10 @@ RETENTION_BATCH = 1000
 """The most jobs one retention statement deletes."""
 RETENTION_BATCHES = 10
 """The most retention statements per tick; fewer once half the tick's interval is spent."""
+GAUGES_SHARE = 20
+"""With metrics on, the queue gauges are refreshed at each tick, unless their query took more
+than 1/GAUGES_SHARE of the time since the last: then later, so that on a huge table their
+count never costs the database more than that share."""
 
 Decision = tuple[AttemptKey, str, float, int]
 """(attempt, next status, seconds until it runs again, 1 when counted as a retry)."""
@@ -75,8 +82,11 @@ class Maintenance:
         settings: Settings,
         registry: Registry | None = None,
         stopping: Callable[[], bool] = lambda: False,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
+        self._metrics = metrics
+        self._gauges_due = 0.0
         self._s = settings
         self._q = queries(settings.schema)
         self._registry = registry
@@ -100,6 +110,7 @@ class Maintenance:
     async def reset(self, exc: Exception) -> None:
         await recover(self._pool, exc)
         self.leadership.uncertain()
+        self._clear_gauges()
 
     async def idle(self) -> None:
         await anyio.sleep(interval(self._s.lease))
@@ -110,6 +121,7 @@ class Maintenance:
             await self.resign()
             return
         if not await self.leadership.renew():
+            self._clear_gauges()
             return
         expired = await self._q.jobs_expired(self._pool, self._refused, self._after)
         # A full page: the next tick goes on after it, so that jobs the rescue leaves (refused,
@@ -118,7 +130,11 @@ class Maintenance:
         self._after = None if last is None else (last["lease_expires_at"], last["id"])
         decided = [self._decide(row) for row in expired]
         if decided:
-            for row in await self._rescue(decided):
+            rescued = await self._rescue(decided)
+            if self._metrics is not None:
+                labels = {row["id"]: (row["queue"], row["type"]) for row in expired}
+                self._metrics.lost(labels[row["id"]] for row in rescued)
+            for row in rescued:
                 self.rescued += 1
                 self._log.warning(
                     "job rescued: its worker stopped renewing the lease",
@@ -137,6 +153,23 @@ class Maintenance:
         self._ticks += 1
         if self._ages and (now_and_then or self._backlog):
             await self._retain()
+        if self._metrics is not None and anyio.current_time() >= self._gauges_due:
+            await self._refresh_gauges(self._metrics)
+
+    async def _refresh_gauges(self, metrics: Metrics) -> None:
+        from ._metrics import MAX_QUEUES
+
+        started = anyio.current_time()
+        rows = await self._q.metrics_queues(self._pool, MAX_QUEUES)
+        if self.leadership.leading:
+            metrics.queues(rows)
+        took = anyio.current_time() - started
+        self._gauges_due = started + took * GAUGES_SHARE
+
+    def _clear_gauges(self) -> None:
+        """Only the elected worker shows the queue gauges."""
+        if self._metrics is not None:
+            self._metrics.queues(None)
 
     async def _retain(self) -> None:
         """Delete a few batches of finished jobs past their retention, fenced by the leadership.
@@ -224,4 +257,5 @@ class Maintenance:
 
     async def resign(self) -> None:
         """Give the leadership up when the worker stops."""
+        self._clear_gauges()
         await self.leadership.resign()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
@@ -28,6 +30,9 @@ from ._steps import StepStore
 from .models import JobStatus, Outcome
 from .registry import Registry, served_key
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from ._metrics import Metrics
 
 ABANDON_AFTER = 5.0
 """Seconds an interrupted handler gets to end before the worker stops waiting for it."""
@@ -77,8 +82,10 @@ class Producer:
         settings: Settings,
         completer: Completer,
         wakeup: Wakeup,
+        metrics: Metrics | None = None,
     ) -> None:
         self._pool = pool
+        self._metrics = metrics
         self._conn = HeldConnection(pool)
         self._q = queries(settings.schema)
         self._registry = registry
@@ -194,7 +201,10 @@ class Producer:
                 "handler ignored its cancellation: abandoned, its job handed back",
                 waited_s=ABANDON_AFTER,
             )
-            self._completer.submit(attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED))
+            result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
+            self._completer.submit(result)
+            if self._metrics is not None:
+                self._metrics.finished(attempt, result, time.monotonic())
             self._forget(attempt)
 
     # The claim service: one claim per step, as many jobs as there are free slots.
@@ -239,6 +249,8 @@ class Producer:
             self._wakeup.set()
             return
         self._saturated = len(records) == free
+        if self._metrics is not None:
+            self._metrics.claimed(records)
         for record in records:
             self._start(Attempt(record, self._steps))
 
@@ -320,6 +332,8 @@ class Producer:
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             self._completer.submit(result)
+            if self._metrics is not None:
+                self._metrics.finished(attempt, result, time.monotonic())
         finally:
             if span is not None:
                 span.end(result)

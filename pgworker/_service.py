@@ -59,10 +59,11 @@ def describe(exc: BaseException, limit: int = 2000) -> str:
 class Health:
     """A service's health as `Worker.health()` reports it."""
 
-    __slots__ = ("_last_success", "consecutive_failures", "last_error", "state")
+    __slots__ = ("_last_success", "connections_lost", "consecutive_failures", "last_error", "state")
 
     def __init__(self) -> None:
         self.state: State = "ok"
+        self.connections_lost = 0  # each means a new connection for the next step
         self._last_success: float | None = None
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -133,6 +134,8 @@ async def _recover(
     """Record the failure, log it by its kind, reset the service and wait out the backoff."""
     kind = classify(exc)
     health.failed(describe(exc))
+    if kind == "connection":
+        health.connections_lost += 1
     delay = backoff(health.consecutive_failures)
     fields = {
         "service": service.name,

@@ -3,7 +3,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-DISTRIBUTION = "pgworker"
+DISTRIBUTION = "pgworker-queue"
 """The distribution's name on the package index (the import package is always `pgworker`)."""
 
 try:

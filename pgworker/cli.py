@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -24,13 +25,13 @@ from typing import NoReturn, cast
 import anyio
 import asyncpg
 
+from . import _health_file, _render
 from . import _limits as limits
-from . import _render
 from ._db.connection import connect
 from ._db.migrations import check_schema
 from ._logs import LEVELS, LogFormat, configure_logging, get_logger
 from ._service import describe
-from ._version import __version__
+from ._version import DISTRIBUTION, __version__
 from .enqueue import enqueue
 from .errors import ConfigError, PgWorkerError, ValidationError
 from .models import DEFAULT_SCHEMA, PRIORITY_LABELS
@@ -47,10 +48,11 @@ from .operations import (
     status,
 )
 from .registry import Registry, load
-from .settings import Settings, dsn_from_env, duration, retention
+from .settings import Settings, default_worker_id, dsn_from_env, duration, retention
 from .worker import Worker
 
 LIVE_WITHIN = 60.0
+_BODY_LIMIT = 1024 * 1024
 
 
 class _Parser(argparse.ArgumentParser):
@@ -190,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
             "pgworker run app.handlers --log-format json --log-level warning",
             "PGWORKER_QUEUES=default,mail pgworker run app.handlers --no-listen",
             "pgworker run app.handlers --retain-completed 1d --retain-failed none",
+            "pgworker run app.handlers --metrics-port 9100 --metrics-host 0.0.0.0",
         ],
     )
     run.add_argument(
@@ -261,6 +264,23 @@ def _parser() -> argparse.ArgumentParser:
         type=_retention,
         help="delete failed and cancelled jobs this long after they finished; 0 or none keeps "
         "them forever (default: $PGWORKER_RETAIN_FAILED, else 30d)",
+    )
+    run.add_argument(
+        "--health-file",
+        metavar="PATH",
+        help="rewrite this file at each heartbeat with the services' health, for `pgworker "
+        "health` (default: $PGWORKER_HEALTH_FILE, else none)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=integer,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics, port 1 to 65535; needs the "
+        "metrics extra (default: $PGWORKER_METRICS_PORT, else no metrics)",
+    )
+    run.add_argument(
+        "--metrics-host",
+        help="the address the metrics server listens on, 0.0.0.0 in a container (default: "
+        "$PGWORKER_METRICS_HOST, else 127.0.0.1)",
     )
     run.add_argument(
         "--log-format",
@@ -366,6 +386,29 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print JSON instead of a table (default: a table)"
     )
     _failed_jobs_commands(sub, common)
+
+    health = _command(
+        sub,
+        "health",
+        [],
+        "exit 0 when a worker's health file says it is healthy",
+        "Read the file that `pgworker run --health-file PATH` rewrites at each heartbeat, and "
+        "exit 0 only when it was written less than the worker's lease ago and every service in "
+        "it is ok or retrying; else print one line saying why (no file, stale by N s, a service "
+        "stopped, unreadable JSON) and exit 1. Reads the file only, never the database: for "
+        "Docker's HEALTHCHECK and Kubernetes exec probes.",
+        [
+            "pgworker health --health-file /tmp/pgworker-health.json",
+            "PGWORKER_HEALTH_FILE=/tmp/pgworker-health.json pgworker health",
+        ],
+    )
+    health.add_argument(
+        "--health-file",
+        metavar="PATH",
+        help="the file a worker's `pgworker run --health-file` writes (default: "
+        "$PGWORKER_HEALTH_FILE; required if it is not set)",
+    )
+    _serve_command(sub, common)
     return p
 
 
@@ -513,6 +556,82 @@ def _failed_jobs_commands(sub: argparse._SubParsersAction[_Parser], common: _Par
     )
 
 
+def _serve_command(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    """serve: the HTTP API and the dashboard (the `web` extra)."""
+    srv = _command(
+        sub,
+        "serve",
+        [common],
+        "the HTTP API and the web dashboard",
+        "Serve the HTTP API (OpenAPI document at /openapi.json) and the dashboard at / until "
+        "SIGTERM or SIGINT. Every route but /healthz needs `Authorization: Bearer TOKEN`, "
+        "TOKEN one of --token or $PGWORKER_API_TOKEN; serve refuses to start without a token "
+        "unless --insecure-no-auth. It also takes part in the election of the maintenance "
+        "leader, which rescues expired leases and prunes finished jobs (--no-maintenance to opt "
+        "out). Needs the web extra: pip install 'pgworker-queue[web]'.",
+        [
+            "PGWORKER_API_TOKEN=s3cret pgworker serve",
+            "pgworker serve --host 0.0.0.0 --port 9000 --token s3cret --read-only",
+            "PGWORKER_API_TOKEN=old-token,new-token pgworker serve    # both accepted",
+        ],
+    )
+    srv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on; 0.0.0.0 for every interface, e.g. in a container "
+        "(default: 127.0.0.1)",
+    )
+    srv.add_argument(
+        "--port", type=integer, default=8080, help="the TCP port, 1 to 65535 (default: 8080)"
+    )
+    srv.add_argument(
+        "--token",
+        dest="tokens",
+        action="append",
+        metavar="TOKEN",
+        help="a bearer token clients must send; repeat for several. The tokens of "
+        "$PGWORKER_API_TOKEN (comma-separated: old,new while rotating) are accepted as well; "
+        "prefer the variable, a command line is visible to every user of the host "
+        "(default: $PGWORKER_API_TOKEN; required unless --insecure-no-auth)",
+    )
+    srv.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="accept requests without a token: only on a trusted network (default: off)",
+    )
+    srv.add_argument(
+        "--read-only",
+        action="store_true",
+        help="refuse every write (enqueue, claim, heartbeat, complete, fail, cancel, replay) "
+        "with 405 (default: off)",
+    )
+    srv.add_argument(
+        "--no-maintenance",
+        dest="maintenance",
+        action="store_false",
+        help="take no part in the maintenance election: leave rescue and pruning to "
+        "`pgworker run` (default: take part)",
+    )
+    srv.add_argument(
+        "--body-limit",
+        type=integer,
+        metavar="BYTES",
+        default=_BODY_LIMIT,
+        help=f"the largest request body accepted, in bytes; a larger one is refused with 413 "
+        f"(default: {_BODY_LIMIT} = 1 MB)",
+    )
+    srv.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help="json or console, on stderr (default: $PGWORKER_LOG_FORMAT, else console)",
+    )
+    srv.add_argument(
+        "--log-level",
+        choices=list(LEVELS),
+        help="the lowest level logged (default: $PGWORKER_LOG_LEVEL, else info)",
+    )
+
+
 def _dsn(args: argparse.Namespace) -> str:
     dsn = args.dsn or dsn_from_env()
     if not dsn:
@@ -532,6 +651,9 @@ _RUN_SETTINGS = (
     "schema",
     "retain_completed",
     "retain_failed",
+    "health_file",
+    "metrics_port",
+    "metrics_host",
 )
 """The options of `run` that are Settings fields of the same name (None: not given)."""
 
@@ -786,6 +908,89 @@ async def _prune(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _health(args: argparse.Namespace) -> int:
+    path = args.health_file or os.environ.get("PGWORKER_HEALTH_FILE")
+    if not path:
+        raise ValidationError(
+            "--health-file",
+            "give the file `pgworker run --health-file` writes, or set PGWORKER_HEALTH_FILE",
+        )
+    verdict = _health_file.judge(path)
+    if verdict.healthy:
+        print(f"pgworker health: ok: {verdict.reason}")
+        return 0
+    # 1, not 2: Docker's HEALTHCHECK reserves exit status 2.
+    print(f"pgworker health: unhealthy: {verdict.reason}", file=sys.stderr)
+    return 1
+
+
+_TOKEN = re.compile(r"[!-~]{1,1000}")
+"""A token: visible ASCII but the comma (it separates tokens in $PGWORKER_API_TOKEN)."""
+
+
+def _tokens(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every token of --token and $PGWORKER_API_TOKEN, each checked."""
+    given = [("--token", t) for t in args.tokens or ()]
+    env = os.environ.get("PGWORKER_API_TOKEN", "")
+    given += [("PGWORKER_API_TOKEN", t.strip()) for t in env.split(",") if t.strip()]
+    for field, token in given:
+        if not _TOKEN.fullmatch(token) or "," in token:
+            raise ConfigError(
+                field,
+                "a token is 1 to 1000 visible ASCII characters, without spaces or commas",
+            )
+    return tuple(dict.fromkeys(t for _, t in given))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    level = args.log_level or _from_env("PGWORKER_LOG_LEVEL", list(LEVELS), "info")
+    configure_logging(
+        cast(
+            LogFormat, args.log_format or _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")
+        ),
+        level,
+    )
+    limits.count("--port", args.port, minimum=1, maximum=65535)
+    limits.count("--body-limit", args.body_limit, minimum=1)
+    limits.name("--host", args.host, 253)
+    tokens = _tokens(args)
+    if not tokens and not args.insecure_no_auth:
+        raise ConfigError(
+            "--token",
+            "serve needs a token: set PGWORKER_API_TOKEN (or pass --token), or pass "
+            "--insecure-no-auth to accept requests without one",
+        )
+    try:
+        from ._web.app import WebConfig
+        from ._web.server import serve
+    except ImportError as exc:
+        missing = exc.name or "a dependency"
+        raise PgWorkerError(
+            f"serve needs the web extra ({missing} is missing): pip install '{DISTRIBUTION}[web]'"
+        ) from None
+    dsn, schema = _dsn(args), _schema(args)
+    conn = await connect(dsn)
+    try:
+        await check_schema(conn, schema)
+    finally:
+        await conn.close()
+    worker_id = f"serve-{default_worker_id()}"
+    if args.maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
+        Settings.from_env(dsn=dsn, schema=schema, worker_id=worker_id)
+    config = WebConfig(
+        dsn=dsn,
+        schema=schema,
+        tokens=tokens,
+        insecure_no_auth=args.insecure_no_auth,
+        read_only=args.read_only,
+        body_limit=args.body_limit,
+        maintenance=args.maintenance,
+        worker_id=worker_id,
+    )
+    await serve(config, args.host, args.port, log_level=level)
+    return 0
+
+
 COMMANDS = {
     "migrate": _migrate,
     "run": _run,
@@ -796,6 +1001,8 @@ COMMANDS = {
     "show": _show,
     "replay": _replay,
     "prune": _prune,
+    "health": _health,
+    "serve": _serve,
 }
 
 

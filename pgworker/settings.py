@@ -68,7 +68,13 @@ class Settings:
     Secrets: before an error text is stored or logged, the values of payload keys whose name
     contains one of `redact_keys` (case-insensitively), URL passwords, `key=value` pairs of those
     keys and bearer tokens are replaced by `[REDACTED]` (see _redact.py). The DSN's password is
-    never shown, in `repr` either."""
+    never shown, in `repr` either.
+
+    Health file: a path that the worker rewrites at each heartbeat with its services' health, for
+    `pgworker health` (a container's probe); None writes none.
+
+    Metrics: with `metrics_port`, the worker serves Prometheus metrics at
+    http://metrics_host:metrics_port/metrics (the `metrics` extra); None serves none."""
 
     dsn: str
     concurrency: int = 10
@@ -84,6 +90,9 @@ class Settings:
     retain_completed: float | None = 7 * 86400.0
     retain_failed: float | None = 30 * 86400.0
     redact_keys: tuple[str, ...] = DEFAULT_KEYS
+    health_file: str | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     @property
     def served_queues(self) -> tuple[str, ...]:
@@ -145,6 +154,22 @@ class Settings:
         for key in keys:
             limits.name("redact_keys", key, limits.MAX_QUEUE_LENGTH, error=ConfigError)
         object.__setattr__(self, "redact_keys", tuple(k.lower() for k in keys))
+        health_file: object = self.health_file
+        if isinstance(health_file, os.PathLike):
+            health_file = os.fspath(health_file)
+        health_file = limits.name(
+            "health_file", health_file, limits.MAX_PATH_LENGTH, required=False, error=ConfigError
+        )
+        object.__setattr__(self, "health_file", health_file)
+        if self.metrics_port is not None:
+            limits.count(
+                "metrics_port", self.metrics_port, minimum=1, maximum=65535, error=ConfigError
+            )
+        limits.name("metrics_host", self.metrics_host, 253, error=ConfigError)
+        if any(c.isspace() or not c.isprintable() for c in self.metrics_host):
+            raise ConfigError(
+                "metrics_host", f"must be a host name or an IP address, got {self.metrics_host!r}"
+            )
 
     def __repr__(self) -> str:
         """The settings, the DSN's password replaced."""
@@ -171,7 +196,7 @@ class Settings:
 
 def _parse(name: str, raw: str) -> Any:
     try:
-        if name == "concurrency":
+        if name in ("concurrency", "metrics_port"):
             return int(raw)
         if name in ("poll_interval", "shutdown_timeout", "lease"):
             return float(raw)

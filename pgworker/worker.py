@@ -11,13 +11,14 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import asyncpg
 
-from . import _executor
+from . import _executor, _health_file
 from ._completer import Completer
 from ._db.connection import (
     create_pool,
@@ -37,6 +38,9 @@ from .models import DEFAULT_QUEUE
 from .registry import Registry
 from .settings import Settings, dsn_from_env
 
+if TYPE_CHECKING:
+    from ._metrics import Metrics
+
 POOL_SIZE = 4
 LOCK_TIMEOUT = 5.0
 """The longest a worker's statement waits on a lock (shorter with a short lease): a row an
@@ -46,7 +50,7 @@ operator holds locked makes that service retry and say so in `health()`, not han
 class _Services:
     """What a started worker holds: the pool and its services."""
 
-    def __init__(self, worker: Worker, pool: asyncpg.Pool) -> None:
+    def __init__(self, worker: Worker, pool: asyncpg.Pool, metrics: Metrics | None) -> None:
         s = worker.settings
         self.pool = pool
         self.completer = Completer(
@@ -56,9 +60,13 @@ class _Services:
             on_requeued=lambda delay: self.producer.requeued(delay),
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
-        self.producer = Producer(pool, worker.registry, s, self.completer, worker._wakeup)
+        self.producer = Producer(
+            pool, worker.registry, s, self.completer, worker._wakeup, metrics=metrics
+        )
         self.heartbeat = Heartbeat(self.producer, s)
-        self.maintenance = Maintenance(pool, s, worker.registry, stopping=self.producer.done)
+        self.maintenance = Maintenance(
+            pool, s, worker.registry, stopping=self.producer.done, metrics=metrics
+        )
         self.notifier = (
             Notifier(
                 s.dsn, s.schema, s.served_queues, worker._wakeup, self.producer.cancel, s.worker_id
@@ -118,10 +126,15 @@ class Worker:
         self._healths: dict[str, Health] = {}
         self._context: contextlib.AbstractAsyncContextManager[Worker] | None = None
         self._running = False
+        self._health_file_failed = False
         self.abandoned = 0
         """Handlers abandoned at the last stop because they ignored their cancellation (their
         jobs were handed back; their tasks still run in this event loop)."""
         self._log = get_logger(worker_id=settings.worker_id)
+        if settings.metrics_port is not None:
+            from . import _metrics
+
+            _metrics.require()
 
     @property
     def worker_id(self) -> str:
@@ -145,6 +158,35 @@ class Worker:
         and `last_error` (text or None). Empty before the worker starts."""
         return {name: health.as_dict() for name, health in self._healths.items()}
 
+    def _write_health_file(self, *, strict: bool = False) -> None:
+        """Rewrite the health file (`Settings.health_file`), if any. A write that fails is logged
+        once, not raised: the file goes stale, and that is what the probe reports. `strict` (at
+        start-up): a path that cannot be written is a ConfigError."""
+        path = self.settings.health_file
+        if path is None:
+            return
+        content = _health_file.record(
+            self.worker_id, self.settings.lease, self.health(), self._stop_requested
+        )
+        try:
+            _health_file.write(path, content)
+        except Exception as exc:
+            if strict:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ConfigError("health_file", f"cannot write {path!r}: {reason}") from None
+            if not self._health_file_failed:
+                self._log.warning("could not write the health file", path=path, error=describe(exc))
+            self._health_file_failed = True
+        else:
+            self._health_file_failed = False
+
+    async def _write_health_file_often(self) -> None:
+        """Every third of the lease (the heartbeat's period), whatever the services' states: a
+        service that retries does not make the file stale, a frozen event loop does."""
+        while True:
+            self._write_health_file()
+            await anyio.sleep(self.settings.lease / 3)
+
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -164,6 +206,15 @@ class Worker:
         _executor.serving()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._ended)
+            self._healths = {}
+            self._write_health_file(strict=True)
+            metrics = None
+            if s.metrics_port is not None:
+                from ._metrics import Metrics
+
+                metrics = Metrics(s)
+                metrics.start()
+                stack.push_async_callback(_close_metrics, metrics)
             pool = await create_pool(
                 s.dsn,
                 size=POOL_SIZE,
@@ -171,7 +222,9 @@ class Worker:
                 lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
             )
             stack.push_async_callback(_close_pool, pool)
-            services = _Services(self, pool)
+            services = _Services(self, pool, metrics)
+            if metrics is not None:
+                self._watch(metrics, services)
             try:
                 await check_schema(pool, s.schema)
                 await check_privileges(pool, s.schema)
@@ -182,6 +235,20 @@ class Worker:
             except Exception as exc:
                 raise _start_error(s.schema, exc) from exc
             yield services
+
+    def _watch(self, metrics: Metrics, services: _Services) -> None:
+        """What the metrics read from the running services at each scrape."""
+        running = services.producer.running
+        notifier = services.notifier
+        metrics.busy = lambda: len(running)
+
+        def reconnects() -> int:
+            lost = sum(
+                h.connections_lost for n, h in list(self._healths.items()) if n != "notifier"
+            )
+            return lost + (notifier.reconnects if notifier is not None else 0)
+
+        metrics.reconnects = reconnects
 
     def _ended(self) -> None:
         """Ready to run again: a stop asked for belonged to the run that ended."""
@@ -203,6 +270,8 @@ class Worker:
         self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
         try:
             async with anyio.create_task_group() as tg:
+                if s.health_file is not None:
+                    tg.start_soon(self._write_health_file_often)
                 for svc in running:
                     tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
                 self._producer = producer
@@ -238,6 +307,7 @@ class Worker:
                         self._log.warning(
                             "could not unregister from the database", error=describe(exc)
                         )
+            self._write_health_file()
             self._log.info(
                 "worker stopped",
                 outcomes_written=completer.written,
@@ -282,6 +352,11 @@ async def _close_pool(pool: asyncpg.Pool) -> None:
             await pool.close()
         if waited.cancelled_caught:  # a connection stayed busy: stop waiting on it
             pool.terminate()
+
+
+async def _close_metrics(metrics: Metrics) -> None:
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(metrics.close)
 
 
 def _start_error(schema: str, exc: Exception) -> Exception:

@@ -18,6 +18,7 @@ import pgworker
 from pgworker import Job, RetryPolicy
 from pgworker._db import files
 from pgworker._db.queries import Queries
+from pgworker._version import DISTRIBUTION
 from pgworker.models import JOB_FIELDS
 from pgworker.retry import next_retry
 
@@ -72,6 +73,7 @@ PUBLIC_MODULES = {
     "registry",
     "retry",
     "settings",
+    "testing",
     "worker",
 }
 
@@ -100,7 +102,7 @@ def test_init_holds_no_logic():
 
 
 def test_version_comes_from_the_package_metadata():
-    assert pgworker.__version__ == importlib.metadata.version("pgworker")
+    assert pgworker.__version__ == importlib.metadata.version(DISTRIBUTION)
 
 
 @aio

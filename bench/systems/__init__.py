@@ -9,13 +9,14 @@ from __future__ import annotations
 from bench.systems.base import CONCURRENCY, Interval, System
 from bench.systems.floor import Floor
 from bench.systems.peers import ChancySystem, PgQueuer, PgQueuerDefaults, Procrastinate
-from bench.systems.pgworker import PgWorker, PgWorkerBase, PgWorkerDurable
+from bench.systems.pgworker import PgWorker, PgWorkerBase, PgWorkerDurable, PgWorkerMetrics
 
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
         PgWorker(),
         PgWorkerDurable(),
+        PgWorkerMetrics(),
         PgWorkerBase(),
         Procrastinate(),
         PgQueuer(),
@@ -26,6 +27,8 @@ SYSTEMS: dict[str, System] = {
 }
 PEERS = ("procrastinate", "pgqueuer", "chancy")
 LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS, "pgqueuer-defaults")
+OPTIONAL = ("pgworker-metrics",)
+"""Systems measured only when asked for (--systems)."""
 BASE = "pgworker-base"  # pgworker from --base-src, only when asked for
 GROWTH = "pgworker"  # the system W4 measures on a grown table
 
@@ -34,6 +37,7 @@ __all__ = [
     "CONCURRENCY",
     "GROWTH",
     "LIB_SYSTEMS",
+    "OPTIONAL",
     "PEERS",
     "SYSTEMS",
     "Interval",

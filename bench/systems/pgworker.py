@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import sys
 import time
 from typing import Any
@@ -302,6 +303,21 @@ class PgWorkerDurable(PgWorker):
     name = "pgworker-durable"
     title = "pgworker --durable-claims"
     extra_args = ("--durable-claims",)
+
+
+class PgWorkerMetrics(PgWorker):
+    """pgworker with `--metrics-port`: the same worker, counting every job for Prometheus (on a
+    free port of 127.0.0.1, never scraped during the drain). Beside `pgworker` in one run, the
+    ratio of their rates is what metrics cost the hot path."""
+
+    name = "pgworker-metrics"
+    title = "pgworker --metrics-port"
+
+    def worker_argv(self, dsn: str) -> list[str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return [*super().worker_argv(dsn), "--metrics-port", str(port)]
 
 
 class PgWorkerBase(PgWorker):

@@ -1,5 +1,5 @@
 """Tracing (README, Tracing): `pgworker run examples.recipes.tracing` serves the recipes' tasks
-with every attempt traced. Needs `pip install 'pgworker[otel]' opentelemetry-sdk`."""
+with every attempt traced. Needs `pip install 'pgworker-queue[otel]' opentelemetry-sdk`."""
 
 from __future__ import annotations
 

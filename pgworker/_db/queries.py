@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from .. import _limits as limits
 from ..models import AttemptResult
 from . import files
 from .connection import Conn, Executor, privilege_error, schema_errors, transaction
@@ -32,6 +33,11 @@ def attempt_conflict(exc: BaseException) -> int | None:
         return None
     found = _ATTEMPT_KEY.search(getattr(exc, "detail", None) or "")
     return int(found.group(1)) if found else None
+
+
+def _with_database(sql: str, database: str) -> str:
+    """`sql` with its `{database}` placeholder set to `database`, checked as a plain identifier."""
+    return sql.replace("{database}", f'"{limits.identifier("database", database)}"')
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -246,6 +252,11 @@ class Queries:
             worker_id,
         )
 
+    async def metrics_queues(self, conn: Executor, max_queues: int) -> list[Row]:
+        """Per queue (the first `max_queues` by name): `jobs` by `status`, and
+        `oldest_pending_seconds` (None when no pending job is due)."""
+        return await conn.fetch(self._sql["metrics_queues"], max_queues)
+
     async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)
 
@@ -327,6 +338,30 @@ class Queries:
     async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
+    # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
+
+    async def dashboard_jobs(
+        self,
+        conn: Executor,
+        *,
+        status: str | None,
+        type: str | None,
+        queue: str | None,
+        correlation_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of jobs, newest first (keyset on id), without payloads or results."""
+        return await self._rows(
+            conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
+        )
+
+    async def dashboard_workers(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_workers", limit)
+
+    async def dashboard_overdue(self, conn: Executor, limit: int) -> list[Row]:
+        return await self._rows(conn, "dashboard_overdue", limit)
+
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(
@@ -386,6 +421,71 @@ class Queries:
             rows = await conn.fetch(self._sql["jobs_prunable"], list(ages), list(ages.values()))
         return {r["status"]: r["jobs"] for r in rows}
 
+    # --- pgworker.testing (users' test suites) -----------------------------------------------
+
+    async def testing_jobs(
+        self,
+        conn: Executor,
+        *,
+        type_: str | None = None,
+        queue: str | None = None,
+        statuses: Sequence[str] | None = None,
+        payload: str | None = None,
+        payload_contains: str | None = None,
+        idempotency_key: str | None = None,
+        correlation_id: str | None = None,
+        priority: int | None = None,
+    ) -> list[Row]:
+        """The jobs matching every filter given (None: any), oldest first; payloads as JSON
+        text."""
+        with schema_errors(self.schema):
+            return await conn.fetch(
+                self._sql["testing_jobs"],
+                type_,
+                queue,
+                None if statuses is None else list(statuses),
+                payload,
+                payload_contains,
+                idempotency_key,
+                correlation_id,
+                priority,
+            )
+
+    async def testing_advance(self, conn: Executor, seconds: float) -> int:
+        """Move the pending jobs' schedule `seconds` earlier; how many moved."""
+        with schema_errors(self.schema):
+            moved: int = await conn.fetchval(self._sql["testing_advance"], seconds)
+        return moved
+
+    async def testing_next_due(
+        self,
+        conn: Executor,
+        queues: Sequence[str],
+        version_1_types: Sequence[str],
+        other_versions: Sequence[str],
+    ) -> float | None:
+        """Seconds until the next job a claim would take is due (<= 0: due), or None."""
+        with schema_errors(self.schema):
+            due: float | None = await conn.fetchval(
+                self._sql["testing_next_due"],
+                list(queues),
+                list(version_1_types),
+                list(other_versions),
+            )
+        return due
+
+    async def testing_reset(self, conn: Executor) -> None:
+        """Empty the schema's tables but the migrations."""
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["testing_reset"])
+
+    async def testing_database_create(self, conn: Conn, database: str) -> None:
+        """Create database `database`, a plain identifier (the only other name put in SQL)."""
+        await conn.execute(_with_database(self._sql["testing_database_create"], database))
+
+    async def testing_database_drop(self, conn: Conn, database: str) -> None:
+        await conn.execute(_with_database(self._sql["testing_database_drop"], database))
+
     # --- migrations ---------------------------------------------------------------------------
 
     async def migrations_lock(self, conn: Conn) -> None:
@@ -409,3 +509,67 @@ class Queries:
     async def migrations_latest(self, conn: Executor) -> int | None:
         latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
         return latest
+
+    # --- the HTTP API (pgworker serve) ---------------------------------------------------------
+
+    async def http_job_claim(
+        self,
+        conn: Executor,
+        worker_id: str,
+        *,
+        queues: Sequence[str] | None,
+        types: Sequence[str] | None,
+        versions: Mapping[str, Sequence[int]],
+        lease: float,
+        default_max_retries: int,
+    ) -> Row | None:
+        """Claim one due job for an HTTP worker, durably (see http_job_claim.sql); the whole
+        job, or None when nothing is due."""
+        keys = [f"{t}@{v}" for t, allowed in versions.items() for v in allowed]
+        with schema_errors(self.schema):
+            return await conn.fetchrow(
+                self._sql["http_job_claim"],
+                worker_id,
+                None if queues is None else list(queues),
+                None if types is None else list(types),
+                list(versions),
+                keys,
+                lease,
+                default_max_retries,
+            )
+
+    async def http_worker_seen(
+        self,
+        conn: Executor,
+        worker_id: str,
+        hostname: str,
+        queues: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+    ) -> None:
+        with schema_errors(self.schema):
+            await conn.execute(
+                self._sql["http_worker_seen"],
+                worker_id,
+                hostname,
+                None if queues is None else list(queues),
+                None if types is None else list(types),
+            )
+
+    async def http_jobs_list(
+        self,
+        conn: Executor,
+        *,
+        status: str | None,
+        type_: str | None,
+        queue: str | None,
+        correlation_id: str | None,
+        before: int | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of jobs, newest first, below the id `before`."""
+        return await self._rows(
+            conn, "http_jobs_list", status, type_, queue, correlation_id, before, limit
+        )
+
+    async def http_workers(self, conn: Executor) -> list[Row]:
+        return await self._rows(conn, "http_workers")

@@ -1,26 +1,460 @@
-"""The HTTP API (issue 14, item 3). Placeholder: owned by the API helper."""
+"""The HTTP API (issue 14, item 3): jobs enqueued, claimed and finished by workers in any
+language, and read by operators. Each route validates with pgworker's own validators, runs the
+statements of sql/queries through `Queries`, and answers with jobs keyed by their column names
+(JSON-safe: times in ISO 8601, payload and result as JSON).
+
+HTTP claims are durable (synchronous_commit on), so the attempt number alone, with the worker's
+id, fences a heartbeat, a completion or a failure: once another attempt holds the job (the lease
+expired and the job was rescued and claimed again), the old one's writes get 409."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any
 
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+
+from .. import _limits as limits
 from .._db.connection import create_pool
-from .._db.queries import queries
+from .._db.migrations import check_schema
+from .._db.queries import Row, queries
+from .._logs import get_logger
+from .._maintenance import Maintenance
+from .._redact import detail, redactor, summary
+from .._service import Health, supervise
+from ..enqueue import enqueue
+from ..errors import ValidationError
+from ..models import DEFAULT_MAX_RETRIES, AttemptResult, Job, JobStatus, Outcome
+from ..operations import cancel, job_milestones, job_steps, replay
+from ..retry import RetryPolicy, next_retry, why_final
+from ..settings import Settings
+from . import guard
+from .app import WebConfig
+from .schemas import (
+    ClaimBody,
+    CompleteBody,
+    EnqueueBody,
+    FailBody,
+    HeartbeatBody,
+    Problem,
+    ReplayBody,
+)
+
+HEALTH_TIMEOUT = 5.0
+POOL_SIZE = 10
+DEFAULT_LEASE = 30.0
+"""Seconds an HTTP claim (or heartbeat) holds its job when the request gives no lease."""
+PAGE_LIMIT = 1000
+"""The most jobs GET /jobs returns at once."""
+
+_log = get_logger()
+
+JobId = Annotated[int, Path(ge=1, le=limits.MAX_BIGINT, description="the job's id")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "no token, or a wrong one"},
+    405: {"model": Problem, "description": "a write to a --read-only server"},
+    413: {"model": Problem, "description": "the body is over the limit"},
+    422: {"model": Problem, "description": "bad input: `field` names it"},
+}
+_UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "no such job"}}
+_FENCED: dict[int | str, dict[str, Any]] = {
+    409: {"model": Problem, "description": "that attempt no longer holds the job"}
+}
 
 
 @contextlib.asynccontextmanager
-async def resources(app: Any, config: Any) -> AsyncIterator[None]:
-    """The pool and queries every route uses, for the server's lifetime."""
-    pool = await create_pool(config.dsn, size=4, application_name="pgworker:serve")
+async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
+    """The pool and queries every route uses, and the maintenance service (unless
+    --no-maintenance), for the server's lifetime."""
+    pool = await create_pool(config.dsn, size=POOL_SIZE, application_name="pgworker:serve")
     app.state.pool = pool
     app.state.queries = queries(config.schema)
+    maintenance: Maintenance | None = None
     try:
-        yield
+        async with anyio.create_task_group() as tg:
+            if config.maintenance:
+                settings = maintenance_settings(config)
+                maintenance = Maintenance(pool, settings)
+                log = get_logger(worker_id=settings.worker_id)
+                tg.start_soon(supervise, maintenance, Health(), log)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
     finally:
-        await pool.close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            if maintenance is not None:
+                with contextlib.suppress(Exception):
+                    await maintenance.resign()
+            await pool.close()
 
 
-def install(app: Any, config: Any) -> None:
-    """Add the API's routes to `app`."""
+def maintenance_settings(config: WebConfig) -> Settings:
+    """The settings maintenance runs under: PGWORKER_* (lease, retention) as for `run`."""
+    return Settings.from_env(
+        dsn=config.dsn, schema=config.schema, worker_id=config.worker_id or None
+    )
+
+
+def plain(value: Any) -> Any:
+    """A value as JSON can carry it: times in ISO 8601, durations in seconds."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def job_json(row: Row | Job, **extra: Any) -> dict[str, Any]:
+    """A job keyed by the `jobs` column names (models.JOB_FIELDS), JSON-safe."""
+    job = row if isinstance(row, Job) else Job.from_record(row)
+    found = {name: plain(getattr(job, name)) for name in job.__dataclass_fields__}
+    found.pop("steps", None)
+    found["status"] = job.status.value
+    return {**found, **extra}
+
+
+def _names(field: str, values: list[str] | None, max_length: int) -> list[str] | None:
+    if values is None:
+        return None
+    if not values:
+        raise ValidationError(field, "must list at least one name; leave it out for any")
+    return [str(limits.name(field, v, max_length)) for v in values]
+
+
+def _optional_name(field: str, value: str | None, max_length: int) -> str | None:
+    return limits.name(field, value, max_length, required=False)
+
+
+def _result_text(value: Any) -> str:
+    """A completion's result as jsonb text, or ValidationError naming `result`."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise ValidationError(
+            "result", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        ) from None
+    except ValueError as exc:
+        raise ValidationError("result", f"cannot be stored as JSON: {exc}") from None
+    problem = limits.json_problem(text, value)
+    if problem is not None:
+        raise ValidationError("result", problem)
+    return text
+
+
+def _error_parts(text: str, payload: Any) -> tuple[str, str, str | None]:
+    """An HTTP worker's error as stored: `Type: message` when it reads so (else the type is
+    `Error`), redacted as a handler's, and the whole text as the detail when it has more lines."""
+    clean = limits.clean_text(text)
+    first, _, rest = clean.partition("\n")
+    kind, sep, message = first.partition(": ")
+    if not sep or not kind.replace(".", "").replace("_", "").isalnum() or len(kind) > 200:
+        kind, message = "Error", first
+    keys = redactor()
+    stored = summary(keys.text(summary(message, 64 * 1024), payload))
+    full = detail(limits.clean_text(keys.text(clean[: 64 * 1024], payload))) if rest else None
+    return kind, stored, full
+
+
+def install(app: FastAPI, config: WebConfig) -> None:
+    """Add the API's routes, its middleware and its error handlers to `app`."""
+    guard.install(app, config)
+
+    @app.get("/healthz", tags=["health"], responses={503: {"model": Problem}})
+    async def healthz() -> JSONResponse:
+        """200 when the database answers and the schema is current, else 503. No token."""
+        try:
+            with anyio.fail_after(HEALTH_TIMEOUT):
+                await check_schema(app.state.pool, config.schema)
+        except Exception as exc:
+            return guard.problem(503, f"unhealthy: {type(exc).__name__}: {exc}")
+        return JSONResponse({"status": "ok"})
+
+    api = APIRouter(dependencies=[Depends(HTTPBearer(auto_error=False))], responses=_ERRORS)
+    q = queries(config.schema)
+
+    def pool() -> Any:
+        return app.state.pool
+
+    async def held(job_id: int, body: Any, request: Request) -> Row:
+        """The job, while the attempt `body` names (worker_id, attempt) holds it; else 404/409."""
+        worker_id = limits.name("worker_id", body.worker_id, limits.MAX_WORKER_ID_LENGTH)
+        limits.count("attempt", body.attempt, minimum=1)
+        row = await q.job_get(pool(), job_id)
+        if row is None:
+            raise _NotFound(job_id)
+        await q.http_worker_seen(pool(), worker_id, _host(request))
+        if (row["status"], row["attempts"], row["worker_id"]) != (
+            "running",
+            body.attempt,
+            worker_id,
+        ):
+            raise _Fenced(job_id, body.attempt, row)
+        return row
+
+    @api.post(
+        "/jobs",
+        status_code=201,
+        tags=["jobs"],
+        responses={
+            200: {"description": "the existing job of that idempotency key"},
+            409: {"model": Problem},
+        },
+    )
+    async def create_job(body: EnqueueBody, response: Response) -> dict[str, Any]:
+        """Enqueue a job: 201 with it, 200 with the existing one when its idempotency key holds
+        the same type and payload, 409 when it holds another."""
+        if body.run_at is not None and body.delay is not None:
+            raise ValidationError("run_at", "give run_at or delay, not both")
+        result = await enqueue(
+            pool(),
+            body.type,
+            body.payload,
+            queue=body.queue,
+            priority=body.priority,
+            max_retries=body.max_retries,
+            idempotency_key=body.idempotency_key,
+            correlation_id=body.correlation_id,
+            run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
+            delay=body.delay,
+            version=body.version,
+            schema=config.schema,
+        )
+        response.status_code = 201 if result.created else 200
+        return job_json(result.job)
+
+    @api.post(
+        "/jobs/claim",
+        tags=["workers"],
+        responses={204: {"description": "nothing is due"}},
+    )
+    async def claim(body: ClaimBody, request: Request) -> Response:
+        """Claim the next due job: 200 with it and its `attempt`, 204 when nothing is due."""
+        worker_id = str(limits.name("worker_id", body.worker_id, limits.MAX_WORKER_ID_LENGTH))
+        types = _names("types", body.types, limits.MAX_TYPE_LENGTH)
+        queues = _names("queues", body.queues, limits.MAX_QUEUE_LENGTH)
+        lease = limits.seconds(
+            "lease",
+            DEFAULT_LEASE if body.lease is None else body.lease,
+            maximum=limits.MAX_LEASE,
+            zero=False,
+        )
+        versions: dict[str, list[int]] = {}
+        for type_, allowed in (body.versions or {}).items():
+            limits.name("versions", type_, limits.MAX_TYPE_LENGTH)
+            if not allowed:
+                raise ValidationError("versions", f"lists no version of {type_!r}")
+            versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
+        await q.http_worker_seen(pool(), worker_id, _host(request), queues, types)
+        row = await q.http_job_claim(
+            pool(),
+            worker_id,
+            queues=queues,
+            types=types,
+            versions=versions,
+            lease=lease,
+            default_max_retries=DEFAULT_MAX_RETRIES,
+        )
+        if row is None:
+            return Response(status_code=204)
+        return JSONResponse(job_json(row, attempt=row["attempts"]))
+
+    @api.post("/jobs/{id}/heartbeat", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
+    async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> dict[str, Any]:
+        """Extend the attempt's lease (by `lease` seconds, default 30): 200 with the job and
+        `cancel_requested` (an operator asked to stop it), 409 when the attempt no longer holds
+        the job."""
+        lease = limits.seconds(
+            "lease",
+            DEFAULT_LEASE if body.lease is None else body.lease,
+            maximum=limits.MAX_LEASE,
+            zero=False,
+        )
+        row = await held(id, body, request)
+        still = await q.worker_heartbeat(pool(), [(id, body.attempt, row["claimed_at"])], lease)
+        if (id, body.attempt) not in still:
+            raise _Fenced(id, body.attempt, await q.job_get(pool(), id))
+        return job_json(await _job(id), cancel_requested=still[(id, body.attempt)])
+
+    @api.post("/jobs/{id}/complete", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
+    async def complete(id: JobId, body: CompleteBody, request: Request) -> dict[str, Any]:
+        """The attempt succeeded: 200 with the job, completed (cancelled when an operator asked
+        to cancel it meanwhile)."""
+        text = _result_text(body.result) if "result" in body.model_fields_set else None
+        row = await held(id, body, request)
+        done = AttemptResult(
+            id, body.attempt, row["claimed_at"], JobStatus.COMPLETED, Outcome.COMPLETED, text
+        )
+        return await _finish(done)
+
+    @api.post("/jobs/{id}/fail", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
+    async def fail(id: JobId, body: FailBody, request: Request) -> dict[str, Any]:
+        """The attempt failed: 200 with the job, pending again with `retry_count + 1` while its
+        retries remain (after RetryPolicy()'s backoff, or `retry_after` seconds), else failed;
+        failed at once when `permanent`."""
+        after = (
+            None if body.retry_after is None else limits.seconds("retry_after", body.retry_after)
+        )
+        row = await held(id, body, request)
+        job = Job.from_record(row)
+        kind, message, full = _error_parts(body.error, job.payload)
+        policy = RetryPolicy()
+        delay = None
+        if not body.permanent:
+            delay = next_retry(policy, job.retry_count, job.max_retries, after)
+        if delay is None and not body.permanent:
+            why = why_final(policy, job.retry_count, job.max_retries)
+            message = message[: 500 - len(why)] + why
+        ends = (
+            (JobStatus.FAILED, Outcome.FAILED, 0.0, 0)
+            if delay is None
+            else (JobStatus.PENDING, Outcome.RETRIED, delay, 1)
+        )
+        status, outcome, wait, retried = ends
+        written = AttemptResult(
+            id,
+            body.attempt,
+            row["claimed_at"],
+            status,
+            outcome,
+            error_type=kind,
+            error_message=message,
+            delay=wait,
+            retried=retried,
+            error_detail=full,
+        )
+        return await _finish(written)
+
+    async def _finish(result: AttemptResult) -> dict[str, Any]:
+        written = await q.job_finish_many(pool(), [result])
+        if result.job_id not in written:
+            raise _Fenced(result.job_id, result.attempt, await q.job_get(pool(), result.job_id))
+        return job_json(await _job(result.job_id))
+
+    async def _job(job_id: int) -> Row:
+        row = await q.job_get(pool(), job_id)
+        if row is None:
+            raise _NotFound(job_id)
+        return row
+
+    @api.get("/jobs/{id}", tags=["jobs"], responses=_UNKNOWN)
+    async def get_job(id: JobId) -> dict[str, Any]:
+        """The job, with its `attempt_history`, `milestones` and `steps`."""
+        row = await _job(id)
+        attempts = [dict(r) for r in await q.job_attempts_of(pool(), id)]
+        return job_json(
+            row,
+            attempt_history=plain(attempts),
+            milestones=plain(await job_milestones(pool(), id, schema=config.schema)),
+            steps=plain(await job_steps(pool(), id, schema=config.schema)),
+        )
+
+    @api.get("/jobs", tags=["jobs"])
+    async def list_jobs(
+        status: Annotated[JobStatus | None, Query()] = None,
+        type: Annotated[str | None, Query()] = None,
+        queue: Annotated[str | None, Query()] = None,
+        correlation_id: Annotated[str | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 100,
+        before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
+    ) -> dict[str, Any]:
+        """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
+        the last one)."""
+        rows = await q.http_jobs_list(
+            pool(),
+            status=None if status is None else status.value,
+            type_=_optional_name("type", type, limits.MAX_TYPE_LENGTH),
+            queue=_optional_name("queue", queue, limits.MAX_QUEUE_LENGTH),
+            correlation_id=_optional_name(
+                "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH
+            ),
+            before=before,
+            limit=limit,
+        )
+        jobs = [job_json(r) for r in rows]
+        return {"jobs": jobs, "next_before": jobs[-1]["id"] if len(jobs) == limit else None}
+
+    @api.post("/jobs/{id}/cancel", tags=["jobs"], responses=_UNKNOWN)
+    async def cancel_job(id: JobId) -> dict[str, Any]:
+        """Cancel a pending job, or ask the worker of a running one to stop it (its heartbeat
+        says `cancel_requested`); a finished job is left as it is. 200 with the job and `cancel`:
+        cancelled, cancelling or already <status>."""
+        await _job(id)
+        outcome = await cancel(pool(), id, schema=config.schema)
+        return job_json(await _job(id), cancel=outcome.value)
+
+    @api.post("/jobs/{id}/replay", tags=["jobs"], responses={**_UNKNOWN, 409: {"model": Problem}})
+    async def replay_job(id: JobId, body: ReplayBody | None = None) -> Any:
+        """Run a failed or cancelled job again: pending now, its retries afresh; 409 for a job
+        in another status."""
+        row = await _job(id)
+        body = body or ReplayBody.model_validate({})
+        done = await replay(
+            pool(), [id], by=body.by or "api", reason=body.reason, schema=config.schema
+        )
+        if done.skipped:
+            return guard.problem(
+                409,
+                f"job {id} is {row['status']}: only failed or cancelled jobs are replayed",
+            )
+        return job_json(await _job(id))
+
+    @api.get("/queues", tags=["operators"])
+    async def list_queues() -> dict[str, Any]:
+        """Per queue: the jobs by status, and the age in seconds of the oldest due pending job
+        (null when none is due)."""
+        found: dict[str, dict[str, Any]] = {}
+        for r in await q.status_counts(pool()):
+            entry = found.setdefault(r["queue"], _queue_entry(r["queue"]))
+            entry["counts"][r["status"]] = r["jobs"]
+        for r in await q.status_oldest_pending(pool()):
+            found.setdefault(r["queue"], _queue_entry(r["queue"]))["oldest_pending_s"] = r["age"]
+        return {"queues": [found[name] for name in sorted(found)]}
+
+    @api.get("/workers", tags=["operators"])
+    async def list_workers() -> dict[str, Any]:
+        """The workers known (Python and HTTP ones), with the ids of the jobs each runs."""
+        return {"workers": [plain(dict(r)) for r in await q.http_workers(pool())]}
+
+    app.include_router(api)
+
+    @app.exception_handler(_NotFound)
+    async def not_found(request: Request, exc: _NotFound) -> JSONResponse:
+        return guard.problem(404, str(exc))
+
+    @app.exception_handler(_Fenced)
+    async def fenced(request: Request, exc: _Fenced) -> JSONResponse:
+        return guard.problem(409, str(exc))
+
+
+def _queue_entry(name: str) -> dict[str, Any]:
+    return {"queue": name, "counts": {s.value: 0 for s in JobStatus}, "oldest_pending_s": None}
+
+
+def _host(request: Request) -> str:
+    return f"http:{request.client.host}" if request.client else "http"
+
+
+class _NotFound(Exception):
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"there is no job {job_id}")
+
+
+class _Fenced(Exception):
+    def __init__(self, job_id: int, attempt: int, row: Row | None) -> None:
+        now = "gone" if row is None else f"{row['status']}, at attempt {row['attempts']}"
+        super().__init__(
+            f"attempt {attempt} no longer holds job {job_id} (it is {now}); drop this attempt's "
+            "work"
+        )

@@ -7,6 +7,7 @@ the same application with Jinja2 templates. Both share one asyncpg pool, opened 
 from __future__ import annotations
 
 import contextlib
+import hmac
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,21 @@ class WebConfig:
     maintenance: bool = True
     worker_id: str = ""
     """The id this server leads maintenance under."""
+
+
+def token_ok(config: WebConfig, token: str | None) -> bool:
+    """Whether `token` is one of the configured tokens (always true with `insecure_no_auth`).
+    Compared in constant time against every token, so that neither the match nor its position
+    shows in the time taken."""
+    if config.insecure_no_auth:
+        return True
+    if not token:
+        return False
+    given = token.encode("utf-8", "surrogatepass")
+    found = False
+    for known in config.tokens:
+        found |= hmac.compare_digest(given, known.encode("utf-8", "surrogatepass"))
+    return found
 
 
 def create_app(config: WebConfig) -> FastAPI:

@@ -1,9 +1,605 @@
-"""The web dashboard (issue 14, item 4). Placeholder: owned by the dashboard helper."""
+"""The web dashboard (issue 14, item 4): server-rendered pages at / of `pgworker serve`.
+
+Jinja2 templates (autoescaped: a payload, type or error holding markup is shown as text) and plain
+HTML forms; no script, no build step. The pages read the database through `operations` and the
+`dashboard_*` queries (which read the views of migration 7); the buttons call `operations.replay`
+and `operations.cancel`.
+
+A browser logs in once with an API token (checked like a bearer token, in constant time) and gets
+an HttpOnly, SameSite=Strict session cookie signed by this server (dashboard_session.py). Every
+POST carries the CSRF token of its session, and a POST whose Origin is another site's is refused
+as well. `--read-only` hides the buttons and refuses their POSTs (405); `--insecure-no-auth`
+opens the pages without a login (the CSRF token is still checked). The pages live under /ui
+(the API owns /jobs, /queues, /workers); / is the queues page. They are not in the OpenAPI
+document."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import asyncpg
+import jinja2
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from .. import _limits as limits
+from .._db.queries import queries
+from ..errors import DatabaseUnavailable, PgWorkerError, SchemaError, ValidationError
+from ..models import JobStatus
+from ..operations import CancelResult, cancel, list_failed, replay, show_job, status
+from ..settings import Settings
+from . import dashboard_words as words
+from .app import token_ok
+from .dashboard_session import (
+    FLASH_COOKIE,
+    FLASH_LIFETIME,
+    SESSION_COOKIE,
+    SESSION_LIFETIME,
+    Session,
+    Signer,
+)
+
+PREFIX = "/ui"
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+SHOWN_WORKERS = 500
+SHOWN_OVERDUE = 100
+SHOWN_FAILURES = 20
+SHOWN_HISTORY = 200
+"""The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
+that snoozed for weeks may have thousands of attempts."""
+LIVE_WITHIN = 60.0
+"""A worker seen within this many seconds is live."""
+ACTOR = "dashboard"
+"""Who replays, as recorded in job_events."""
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+Handler = Callable[[Request], Awaitable[Response]]
 
 
-def install(app: Any, config: Any) -> None:
-    """Add the dashboard's routes to `app`."""
+class _Refused(Exception):
+    """A request the dashboard answers with an error page."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.title, self.message = status, title, message
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pgworker._web", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals.update(
+        state=words.state,
+        status_words=words.STATUS_WORDS,
+        outcome_words=words.OUTCOME_WORDS,
+        moment=words.moment,
+        ago=words.ago,
+        span=words.span,
+        pretty=words.pretty,
+        prefix=PREFIX,
+    )
+    return env
+
+
+def install(app: FastAPI, config: Any) -> None:
+    """Add the dashboard's pages to `app`: / and /ui/..., with their static files."""
+    dashboard = _Dashboard(app, config)
+    app.mount(
+        f"{PREFIX}/static",
+        StaticFiles(packages=[("pgworker._web", "static")]),
+        name="dashboard-static",
+    )
+    routes: list[tuple[str, Handler, list[str]]] = [
+        ("/", dashboard.queues, ["GET"]),
+        (f"{PREFIX}/login", dashboard.login_form, ["GET"]),
+        (f"{PREFIX}/login", dashboard.login, ["POST"]),
+        (f"{PREFIX}/logout", dashboard.logout, ["POST"]),
+        (f"{PREFIX}/jobs", dashboard.jobs, ["GET"]),
+        (f"{PREFIX}/jobs/{{job_id}}", dashboard.job, ["GET"]),
+        (f"{PREFIX}/jobs/{{job_id}}/replay", dashboard.replay, ["POST"]),
+        (f"{PREFIX}/jobs/{{job_id}}/cancel", dashboard.cancel, ["POST"]),
+        (f"{PREFIX}/workers", dashboard.workers, ["GET"]),
+    ]
+    for path, handler, methods in routes:
+        app.router.add_route(path, dashboard.guarded(handler), methods=methods)
+
+
+class _Dashboard:
+    """The pages and buttons of one server: its signing secret, templates and redaction keys."""
+
+    def __init__(self, app: FastAPI, config: Any) -> None:
+        self.app = app
+        self.config = config
+        self.q = queries(config.schema)
+        self.signer = Signer()
+        self.templates = _environment()
+        self.redact_keys = Settings.from_env(dsn=config.dsn).redact_keys
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def guarded(self, handler: Handler) -> Handler:
+        """`handler` with the security headers on every answer, and refusals and an unreachable
+        database shown as pages rather than tracebacks."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                response = await handler(request)
+            except _Refused as refused:
+                response = self.page(
+                    request,
+                    "error.html",
+                    {"title": refused.title, "message": refused.message},
+                    status=refused.status,
+                )
+            except (DatabaseUnavailable, OSError, asyncpg.PostgresError, TimeoutError):
+                response = self.page(
+                    request,
+                    "error.html",
+                    {
+                        "title": "Database unavailable",
+                        "message": "The database did not answer. Try again in a moment.",
+                    },
+                    status=503,
+                )
+            except SchemaError as exc:
+                response = self.page(
+                    request,
+                    "error.html",
+                    {"title": "Database not ready", "message": str(exc)},
+                    status=503,
+                )
+            response.headers.update(SECURITY_HEADERS)
+            return response
+
+        return endpoint
+
+    @property
+    def pool(self) -> Any:
+        """The server's pool, opened by the lifespan (api.resources)."""
+        return self.app.state.pool
+
+    def session(self, request: Request) -> Session | None:
+        return self.signer.session(request.cookies.get(SESSION_COOKIE))
+
+    def page(
+        self,
+        request: Request,
+        template: str,
+        context: Mapping[str, Any],
+        *,
+        status: int = 200,
+        session: Session | None = None,
+    ) -> HTMLResponse:
+        session = session or self.session(request)
+        flash = None
+        if session is not None:
+            flash = self.signer.read_flash(session, request.cookies.get(FLASH_COOKIE))
+        html = self.templates.get_template(template).render(
+            {
+                "csrf": self.signer.csrf(session) if session else "",
+                "read_only": self.config.read_only,
+                "logged_in": bool(session and session.authenticated),
+                "auth": not self.config.insecure_no_auth,
+                "flash": flash,
+                "path": request.url.path,
+                "title": "",
+                **context,
+            }
+        )
+        response = HTMLResponse(html, status_code=status)
+        if flash is not None:
+            response.delete_cookie(FLASH_COOKIE, path="/")
+        return response
+
+    def _give_session(self, request: Request, response: Response, cookie: str) -> None:
+        response.set_cookie(
+            SESSION_COOKIE,
+            cookie,
+            max_age=SESSION_LIFETIME,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def _same_origin(self, request: Request) -> bool:
+        """Whether a POST comes from this server's own pages, as far as the browser says:
+        browsers send Origin (and Sec-Fetch-Site) with every cross-origin POST. Behind a reverse
+        proxy the browser's host is the proxy's, which passes it on as Host or X-Forwarded-Host
+        (headers a page of another origin cannot make a browser send)."""
+        if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+            return False
+        origin = request.headers.get("origin")
+        if origin is None:
+            return True
+        hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")}
+        return urlsplit(origin).netloc in hosts - {None, ""}
+
+    async def checked_form(self, request: Request) -> tuple[Session | None, Mapping[str, Any]]:
+        """The session and form of a POST whose origin and CSRF token are right; else 403."""
+        form = await request.form()
+        session = self.session(request)
+        if not self._same_origin(request) or not self.signer.csrf_ok(session, form.get("csrf")):
+            raise _Refused(
+                403,
+                "Request refused",
+                "This form has expired or did not come from this dashboard. Reload the page and "
+                "try again.",
+            )
+        return session, form
+
+    def _redirect(self, url: str) -> RedirectResponse:
+        return RedirectResponse(url, status_code=303)
+
+    def _to_login(self, request: Request) -> RedirectResponse:
+        return self._redirect(f"{PREFIX}/login?{urlencode({'next': _local(request)})}")
+
+    async def _with_session(
+        self, request: Request, render: Callable[[Session], Awaitable[Response]]
+    ) -> Response:
+        """A page that needs a login: rendered for a logged-in session, else a redirect to the
+        login form. With --insecure-no-auth, a browser without a session is given one (its
+        forms need a CSRF token all the same)."""
+        session = self.session(request)
+        if session is not None and (session.authenticated or self.config.insecure_no_auth):
+            return await render(session)
+        if not self.config.insecure_no_auth:
+            return self._to_login(request)
+        session, cookie = self.signer.new_session(authenticated=False)
+        response = await render(session)
+        self._give_session(request, response, cookie)
+        return response
+
+    # --- pages -----------------------------------------------------------------------------------
+
+    async def queues(self, request: Request) -> Response:
+        async def render(session: Session) -> Response:
+            found = await status(self.pool, schema=self.config.schema, live_within=LIVE_WITHIN)
+            oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
+            queues: dict[str, dict[str, int]] = {}
+            for r in found["counts"]:
+                queues.setdefault(r["queue"], dict.fromkeys(words.STATUS_WORDS, 0))[r["status"]] = (
+                    r["jobs"]
+                )
+            failures = await list_failed(self.pool, limit=SHOWN_FAILURES, schema=self.config.schema)
+            overdue = await self.q.dashboard_overdue(self.pool, SHOWN_OVERDUE)
+            return self.page(
+                request,
+                "queues.html",
+                {
+                    "title": "Queues",
+                    "queues": sorted(queues.items()),
+                    "oldest": oldest,
+                    "totals": {s: sum(c[s] for c in queues.values()) for s in words.STATUS_WORDS},
+                    "workers": found["workers"],
+                    "unserved": found["unserved"],
+                    "failures": failures,
+                    "overdue": overdue,
+                },
+                session=session,
+            )
+
+        return await self._with_session(request, render)
+
+    async def jobs(self, request: Request) -> Response:
+        async def render(session: Session) -> Response:
+            filters = _filters(request.query_params)
+            limit = _whole(request.query_params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE) or PAGE_SIZE
+            before = _whole(request.query_params, "before", None, 1, limits.MAX_BIGINT)
+            rows = await self.q.dashboard_jobs(self.pool, **filters, before=before, limit=limit + 1)
+            more = len(rows) > limit
+            rows = rows[:limit]
+            now = datetime.now(UTC)
+            shown = [{**r, "state": words.state(r, now)} for r in map(dict, rows)]
+            kept = {k: v for k, v in filters.items() if v is not None}
+            if limit != PAGE_SIZE:
+                kept["limit"] = str(limit)
+            older = None
+            if more and rows:
+                older = f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
+            return self.page(
+                request,
+                "jobs.html",
+                {
+                    "title": "Jobs",
+                    "jobs": shown,
+                    "filters": filters,
+                    "statuses": [s.value for s in JobStatus],
+                    "older": older,
+                    "newest": f"{PREFIX}/jobs?{urlencode(kept)}" if before else None,
+                    "now": now,
+                },
+                session=session,
+            )
+
+        return await self._with_session(request, render)
+
+    async def job(self, request: Request) -> Response:
+
+        async def render(session: Session) -> Response:
+            job_id = _job_id(request.path_params["job_id"])
+            try:
+                found = await show_job(
+                    self.pool, job_id, redact_keys=self.redact_keys, schema=self.config.schema
+                )
+            except PgWorkerError as exc:  # a payload written around pgworker's checks
+                raise _Refused(500, "This job cannot be shown", str(exc)) from None
+            if found is None:
+                raise _NotFound(job_id)
+            job = found["job"]
+            row = {
+                "status": job.status.value,
+                "error": job.error,
+                "run_at": job.run_at,
+                "milestone": words.milestone_of(job.progress),
+            }
+            return self.page(
+                request,
+                "job.html",
+                {
+                    "title": f"Job {job.id}",
+                    "job": job,
+                    "state": words.state(row),
+                    "payload": found["payload"],
+                    "milestones": _latest(found["milestones"]),
+                    "steps": _latest(found["steps"]),
+                    "timeline": _latest(_timeline(found["attempts"], found["events"])),
+                    "replayable": job.status.value in ("failed", "cancelled"),
+                    "cancellable": job.status.value in ("pending", "running"),
+                    "refresh": job.status.value in ("pending", "running"),
+                    "now": datetime.now(UTC),
+                },
+                session=session,
+            )
+
+        return await self._with_session(request, render)
+
+    async def workers(self, request: Request) -> Response:
+
+        async def render(session: Session) -> Response:
+            rows = await self.q.dashboard_workers(self.pool, SHOWN_WORKERS)
+            overdue = await self.q.dashboard_overdue(self.pool, SHOWN_OVERDUE)
+            return self.page(
+                request,
+                "workers.html",
+                {
+                    "title": "Workers",
+                    "workers": rows,
+                    "overdue": overdue,
+                    "live_within": LIVE_WITHIN,
+                    "now": datetime.now(UTC),
+                },
+                session=session,
+            )
+
+        return await self._with_session(request, render)
+
+    # --- login -----------------------------------------------------------------------------------
+
+    async def login_form(self, request: Request) -> Response:
+        if self.config.insecure_no_auth:
+            return self._redirect("/")
+        next_page = _safe_next(request.query_params.get("next"))
+        session = self.session(request)
+        if session is not None and session.authenticated:
+            return self._redirect(next_page)
+        session, cookie = self.signer.new_session(authenticated=False)
+        page = self.page(
+            request,
+            "login.html",
+            {"title": "Log in", "next": next_page, "failed": False},
+            session=session,
+        )
+        self._give_session(request, page, cookie)
+        return page
+
+    async def login(self, request: Request) -> Response:
+        """The token typed once: a new, logged-in session (never the id the browser had)."""
+        if self.config.insecure_no_auth:
+            return self._redirect("/")
+        session, form = await self.checked_form(request)
+        token = form.get("token")
+        next_page = _safe_next(form.get("next"))
+        if not isinstance(token, str) or not token_ok(self.config, token.strip()):
+            return self.page(
+                request,
+                "login.html",
+                {"title": "Log in", "next": next_page, "failed": True},
+                status=401,
+                session=session,
+            )
+        response = self._redirect(next_page)
+        _, cookie = self.signer.new_session(authenticated=True)
+        self._give_session(request, response, cookie)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        await self.checked_form(request)
+        response = self._redirect(f"{PREFIX}/login" if not self.config.insecure_no_auth else "/")
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    # --- buttons ---------------------------------------------------------------------------------
+
+    async def _button(
+        self, request: Request, act: Callable[[int], Awaitable[tuple[str, str]]]
+    ) -> Response:
+        """A button's POST: refused in read-only mode (405), without a login (to the login
+        form), or without the right CSRF token (403); else `act`, then back to the job's page,
+        which shows what `act` says happened."""
+        if self.config.read_only:
+            raise _Refused(
+                405,
+                "Read-only dashboard",
+                "This server runs with --read-only: jobs cannot be changed from here.",
+            )
+        session, _ = await self.checked_form(request)
+        if session is None or not (session.authenticated or self.config.insecure_no_auth):
+            return self._redirect(f"{PREFIX}/login")
+        job_id = _job_id(request.path_params["job_id"])
+        kind, text = await act(job_id)
+        response = self._redirect(f"{PREFIX}/jobs/{job_id}")
+        response.set_cookie(
+            FLASH_COOKIE,
+            self.signer.flash(session, kind, text),
+            max_age=FLASH_LIFETIME,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def replay(self, request: Request) -> Response:
+        async def act(job_id: int) -> tuple[str, str]:
+            try:
+                done = await replay(self.pool, [job_id], by=ACTOR, schema=self.config.schema)
+            except ValidationError:
+                raise _NotFound(job_id) from None
+            if job_id in done.replayed:
+                return "ok", f"Job {job_id} was put back in its queue: it waits for a worker."
+            now = words.STATUS_WORDS.get(done.skipped.get(job_id, ""), "changed")
+            return (
+                "warn",
+                f"Job {job_id} was not replayed: it is {now}. Only a job that needs attention "
+                "or was cancelled can be replayed.",
+            )
+
+        return await self._button(request, act)
+
+    async def cancel(self, request: Request) -> Response:
+        async def act(job_id: int) -> tuple[str, str]:
+            try:
+                outcome = await cancel(self.pool, job_id, schema=self.config.schema)
+            except ValidationError:
+                raise _NotFound(job_id) from None
+            if outcome is CancelResult.CANCELLED:
+                return "ok", f"Job {job_id} was cancelled before it ran."
+            if outcome is CancelResult.CANCELLING:
+                return (
+                    "warn",
+                    f"Cancel requested: job {job_id} is running, and its worker stops it at its "
+                    "next check. This page shows when it has stopped.",
+                )
+            previous = str(outcome).removeprefix("already ")
+            return (
+                "warn",
+                f"Job {job_id} was not cancelled: it is already "
+                f"{words.STATUS_WORDS.get(previous, previous)}.",
+            )
+
+        return await self._button(request, act)
+
+
+class _NotFound(_Refused):
+    def __init__(self, job_id: object) -> None:
+        super().__init__(404, "No such job", f"There is no job {job_id}.")
+
+
+def _timeline(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's attempts and what people did to it (replays), in the order they happened."""
+    items = [{**a, "kind": "attempt", "at": a["started_at"]} for a in attempts]
+    items += [{**e, "event": e["kind"], "kind": "event"} for e in events]
+    return sorted(items, key=lambda i: i["at"])
+
+
+class Latest(list[Any]):
+    """The last SHOWN_HISTORY items of a list, and how many earlier ones are left out."""
+
+    def __init__(self, items: list[Any], left_out: int) -> None:
+        super().__init__(items)
+        self.left_out = left_out
+
+
+def _latest(items: list[Any]) -> Latest:
+    return Latest(items[-SHOWN_HISTORY:], max(len(items) - SHOWN_HISTORY, 0))
+
+
+def _query(request: Request) -> str:
+    return f"?{request.url.query}" if request.url.query else ""
+
+
+def _local(request: Request) -> str:
+    return str(request.url.path) + _query(request)
+
+
+def _safe_next(value: object) -> str:
+    """Where to go after logging in: a path of this server only (never `//host` or a URL)."""
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or value.startswith("//")
+        or "\\" in value
+        or len(value) > 2000
+        or any(ord(c) < 32 for c in value)
+    ):
+        return "/"
+    return value
+
+
+def _job_id(value: object) -> int:
+    try:
+        job_id = int(str(value))
+    except ValueError:
+        raise _NotFound(value) from None
+    if not 1 <= job_id <= limits.MAX_BIGINT or str(job_id) != str(value):
+        raise _NotFound(value)
+    return job_id
+
+
+def _whole(
+    params: Mapping[str, str], field: str, default: int | None, low: int, high: int
+) -> int | None:
+    text = params.get(field, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise _Refused(
+            400, "Bad filter", f"{field}: must be a whole number from {low} to {high}, got {text!r}"
+        )
+    return int(text)
+
+
+def _filters(params: Mapping[str, str]) -> dict[str, str | None]:
+    """The list's filters from the query string, each checked (a field named when wrong)."""
+    found: dict[str, str | None] = {}
+    bounds = {
+        "type": limits.MAX_TYPE_LENGTH,
+        "queue": limits.MAX_QUEUE_LENGTH,
+        "correlation_id": limits.MAX_CORRELATION_ID_LENGTH,
+    }
+    value = params.get("status", "").strip()
+    if value and value not in {s.value for s in JobStatus}:
+        raise _Refused(
+            400,
+            "Bad filter",
+            f"status: must be one of {', '.join(s.value for s in JobStatus)}, got {value!r}",
+        )
+    found["status"] = value or None
+    for field, bound in bounds.items():
+        value = params.get(field, "").strip()
+        try:
+            found[field] = limits.name(field, value, bound) if value else None
+        except ValidationError as exc:
+            raise _Refused(400, "Bad filter", str(exc)) from None
+    return found

@@ -2,7 +2,7 @@
 -- of their leases from after ($2, $3) (the last job of the previous page, when the previous tick
 -- found a full page: so that a thousand jobs that cannot be rescued never hide the others), with
 -- what the leader needs to decide their next status (see jobs_rescue.sql).
-SELECT id, attempts, claimed_at, type, retry_count, max_retries, lease_expires_at,
+SELECT id, attempts, claimed_at, type, queue, retry_count, max_retries, lease_expires_at,
        extract(epoch FROM now() - budget_started_at)::float8 AS elapsed
 FROM {schema}.jobs
 WHERE status = 'running' AND lease_expires_at < now() AND NOT (id = ANY($1::bigint[]))

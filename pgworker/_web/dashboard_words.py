@@ -1,0 +1,122 @@
+"""What the dashboard says about a job, in the words of seed 001 (received, in progress — at
+milestone X, needs attention, done) rather than the technical statuses; pure functions, no
+database. A state says only what the row says: `done` is shown for a completed job and nothing
+else, so the page never announces a success before it is real."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+STATUS_WORDS: dict[str, str] = {
+    "pending": "received",
+    "running": "in progress",
+    "failed": "needs attention",
+    "completed": "done",
+    "cancelled": "cancelled",
+}
+"""The word for each status, used for counts and filters."""
+
+OUTCOME_WORDS: dict[str, str] = {
+    "running": "running",
+    "completed": "done",
+    "retried": "failed, retried",
+    "failed": "failed, final",
+    "timed_out": "timed out",
+    "interrupted": "handed back (shutdown)",
+    "cancelled": "cancelled",
+    "lost": "worker lost",
+    "snoozed": "snoozed",
+}
+
+SHOWN_JSON = 256 * 1024
+"""The most characters of one JSON value a page shows (a payload may hold 64 MB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    word: str
+    """received, in progress, needs attention, done, cancelled."""
+    detail: str | None
+    """What follows the word: `at milestone fetched`, `retrying after an error`, ..."""
+    tone: str
+    """The badge's colour class: wait, busy, bad, good, off."""
+
+    @property
+    def text(self) -> str:
+        return f"{self.word} — {self.detail}" if self.detail else self.word
+
+
+def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
+    """A job's state for a person, from its row (status, error, attempts, run_at, milestone)."""
+    status = str(job["status"])
+    milestone = job.get("milestone")
+    at = f"at milestone {milestone}" if milestone else None
+    if status == "pending":
+        if job.get("error"):
+            detail = f"{at}, retrying after an error" if at else "retrying after an error"
+            return State("in progress", detail, "busy")
+        run_at = job.get("run_at")
+        if run_at is not None and run_at > (now or datetime.now(UTC)):
+            return State("received", f"scheduled for {moment(run_at)}", "wait")
+        return State("received", "waiting for a worker", "wait")
+    if status == "running":
+        return State("in progress", at, "busy")
+    if status == "failed":
+        return State("needs attention", None, "bad")
+    if status == "completed":
+        return State("done", None, "good")
+    return State(STATUS_WORDS.get(status, status), None, "off")
+
+
+def milestone_of(progress: Any) -> str | None:
+    """The milestone name of `jobs.progress` (`{"milestone": ..., ...}`), if any."""
+    if isinstance(progress, Mapping):
+        name = progress.get("milestone")
+        return str(name) if name is not None else None
+    return None
+
+
+def moment(value: datetime | None) -> str:
+    """A time as people read it, in UTC to the second."""
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def span(seconds: float | None) -> str:
+    """A duration in words: 850 ms, 42 s, 3 min, 2.5 h, 4 days."""
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def ago(value: datetime | None, now: datetime | None = None) -> str:
+    """`3 min ago` or `in 2 min`."""
+    if value is None:
+        return "-"
+    delta = ((now or datetime.now(UTC)) - value).total_seconds()
+    return f"{span(delta)} ago" if delta >= 0 else f"in {span(-delta)}"
+
+
+def pretty(value: Any) -> str:
+    """A JSON value laid out for reading, cut at SHOWN_JSON characters with a note."""
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (RecursionError, ValueError):
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) > SHOWN_JSON:
+        return f"{text[:SHOWN_JSON]}\n… (cut: {len(text):,} characters in all)"
+    return text

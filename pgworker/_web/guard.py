@@ -1,0 +1,214 @@
+"""What stands before every route: the bearer token, --read-only, the body limit, and the one
+shape of every error ({"error": ..., "field": ...}), which never holds a traceback, the input
+echoed at length, or a secret (_redact.scrub)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from .._db.connection import CONNECTION_ERRORS
+from .._logs import get_logger
+from .._redact import scrub, summary
+from .._service import describe
+from ..errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    PgWorkerError,
+    SchemaError,
+    ValidationError,
+)
+from .app import WebConfig, token_ok
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN = ("/healthz", "/")
+"""Paths without the bearer token: the health check, and the dashboard's (its own login)."""
+DASHBOARD = "/ui"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+DRAIN_LIMIT = 64 * 1024 * 1024
+"""The most bytes of a refused body read (and dropped) so that its sender can read the 413; a
+sender of more has its connection closed."""
+
+_log = get_logger()
+
+
+def problem(status: int, error: str, field: str | None = None, **headers: str) -> JSONResponse:
+    """An error answer. Its text is cut short and scrubbed of secrets (it may quote the input)."""
+    body: dict[str, Any] = {"error": summary(scrub(error))}
+    if field is not None:
+        body["field"] = summary(scrub(field), 200)
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+class TooLarge(HTTPException):
+    """A body past the limit, found while reading it (no Content-Length to refuse it by)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over the limit of {limit:,} bytes")
+
+
+def guarded(path: str) -> bool:
+    """Whether `path` needs the bearer token (the dashboard checks its own session)."""
+    return path not in OPEN and path != DASHBOARD and not path.startswith(DASHBOARD + "/")
+
+
+def bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").strip().partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+class Guard:
+    """ASGI middleware, in this order: the token (401), --read-only (405), the body limit (413,
+    by Content-Length before reading anything, else while reading)."""
+
+    def __init__(self, app: ASGIApp, config: WebConfig) -> None:
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            if refusal.status_code == 413 and "connection" not in refusal.headers:
+                await _drain(receive, DRAIN_LIMIT)
+            return
+        limit = self.config.body_limit
+        seen = 0
+        ended = False
+
+        async def limited() -> Message:
+            nonlocal seen, ended
+            message = await receive()
+            seen += len(message.get("body", b""))
+            ended = not message.get("more_body", False)
+            if seen > limit:
+                raise TooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
+        if seen > limit and not ended:
+            await _drain(receive, DRAIN_LIMIT)
+
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        config = self.config
+        if guarded(scope["path"]):
+            token = bearer(scope)
+            if not token_ok(config, token):
+                challenge = 'Bearer realm="pgworker"'
+                if token:
+                    challenge += ', error="invalid_token"'
+                return JSONResponse(
+                    {
+                        "error": "send a token in the Authorization header as `Bearer TOKEN`, "
+                        "TOKEN one of serve's --token or PGWORKER_API_TOKEN"
+                        if token is None
+                        else "the bearer token is not one this server accepts"
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": challenge},
+                )
+            if config.read_only and scope["method"] not in SAFE_METHODS:
+                return problem(
+                    405,
+                    "this server is read-only (pgworker serve --read-only): writes are refused",
+                    Allow="GET, HEAD",
+                )
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    return problem(400, "Content-Length is not a number", "Content-Length")
+                if length > config.body_limit:
+                    return problem(
+                        413,
+                        f"the request body is {length:,} bytes, over the limit of "
+                        f"{config.body_limit:,} (pgworker serve --body-limit)",
+                        **({"Connection": "close"} if length > DRAIN_LIMIT else {}),
+                    )
+        return None
+
+
+async def _drain(receive: Receive, most: int) -> None:
+    """Read and drop what is left of a refused body, up to `most` bytes: a client still sending
+    it then reads the 413 instead of a reset connection. Nothing of it is kept."""
+    read = 0
+    while read <= most:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        read += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    """The input at fault: the top-level field (a body's, a query's or a path's), else `body`."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return parts[0] if parts else "body"
+
+
+def install(app: FastAPI, config: WebConfig) -> None:
+    """The middleware and the error handlers."""
+    app.add_middleware(Guard, config=config)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+        field = _field(tuple(first.get("loc", ("body",))))
+        if first.get("type") == "json_invalid":
+            return problem(422, "the body is not valid JSON", "body")
+        if first.get("type") == "extra_forbidden":
+            return problem(422, f"{field} is not a field of this request; remove it", field)
+        return problem(422, f"{field}: {first.get('msg', 'invalid')}", field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, say)
+            return problem(422, "the body is not valid JSON (UTF-8), or nests too deep", "body")
+        headers = dict(exc.headers or {})
+        return problem(exc.status_code, str(exc.detail), **headers)
+
+    @app.exception_handler(PgWorkerError)
+    async def refused(request: Request, exc: PgWorkerError) -> JSONResponse:
+        if isinstance(exc, ValidationError | ConfigError):
+            return problem(422, str(exc), exc.field)
+        if isinstance(exc, IdempotencyConflict):
+            return problem(409, str(exc), "idempotency_key")
+        if isinstance(exc, DatabaseUnavailable | SchemaError):
+            return problem(503, str(exc))
+        return problem(409, str(exc))
+
+    @app.exception_handler(asyncpg.PostgresError)
+    async def database_refused(request: Request, exc: asyncpg.PostgresError) -> JSONResponse:
+        if isinstance(exc, asyncpg.DataError):
+            return problem(422, f"the database refused a value: {describe(exc)}", "body")
+        _log.warning("request failed in the database", path=request.url.path, error=describe(exc))
+        return problem(503, "the database could not answer; try again")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, CONNECTION_ERRORS):
+            return problem(503, "the database is unavailable; try again")
+        _log.error("request failed unexpectedly", path=request.url.path, exc_info=exc)
+        return problem(500, "the server failed; its log says why")

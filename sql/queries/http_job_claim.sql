@@ -1,0 +1,38 @@
+-- Claim one due job for an HTTP worker ($1 worker_id): of the queues $2 (NULL: any), of the types
+-- $3 (NULL: any), and, for the types listed in $4, only the versions `type@version` of $5 (the
+-- claim's `versions` object; other types: any version). Highest priority first, then oldest run_at,
+-- then id, as the Python runtime claims. The job gets an attempt row and a lease of $6 seconds, and
+-- max_retries $7 (RetryPolicy()'s) where the enqueuer gave none. The claim commits only once its WAL
+-- is flushed (synchronous_commit on, whatever the server's default): an HTTP worker holds nothing
+-- but the attempt number, so a claim lost in a crash must not let another reuse that number.
+WITH next AS MATERIALIZED (
+    SELECT j.id
+    FROM {schema}.jobs AS j
+    WHERE j.status = 'pending' AND j.run_at <= now()
+      AND ($2::text[] IS NULL OR j.queue = ANY($2::text[]))
+      AND ($3::text[] IS NULL OR j.type = ANY($3::text[]))
+      AND (NOT j.type = ANY($4::text[]) OR j.type || '@' || j.version = ANY($5::text[]))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        max_retries = coalesce(j.max_retries, $7::integer),
+        claimed_at = now(),
+        worker_id = $1,
+        lease_expires_at = now() + make_interval(secs => $6::float8),
+        heartbeat_at = now(),
+        budget_started_at = coalesce(j.budget_started_at, now()),
+        updated_at = now()
+    WHERE j.id = (SELECT id FROM next)
+    RETURNING {job_columns}
+), opened AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
+                                       started_at)
+    SELECT id, attempts, type, queue, $1, correlation_id, claimed_at FROM claimed
+)
+SELECT *
+FROM claimed
+WHERE (SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL
