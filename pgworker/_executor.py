@@ -113,6 +113,12 @@ class Attempt:
         return progress
 
     @property
+    def traceparent(self) -> str | None:
+        """The W3C traceparent stored at enqueue, that the attempt's span links to."""
+        traceparent: str | None = self._record["traceparent"]
+        return traceparent
+
+    @property
     def log(self) -> Any:
         """The logger bound to the job's keys, made when first needed."""
         if self._log is None:

@@ -17,6 +17,7 @@ import anyio
 import asyncpg
 import structlog
 
+from . import _tracing
 from ._completer import Completer
 from ._db.connection import HeldConnection, recover
 from ._db.queries import attempt_conflict, queries
@@ -320,6 +321,8 @@ class Producer:
         to the end, which leaves this slot's task suspect."""
         task = self._registry[attempt.type]
         sound = True
+        span = _tracing.start(attempt, self._settings.worker_id)  # None unless traced
+        result = None
         try:
             try:
                 result = await execute(attempt, task, self._settings.worker_id, self._redact)
@@ -332,6 +335,8 @@ class Producer:
             if self._metrics is not None:
                 self._metrics.finished(attempt, result, time.monotonic())
         finally:
+            if span is not None:
+                span.end(result)
             self._forget(attempt)
         return sound and not attempt.task_cancelled
 

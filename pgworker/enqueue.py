@@ -17,6 +17,7 @@ from . import _limits as limits
 from ._db.connection import Executor, transaction
 from ._db.queries import Queries, queries
 from ._drivers import NATIVE, adapt, is_adapter
+from ._tracing import current_traceparent
 from .context import current_correlation_id
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
 from .models import (
@@ -188,6 +189,7 @@ async def enqueue(
         f.run_at,
         f.delay,
         f.version,
+        current_traceparent(),
     )
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
@@ -243,8 +245,9 @@ async def enqueue_many(
         unique.append((i, fields))
         texts.append(text)
     batch = _batch_json(unique, texts)
+    traceparent = current_traceparent()
     async with transaction(conn) as c:
-        inserted = {r["ord"] - 1: r for r in await q.job_insert_many(c, batch)}
+        inserted = {r["ord"] - 1: r for r in await q.job_insert_many(c, batch, traceparent)}
         taken = [n for n in range(len(unique)) if n not in inserted]
         existing = {}
         if taken:
@@ -267,6 +270,7 @@ async def enqueue_many(
                         row["correlation_id"],
                         row["run_at"],
                         row["created_at"],
+                        traceparent,
                     )
                 )
                 continue
@@ -364,7 +368,7 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
                 correlation = field = fresh[i - start]
             else:
                 field = _copy_text(correlation)
-            rows.append((f"{head}{encoded}{tail}{field}\n", f, correlation, payload))
+            rows.append((f"{head}{encoded}{tail}{field}{last}", f, correlation, payload))
         return rows
 
     def numbered(start: int, rows: list[Any], ids: list[int], now: datetime) -> bytes:
@@ -373,7 +377,11 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
             ids[start : start + len(rows)], rows, strict=True
         ):
             lines.append(f"{job_id}\t{line}")
-            results.append(EnqueueResult.later(_new_job, f, payload, job_id, correlation, now, now))
+            results.append(
+                EnqueueResult.later(
+                    _new_job, f, payload, job_id, correlation, now, now, traceparent
+                )
+            )
         return "".join(lines).encode()
 
     def first_chunk() -> list[Any]:
@@ -395,12 +403,17 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
                 return
             yield numbered(start, rows, ids, now)
 
+    traceparent = current_traceparent()
+    # A traceparent is the same for every row (and needs no escaping): a last column, or none.
+    columns, last = _COPY_COLUMNS, "\n"
+    if traceparent is not None:
+        columns, last = [*_COPY_COLUMNS, "traceparent"], f"\t{traceparent}\n"
     async with transaction(conn) as c:
         # The ids are asked for first; the first chunk is encoded while the server makes them.
         (ids, now), first = await _concurrently(q.job_ids_reserve(c, len(specs)), first_chunk)
         if invalid:
             raise invalid[0]
-        await q.jobs_copy(c, _COPY_COLUMNS, chunks(first, ids, now))
+        await q.jobs_copy(c, columns, chunks(first, ids, now))
         if invalid:
             raise invalid[0]
     return results
@@ -470,6 +483,7 @@ def _new_job(
     correlation_id: str,
     run_at: datetime,
     created_at: datetime,
+    traceparent: str | None = None,
 ) -> Job:
     """A job just inserted, from the values sent and the few the database chose."""
     return Job(
@@ -495,4 +509,5 @@ def _new_job(
         updated_at=created_at,
         finished_at=None,
         version=f.version,
+        traceparent=traceparent,
     )

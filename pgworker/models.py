@@ -89,6 +89,8 @@ class Job:
     """The payload's version (a task's `version=`)."""
     budget_started_at: datetime | None = None
     """When the retry budget in time started: the first claim, or the first after a replay."""
+    traceparent: str | None = None
+    """The W3C traceparent of the span active when the job was enqueued (see _tracing.py)."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""

@@ -669,6 +669,7 @@ def _record(
         "finished_at": None,
         "version": version,
         "budget_started_at": now,
+        "traceparent": None,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"

@@ -75,10 +75,13 @@ class Queries:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_insert"], *args)
 
-    async def job_insert_many(self, conn: Conn, batch: str) -> list[Row]:
-        """Insert the jobs of `batch`, a JSON array (see job_insert_many.sql)."""
+    async def job_insert_many(
+        self, conn: Conn, batch: str, traceparent: str | None = None
+    ) -> list[Row]:
+        """Insert the jobs of `batch`, a JSON array (see job_insert_many.sql), each with
+        `traceparent`."""
         with schema_errors(self.schema):
-            return await conn.fetch(self._sql["job_insert_many"], batch)
+            return await conn.fetch(self._sql["job_insert_many"], batch, traceparent)
 
     async def job_ids_reserve(self, conn: Conn, n: int) -> tuple[list[int], Any]:
         """`n` new job ids for a batch that COPY writes, and the transaction's time."""

@@ -1,13 +1,15 @@
 -- One job; an existing row with the same idempotency key is returned instead (created = false),
--- with `matches` telling whether it was created with the same type and payload.
+-- with `matches` telling whether it was created with the same type and payload. $11 is the
+-- traceparent of the span active at enqueue (NULL: none).
 WITH ins AS (
     INSERT INTO {schema}.jobs AS j (type, queue, payload, priority, max_retries, idempotency_key,
-                                    fingerprint, correlation_id, run_at, version)
+                                    fingerprint, correlation_id, run_at, version,
+                                    traceparent)
     VALUES ($1, $2, $3::jsonb, $4, $5, $6::text,
             CASE WHEN $6::text IS NOT NULL THEN {schema}.fingerprint($1, $3::jsonb) END,
             coalesce($7, gen_random_uuid()::text),
             coalesce($8::timestamptz, now() + make_interval(secs => coalesce($9::float8, 0))),
-            $10::integer)
+            $10::integer, $11::text)
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {job_columns}
 )

@@ -1,6 +1,7 @@
 -- Many jobs in one statement, from one JSON array ($1) of {t: type, q: queue, p: payload,
 -- pr: priority, m: max_retries, k: idempotency_key, c: correlation_id, r: run_at, d: delay,
--- v: version}.
+-- v: version}; $2 is the traceparent of the span active at enqueue (NULL: none), the same for
+-- every row.
 -- Ids are drawn before the insert so that each input row (`ord`) maps to its job; rows whose
 -- idempotency key already exists are not inserted and not returned.
 WITH input AS MATERIALIZED (
@@ -14,14 +15,14 @@ WITH input AS MATERIALIZED (
 ), ins AS (
     INSERT INTO {schema}.jobs AS j (id, type, queue, payload, priority, max_retries,
                                     idempotency_key, fingerprint, correlation_id, run_at,
-                                    version)
+                                    version, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT id, type, queue, coalesce(payload, 'null'), priority, max_retries, idempotency_key,
            CASE WHEN idempotency_key IS NOT NULL
                 THEN {schema}.fingerprint(type, coalesce(payload, 'null')) END,
            coalesce(correlation_id, gen_random_uuid()::text),
            coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0))),
-           coalesce(version, 1)
+           coalesce(version, 1), $2::text
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
