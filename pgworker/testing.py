@@ -226,20 +226,16 @@ async def assert_enqueued(
     """Assert that a job matching the filters (those of `enqueued_jobs`) exists, exactly `count`
     of them when given, and return the oldest. Otherwise an AssertionError says what was looked
     for and lists what was enqueued."""
-    given = {
-        "type": type,
-        "payload": payload,
-        "payload_contains": payload_contains,
-        "queue": queue,
-        "status": status,
-        "priority": priority,
-        "idempotency_key": limits.name(
-            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
-        ),
-        "correlation_id": limits.name(
-            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
-        ),
-    }
+    given = _asked(
+        type=type,
+        payload=payload,
+        payload_contains=payload_contains,
+        queue=queue,
+        status=status,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        correlation_id=correlation_id,
+    )
     found = await enqueued_jobs(conn, **given, schema=schema)
     if found and (count is None or len(found) == count):
         return found[0]
@@ -251,6 +247,17 @@ async def assert_enqueued(
         f"expected {count} job(s) matching {wanted}, found {len(found)} "
         f"(ids {[j.id for j in found]}); {_listing(everything)}"
     )
+
+
+def _asked(**given: Any) -> dict[str, Any]:
+    """The filters of `assert_enqueued` and `assert_not_enqueued`, the keys checked here so that
+    a bad one is named before any query."""
+    for name, limit in (
+        ("idempotency_key", limits.MAX_IDEMPOTENCY_KEY_LENGTH),
+        ("correlation_id", limits.MAX_CORRELATION_ID_LENGTH),
+    ):
+        given[name] = limits.name(name, given[name], limit, required=False)
+    return given
 
 
 async def assert_not_enqueued(
@@ -268,20 +275,16 @@ async def assert_not_enqueued(
 ) -> None:
     """Assert that no job matches the filters (those of `enqueued_jobs`); otherwise an
     AssertionError lists the jobs that do."""
-    given = {
-        "type": type,
-        "payload": payload,
-        "payload_contains": payload_contains,
-        "queue": queue,
-        "status": status,
-        "priority": priority,
-        "idempotency_key": limits.name(
-            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
-        ),
-        "correlation_id": limits.name(
-            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
-        ),
-    }
+    given = _asked(
+        type=type,
+        payload=payload,
+        payload_contains=payload_contains,
+        queue=queue,
+        status=status,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        correlation_id=correlation_id,
+    )
     found = await enqueued_jobs(conn, **given, schema=schema)
     if found:
         raise AssertionError(
