@@ -679,7 +679,23 @@ def _record(
     return row
 
 
-async def run_job(
+def run_job(registry: Registry, type: str, payload: Any = None, **options: Any) -> Any:
+    """Run one attempt of the handler of `type` on `payload` (default `{}`) as a worker would, with
+    a real JobContext and no database, and give its JobRun. In async code it is awaited
+    (`run = await run_job(registry, "send-invoice", {"invoice_id": 42})`); called where no event
+    loop runs (a plain `def` test), it runs the attempt in a loop of its own and returns the JobRun.
+
+    Options: `attempt`, `retry_count`, `max_retries`, `job_id`, `correlation_id`, `version`,
+    `steps`, `last_progress`, `conn`, `redact_keys` (see `_run_job`)."""
+    call = _run_job(registry, type, payload, **options)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call)
+    return call
+
+
+async def _run_job(
     registry: Registry,
     type: str,
     payload: Any = None,
@@ -702,8 +718,7 @@ async def run_job(
     `ctx.last_progress` returns. `ctx.transactional_step` needs `conn` (an asyncpg connection),
     on which its function runs in a transaction. `attempt` is the attempt's number (1: the first),
     `retry_count` the retries spent before it (default `attempt - 1`), `max_retries` the job's
-    (default the task's), `version` the payload's (default the task's). Awaited:
-    `await run_job(registry, "send-invoice", {"invoice_id": 42})`."""
+    (default the task's), `version` the payload's (default the task's)."""
     task = _task(registry, type)
     text = _payload(None, {} if payload is None else payload)
     number = limits.count("attempt", attempt, minimum=1)

@@ -578,6 +578,18 @@ async def test_advance_makes_delayed_jobs_due_in_their_order(conn):
 # --- run_job ----------------------------------------------------------------------------------
 
 
+def test_run_job_called_from_a_plain_def_test_returns_the_run():
+    """`run_job(registry, type, payload)` as the issue writes it: no event loop, no await."""
+
+    async def greet(ctx, payload):
+        await ctx.progress("greeted", {"who": payload["who"]})
+        return {"hello": payload["who"]}
+
+    run = run_job(registry_of(greet=greet), "greet", {"who": "ada"})
+    assert (run.status, run.result) == ("completed", {"hello": "ada"})
+    assert run.milestones and run.milestones[-1]["milestone"] == "greeted"
+
+
 @aio
 async def test_run_job_gives_the_handler_a_real_context():
     seen: dict[str, Any] = {}
