@@ -124,6 +124,11 @@ async def test_named_arguments_as_in_python(conn):
         )
         job = await pgworker.get_job(conn, row["id"])
         assert job.run_at - job.created_at == wait
+    quoted = await conn.fetchrow("SELECT * FROM pgworker.enqueue('t', delay => '90')")
+    job = await pgworker.get_job(conn, quoted["id"])
+    assert job.run_at - job.created_at == timedelta(seconds=90)
+    with pytest.raises(asyncpg.UndefinedFunctionError):  # README: a bare number finds no function
+        await conn.fetchrow("SELECT * FROM pgworker.enqueue('t', delay => 90)")
 
 
 @aio
