@@ -10,7 +10,6 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -65,8 +64,3 @@ def create_app(config: WebConfig) -> FastAPI:
     api.install(app, config)
     dashboard.install(app, config)
     return app
-
-
-def state(app: Any) -> Any:
-    """The application's shared state (config, pool, queries), set by the lifespan."""
-    return app.state
