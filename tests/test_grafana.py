@@ -78,12 +78,14 @@ async def test_each_metric_the_promql_names_is_in_a_real_scrape(dsn, conn):
         await pgworker.enqueue(conn, type_, {})
     await pgworker.enqueue(conn, "ok", {}, delay=3600)
     async with pgworker.Worker(registry, dsn, metrics_port=port, lease=1):
+        # The leader's queue gauges, and the series of the jobs once they ended.
+        wanted = {
+            "pgworker_queue_oldest_pending_seconds",
+            "pgworker_jobs_total",
+            "pgworker_job_run_seconds_bucket",
+        }
         samples = await wait_for(
-            lambda: (
-                (s := scrape(port))
-                and any(name == "pgworker_queue_oldest_pending_seconds" for name, _ in s)
-                and s
-            )
+            lambda: (s := scrape(port)) and wanted <= {name for name, _ in s} and s
         )
     scraped = {name for name, _ in samples}
     named = {m for _, t in targets("expr") for m in METRIC.findall(t["expr"])}
