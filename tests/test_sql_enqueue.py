@@ -463,8 +463,9 @@ _connections: dict[str, asyncpg.Connection] = {}
 def loop():
     loop = asyncio.new_event_loop()
     yield loop
+    # The scratch database, and so each connection's server side, is dropped by then.
     for conn in _connections.values():
-        loop.run_until_complete(conn.close())
+        conn.terminate()
     loop.close()
 
 

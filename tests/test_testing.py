@@ -29,7 +29,7 @@ from pgworker.testing import (
     run_job,
 )
 
-from .helpers import attempts
+from .helpers import attempts, database_of
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -124,7 +124,7 @@ async def test_the_plugin_makes_a_migrated_scratch_database_emptied_between_test
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "3 passed" in done.stdout
-    database = seen.read_text().rsplit("/", 1)[-1].split("?")[0]
+    database = database_of(seen.read_text())
     assert database.startswith("pgworker_test_")
     admin = await asyncpg.connect(server_dsn)
     try:
