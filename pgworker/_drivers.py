@@ -12,6 +12,7 @@ suspend, so `run_sync` drives the same coroutine to its end without an event loo
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import re
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequence
@@ -210,7 +211,7 @@ def _driver_errors(driver: str, schema: str) -> Iterator[None]:
         raise
 
 
-class _Adapter:
+class _Adapter(abc.ABC):
     """What every adapter has: the driver's name for messages, and its parameter style."""
 
     driver = "?"
@@ -223,8 +224,9 @@ class _Adapter:
         rows = await self.fetch(sql, *args)
         return rows[0] if rows else None
 
+    @abc.abstractmethod
     async def fetch(self, sql: str, *args: Any) -> list[Mapping[str, Any]]:
-        raise NotImplementedError
+        """Run `sql` with `args` on the driver's connection; its rows by column name."""
 
     def _schema(self, sql: str) -> str:
         found = re.search(r'"([A-Za-z_][A-Za-z0-9_]*)"\.', sql)

@@ -226,7 +226,7 @@ async def assert_enqueued(
     """Assert that a job matching the filters (those of `enqueued_jobs`) exists, exactly `count`
     of them when given, and return the oldest. Otherwise an AssertionError says what was looked
     for and lists what was enqueued."""
-    given = _asked(
+    given = dict(
         type=type,
         payload=payload,
         payload_contains=payload_contains,
@@ -249,17 +249,6 @@ async def assert_enqueued(
     )
 
 
-def _asked(**given: Any) -> dict[str, Any]:
-    """The filters of `assert_enqueued` and `assert_not_enqueued`, the keys checked here so that
-    a bad one is named before any query."""
-    for name, limit in (
-        ("idempotency_key", limits.MAX_IDEMPOTENCY_KEY_LENGTH),
-        ("correlation_id", limits.MAX_CORRELATION_ID_LENGTH),
-    ):
-        given[name] = limits.name(name, given[name], limit, required=False)
-    return given
-
-
 async def assert_not_enqueued(
     conn: Any,
     type: str | None = None,
@@ -275,7 +264,7 @@ async def assert_not_enqueued(
 ) -> None:
     """Assert that no job matches the filters (those of `enqueued_jobs`); otherwise an
     AssertionError lists the jobs that do."""
-    given = _asked(
+    given = dict(
         type=type,
         payload=payload,
         payload_contains=payload_contains,
