@@ -10,6 +10,13 @@ Steps run on a pool of their own, opened at the worker's first step: a transacti
 its connection while the user's function runs, which on the worker's small pool would starve the
 heartbeat (and lose the lease), and the user's SQL must not run under the session settings tuned
 for pgworker's own statements (generic plans, no bitmap scans, a lock timeout).
+
+A transactional step's function cannot end the step's transaction: its connection refuses
+transaction control before it is sent (`_step_connection.StepConnection`), and the checkpoint is
+written only if the step is still in the transaction it began in (its id, read when it began,
+compared by the checkpoint's insert itself). The read costs one round trip per transactional step
+(BEGIN, that read, the function's statements, the checkpoint, COMMIT); it cannot ride on BEGIN,
+which asyncpg's `Transaction` sends and which a nested `conn.transaction()` needs.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import asyncpg
 from . import _limits as limits
 from ._db.queries import AttemptKey, queries
 from ._service import describe
+from ._step_connection import StepConnection
 from .errors import PgWorkerError, ValidationError
 
 if TYPE_CHECKING:
@@ -191,7 +199,7 @@ class Steps:
             value = await _call(fn, args, kwargs)
             text = _json("result", value, f"the result of step {name!r}")
             pool = await self._store.pool()
-            stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
+            _, stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
             if stored is None:
                 raise lost(self._attempt, f"step {name!r} ran but was not recorded")
             return stored
@@ -212,9 +220,11 @@ class Steps:
         async def run(name: str) -> str:
             pool = await self._store.pool()
             async with pool.acquire() as conn, conn.transaction():
+                began_in = await self._store.q.step_transaction(conn)
+                guarded = StepConnection(conn, name, fn)
                 inside = _inside.set(name)
                 try:
-                    pending = fn(conn, *args, **kwargs)
+                    pending = fn(guarded, *args, **kwargs)
                     if not inspect.isawaitable(pending):
                         raise ValidationError(
                             "fn",
@@ -224,19 +234,23 @@ class Steps:
                     value = await pending
                 finally:
                     _inside.reset(inside)
-                if not conn.is_in_transaction():
-                    # fn sent COMMIT or ROLLBACK: its writes are committed or gone apart from
-                    # the step, whose record would now commit by itself. Not recorded.
-                    raise ValidationError(
-                        "fn",
-                        f"step {name!r}: the function ended the step's transaction itself "
-                        "(COMMIT or ROLLBACK), so its writes and the step cannot commit together; "
-                        "the step is not recorded (for a savepoint, use `async with "
-                        "conn.transaction()` inside it)",
-                    )
+                    guarded.detach()
+                if guarded.refused is not None:  # the function caught it and went on
+                    raise guarded.refused
                 text = _json("result", value, f"the result of step {name!r}")
                 # started_at None: now(), when this transaction began.
-                stored = await self._store.q.job_step_record(conn, self._key, name, text, None)
+                own, stored = await self._store.q.job_step_record(
+                    conn, self._key, name, text, None, began_in
+                )
+                if not own:
+                    raise ValidationError(
+                        "fn",
+                        f"transactional step {name!r}: {fn!r} ended the step's transaction "
+                        "itself (its transaction id changed: COMMIT or ROLLBACK by a path the "
+                        "step's connection could not refuse), so its writes and the step cannot "
+                        "commit together; the step is not recorded (for a savepoint, use `async "
+                        "with conn.transaction()` inside the function)",
+                    )
                 if stored is None:
                     # Raised inside the transaction: the step's own writes roll back with it.
                     raise lost(self._attempt, f"step {name!r} rolled back")

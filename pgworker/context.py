@@ -87,10 +87,11 @@ class JobContext:
         **kwargs)` runs in a transaction on a connection of the worker's (from a pool kept for
         steps, with the server's default session settings), the step is recorded in that same
         transaction, and both commit together or neither: a crash, an exception, a result that
-        cannot be stored or a lost lease rolls the effect back with the checkpoint. `fn` must
-        not end the transaction itself (COMMIT, ROLLBACK: a ValidationError, the step not
-        recorded; `async with conn.transaction()` inside it makes a savepoint), nor call
-        `ctx.step`, `ctx.transactional_step` or `ctx.progress` (a PgWorkerError)."""
+        cannot be stored or a lost lease rolls the effect back with the checkpoint. `conn`
+        refuses transaction control before sending it (COMMIT, ROLLBACK, BEGIN, SAVEPOINT, ...:
+        a ValidationError, the step not recorded; `async with conn.transaction()` inside `fn`
+        makes a savepoint). `fn` must not call `ctx.step`, `ctx.transactional_step` or
+        `ctx.progress` (a PgWorkerError)."""
         return self._attempt_steps("transactional_step").transactional_step(name, fn, args, kwargs)
 
     def key(self, name: str) -> str:

@@ -557,7 +557,8 @@ class JobRun:
 
 
 class _MemoryQueries:
-    """The three statements steps and milestones use, kept in memory (see _steps.py)."""
+    """The statements steps and milestones use, kept in memory (see _steps.py); a transactional
+    step's transaction id is read on the connection its function runs on."""
 
     def __init__(self, done: Mapping[str, str], attempt: int) -> None:
         self.done = dict(done)
@@ -568,13 +569,24 @@ class _MemoryQueries:
     async def job_steps_done(self, conn: Any, key: AttemptKey) -> tuple[bool, dict[str, str]]:
         return True, dict(self.done)
 
+    async def step_transaction(self, conn: Any) -> int:
+        return await queries(DEFAULT_SCHEMA).step_transaction(conn)
+
     async def job_step_record(
-        self, conn: Any, key: AttemptKey, name: str, result: str, started_at: Any
-    ) -> str:
+        self,
+        conn: Any,
+        key: AttemptKey,
+        name: str,
+        result: str,
+        started_at: Any,
+        transaction: int | None = None,
+    ) -> tuple[bool, str | None]:
+        if transaction is not None and await self.step_transaction(conn) != transaction:
+            return False, None
         if name not in self.done:
             self.done[name] = result
             self.ran.append(name)
-        return self.done[name]
+        return True, self.done[name]
 
     async def job_progress(
         self, conn: Any, key: AttemptKey, milestone: str, detail: str | None

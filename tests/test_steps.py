@@ -326,19 +326,25 @@ async def test_concurrent_first_steps_read_the_steps_done_once(contexts):
 
 
 async def test_a_transactional_step_commits_its_effect_with_its_checkpoint(contexts, conn):
+    """The effect (`invoices` has no key: only the step makes it happen once) and the
+    checkpoint of attempt 1; attempt 2 gets the result without calling the function."""
     await conn.execute("CREATE TABLE invoices (order_id int)")
     ctx = await contexts.new()
+    calls: list[int] = []
 
     async def invoice(c: Any, order_id: int) -> int:
+        calls.append(order_id)
         await c.execute("INSERT INTO invoices VALUES ($1)", order_id)
         return order_id
 
     assert await ctx.transactional_step("invoice", invoice, 42) == 42
     await contexts.end(ctx)
     later = await contexts.claim(ctx.job_id)
-    assert await later.transactional_step("invoice", invoice, 42) == 42
-    assert await conn.fetchval("SELECT count(*) FROM invoices") == 1
-    assert len(await step_rows(conn, ctx.job_id)) == 1
+    assert await later.transactional_step("invoice", invoice, 43) == 42
+    assert calls == [42]
+    assert [r["order_id"] for r in await conn.fetch("SELECT order_id FROM invoices")] == [42]
+    [row] = await step_rows(conn, ctx.job_id)
+    assert (row["name"], json.loads(row["result"]), row["attempt"]) == ("invoice", 42, 1)
 
 
 async def test_a_transactional_step_that_raises_rolls_its_effect_back(contexts, conn):

@@ -305,6 +305,10 @@ class Queries:
         held = bool(rows and rows[0]["held"])
         return held, {r["name"]: r["result"] for r in rows if r["name"] is not None}
 
+    async def step_transaction(self, conn: Executor) -> int:
+        """The id of the transaction `conn` is in (one is assigned if it had none)."""
+        return int(await conn.fetchval(self._sql["step_transaction"]))
+
     async def job_step_record(
         self,
         conn: Executor,
@@ -312,11 +316,17 @@ class Queries:
         name: str,
         result: str,
         started_at: datetime | None,
-    ) -> str | None:
-        """Record a step under `attempt`'s fence; the stored result (JSON text), or None when the
-        attempt no longer holds its job."""
-        row = await conn.fetchrow(self._sql["job_step_record"], *attempt, name, result, started_at)
-        return None if row is None else str(row["result"])
+        transaction: int | None = None,
+    ) -> tuple[bool, str | None]:
+        """Record a step under `attempt`'s fence and, given `transaction`, only inside that
+        transaction. (False, None) when `conn` is in another transaction; else (True, the stored
+        result as JSON text), or (True, None) when the attempt no longer holds its job."""
+        row = await conn.fetchrow(
+            self._sql["job_step_record"], *attempt, name, result, started_at, transaction
+        )
+        assert row is not None  # one row, always
+        stored = row["result"]
+        return bool(row["own"]), None if stored is None else str(stored)
 
     async def job_progress(
         self, conn: Executor, attempt: AttemptKey, milestone: str, detail: str | None
