@@ -15,8 +15,9 @@ A transactional step's function cannot end the step's transaction: its connectio
 transaction control before it is sent (`_step_connection.StepConnection`), and the checkpoint is
 written only if the step is still in the transaction it began in (its id, read when it began,
 compared by the checkpoint's insert itself). The read costs one round trip per transactional step
-(BEGIN, that read, the function's statements, the checkpoint, COMMIT); it cannot ride on BEGIN,
-which asyncpg's `Transaction` sends and which a nested `conn.transaction()` needs.
+(BEGIN, that read, the function's statements, the checkpoint, COMMIT: measured at about 40 µs on
+a local server, where a whole step with one INSERT took 1-2 ms); it cannot ride on BEGIN, which
+asyncpg's `Transaction` sends and which a nested `conn.transaction()` needs.
 """
 
 from __future__ import annotations

@@ -269,8 +269,15 @@ async def test_the_connection_refuses_reset_and_close_and_is_useless_after_the_s
     async def reset(c: Any) -> None:
         await c.reset()
 
-    with pytest.raises(ValidationError, match="reset"):
-        await ctx.transactional_step("reset", reset)
+    async def close(c: Any) -> None:
+        await c.close()
+
+    async def terminate(c: Any) -> None:
+        c.terminate()
+
+    for end in (reset, close, terminate):
+        with pytest.raises(ValidationError, match=f"called conn.{end.__name__}()"):
+            await ctx.transactional_step(end.__name__, end)
 
     async def keep(c: Any) -> int:
         kept.append(c)
@@ -279,6 +286,7 @@ async def test_the_connection_refuses_reset_and_close_and_is_useless_after_the_s
     assert await ctx.transactional_step("keep", keep) == 1
     with pytest.raises(asyncpg.InterfaceError, match="after its function returned"):
         await kept[0].execute("SELECT 1")
+    assert [s["name"] for s in await step_rows(conn, ctx.job_id)] == ["keep"]
 
 
 # --- the backstop: the transaction's id, checked by the checkpoint itself ---------------------
