@@ -7,10 +7,10 @@ effect while the checkpoint says it happened. Checking afterwards is too late fo
 (the effect has committed), so every statement the function sends is read first and refused if
 it ends, starts or edits a transaction or a savepoint: COMMIT/END, ROLLBACK/ABORT (with TO
 SAVEPOINT and PREPARED), BEGIN/START TRANSACTION, SAVEPOINT, RELEASE, PREPARE TRANSACTION, in any
-letter case, after comments, or anywhere in a multi-statement string. `transaction_control` is a
-small lexer that knows what PostgreSQL's does not split on: '…' strings (E'', doubled quotes, and
-backslash escapes when read as standard_conforming_strings = off), "…" identifiers, $tag$…$tag$
-dollar quotes, -- and nested /* */ comments, and the `BEGIN ATOMIC … END` body of CREATE
+letter case, after comments, or anywhere in a multi-statement string. `transaction_control` is
+a small lexer that knows where PostgreSQL does not split a text: '…' strings (E'', doubled
+quotes, and backslash escapes when read as standard_conforming_strings = off), "…" identifiers,
+$tag$…$tag$ dollar quotes, -- and nested /* */ comments, and the `BEGIN ATOMIC … END` body of CREATE
 FUNCTION/PROCEDURE (the rule psql follows).
 
 Why a proxy and not a pool `connection_class`: a transactional step also runs on connections
@@ -41,7 +41,8 @@ from asyncpg.pool import PoolConnectionProxy
 from .errors import ValidationError
 
 _START = r"A-Za-z_\x80-\U0010ffff"
-_PART = _START + r"0-9$"
+_TAG_PART = _START + r"0-9"
+_PART = _TAG_PART + "$"
 _CONTROL = frozenset(
     ("abort", "begin", "commit", "end", "rollback", "savepoint", "release", "start")
 )
@@ -55,7 +56,7 @@ _NEXT = re.compile(r"""[;'"$]|--|/\*""")
 _STRING = re.compile(r"'(?:[^']|'')*(?:'|\Z)")
 _STRING_ESCAPED = re.compile(r"'(?:[^'\\]|\\.|'')*(?:'|\Z)", re.DOTALL)
 _IDENTIFIER = re.compile(r'"(?:[^"]|"")*(?:"|\Z)')
-_DOLLAR = re.compile(rf"\$(?:[{_START.replace('$', '')}][{_PART.replace('$', '')}]*)?\$")
+_DOLLAR = re.compile(rf"\$(?:[{_START}][{_TAG_PART}]*)?\$")
 _IDENTIFIER_CHAR = re.compile(rf"[{_PART}]")
 _COMMENT_EDGE = re.compile(r"/\*|\*/")
 _TOKEN = re.compile(rf"""[;()]|[{_START}][{_PART}]*|[^;()'"$\-/{_START}]+|.""", re.DOTALL)
