@@ -276,3 +276,17 @@ def test_retention_settings_take_what_the_command_line_takes():
     with pytest.raises(ConfigError) as caught:
         Settings(dsn, retain_completed="soon")
     assert caught.value.field == "retain_completed"
+
+
+def test_secrets_are_found_in_any_letter_case():
+    """The README: key names match case-insensitively, payload values are found in any letter
+    case, and so are the `key=value` pairs and `Bearer` tokens (each of the four would let a
+    secret through if matched in one case only)."""
+    r = redactor()
+    payload = {"PassWord": "hunter2-xyz", "API_KEY": "sk_live_123"}
+    assert redact_payload(payload) == {"PassWord": REDACTED, "API_KEY": REDACTED}
+    text = "login failed for HUNTER2-XYZ with key Sk_Live_123"  # a service upper-cases them
+    assert r.text(text, payload) == f"login failed for {REDACTED} with key {REDACTED}"
+    assert r.text("retry with DB_PassWord=abc1 then") == f"retry with DB_PassWord={REDACTED} then"
+    assert r.text("sent BEARER eyJ.abc-def now") == f"sent BEARER {REDACTED} now"
+    assert r.text("sent Bearer eyJ.abc-def now") == f"sent Bearer {REDACTED} now"

@@ -61,6 +61,47 @@ async def test_expired_lease_is_rescued_and_the_job_runs_again(dsn, conn):
     assert runs == [2]
 
 
+async def test_only_the_leader_rescues_even_when_it_lost_the_lease_after_renewing(dsn, pool):
+    """The rescue is fenced by the leadership in its own statement, not only by the renewal
+    before it: a worker that does not lead, and one whose lease another worker took between
+    its renewal and its rescue (a pause longer than the lease), rescue nothing."""
+    from pgworker._maintenance import Maintenance
+
+    job = (await pgworker.enqueue(pool, "t", {})).job.id
+    await fake_claim(pool, job)  # its lease expired a second ago
+    follower = Maintenance(pool, pgworker.Settings(dsn=dsn, worker_id="follower"))
+    await pool.execute(
+        "INSERT INTO pgworker.leader (name, worker_id, expires_at) "
+        "VALUES ('maintenance', 'someone-else', now() + interval '1 hour')"
+    )
+    await follower.step()
+    assert not follower.leading and follower.rescued == 0
+    [row] = await Q.jobs_expired(pool, [], None)
+    decision = ((row["id"], row["attempts"], row["claimed_at"]), "pending", 0.0, 1)
+    assert await Q.jobs_rescue(pool, "follower", [decision]) == []
+    await pool.execute("DELETE FROM pgworker.leader")
+
+    deposed = Maintenance(pool, pgworker.Settings(dsn=dsn, worker_id="deposed"))
+    renew = deposed.leadership.renew
+
+    async def renew_then_lose_the_lease() -> bool:
+        leading = await renew()
+        await pool.execute("UPDATE pgworker.leader SET worker_id = 'usurper'")
+        return leading
+
+    deposed.leadership.renew = renew_then_lose_the_lease  # type: ignore[method-assign]
+    await deposed.step()
+    assert deposed.rescued == 0
+    assert await pool.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job) == "running"
+    assert [a["outcome"] for a in await attempts(pool, job)] == ["running"]
+
+    deposed.leadership.renew = renew  # type: ignore[method-assign]
+    await pool.execute("DELETE FROM pgworker.leader")
+    await deposed.step()  # leading, it rescues: the job was rescuable all along
+    assert deposed.rescued == 1
+    assert await pool.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job) == "pending"
+
+
 async def test_a_late_outcome_is_fenced(conn):
     r = await pgworker.enqueue(conn, "t", {})
     first = await fake_claim(conn, r.job.id)
