@@ -130,13 +130,16 @@ def test_messages_are_one_line_and_tracebacks_8_kb():
 
 
 def test_hostile_texts_are_redacted_in_linear_time():
+    """About 10 ms of CPU each; a pattern that backtracks takes minutes on them. The time is
+    this thread's CPU time, which a loaded machine does not stretch as it stretches the wall
+    clock."""
     import time
 
     r = redactor()
     for text in ("a" * 60_000, "token" * 12_000, "a.a." * 15_000 + "://", "x:" * 30_000):
-        started = time.perf_counter()
+        started = time.thread_time()
         r.text(text, PAYLOAD)
-        assert time.perf_counter() - started < 1.0, text[:20]
+        assert time.thread_time() - started < 2.0, text[:20]
 
 
 # --- a DSN's password --------------------------------------------------------------------------

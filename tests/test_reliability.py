@@ -230,7 +230,7 @@ async def test_cancel_pending_running_and_finished_jobs(dsn, conn, listen):
     async def slow(ctx, payload):
         started.set()
         try:
-            await anyio.sleep(60)
+            await anyio.sleep(3600)
         finally:
             cancelled_at.append(time.monotonic())
 
@@ -245,12 +245,13 @@ async def test_cancel_pending_running_and_finished_jobs(dsn, conn, listen):
 
     running = await pgworker.enqueue(conn, "slow", {})
     # Without LISTEN the request reaches the worker with its next heartbeat (a third of the lease).
+    # The handler sleeps an hour and the lease is renewed meanwhile: only the cancel request ends
+    # it within the bound, however slow the machine.
     async with pgworker.Worker(registry, dsn, listen=listen, lease=1.5, poll_interval=0.1):
         await started.wait()
-        asked = time.monotonic()
         assert await pgworker.cancel(conn, running.job.id) == "cancelling"
-        await wait_for(lambda: all_finished(conn), timeout=5)
-        assert cancelled_at[0] - asked < 1.0
+        await wait_for(lambda: all_finished(conn), timeout=60)
+        assert len(cancelled_at) == 1
     job = await pgworker.get_job(conn, running.job.id)
     assert (job.status, job.retry_count) == ("cancelled", 0)
     assert [a["outcome"] for a in await attempts(conn, job.id)] == ["cancelled"]
@@ -292,12 +293,18 @@ async def test_terminated_backends_do_not_stop_the_worker(dsn, conn, pool):
                WHERE application_name LIKE 'pgworker%' AND datname = current_database()"""
         )
         assert killed >= 3  # pool, listener and maintenance connections
-        await wait_for(lambda: all_finished(conn), timeout=30)
-        # The listener came back: a new job starts at once although the poll interval is 60 s.
-        t0 = time.monotonic()
+        await wait_for(lambda: all_finished(conn), timeout=60)
+        # The listener came back (it listens again), and a new job starts long before the next
+        # poll could take it (60 s): woken by its notification.
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE 'pgworker-listen:%' AND query LIKE 'LISTEN%'"
+            ),
+            timeout=60,
+        )
         await pgworker.enqueue(pool, "t", {"n": 1000})
-        await wait_for(lambda: 1000 in done, timeout=5)
-        assert time.monotonic() - t0 < 2.0
+        await wait_for(lambda: 1000 in done, timeout=20)
     assert (
         await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'") == 51
     )
