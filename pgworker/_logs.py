@@ -39,6 +39,7 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
+from ._render import cell, terminal
 from .errors import ConfigError
 
 LogFormat = Literal["json", "console"]
@@ -74,8 +75,10 @@ def configure(
         # Plain tracebacks: structlog's default (rich, when installed) prints every frame's
         # locals, and those hold bearer tokens, DSNs and payloads.
         tail = [
-            structlog.dev.ConsoleRenderer(
-                colors=False, exception_formatter=structlog.dev.plain_traceback
+            _Terminal(
+                structlog.dev.ConsoleRenderer(
+                    colors=False, exception_formatter=structlog.dev.plain_traceback
+                )
             )
         ]
     structlog.configure(
@@ -100,6 +103,24 @@ def configure(
     logging.captureWarnings(True)
     global _configured
     _configured = None
+
+
+class _Terminal:
+    """A console renderer whose lines are safe on a terminal: the event's text stays on its
+    line (its newlines shown as `\\n`; the renderer quotes other fields with whitespace as
+    repr does), and nothing in the line is obeyed by the terminal: a handler's error text, a
+    job's type or a traceback's message has its control characters shown escaped (see
+    `_render.terminal`; a traceback keeps its own lines). The JSON format needs none of it:
+    JSON escapes every control character."""
+
+    def __init__(self, renderer: Any) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
+        event = event_dict.get("event")
+        if isinstance(event, str):
+            event_dict["event"] = cell(event)
+        return terminal(self._renderer(logger, method, event_dict))
 
 
 def configure_logging(format: LogFormat = "console", level: str = "info") -> None:

@@ -1,10 +1,16 @@
 """What the commands print: pure functions from what `operations` returns to text or JSON. No
 database, no printing. `pgworker status` from the rows of `operations.status` (mappings with the
-columns of sql/queries/status_*.sql); `failed list`, `show`, `replay` and `prune` below."""
+columns of sql/queries/status_*.sql); `failed list`, `show`, `replay` and `prune` below.
+
+Text from the database (types, queues, errors, tracebacks, worker ids, milestones, payloads) is
+anybody's: `terminal` escapes what a terminal would obey in it, and the CLI passes everything it
+prints through it (cli.say), the console log through `_logs`. A value that sits on one line of
+a table or list goes through `cell` (its newlines too), so it cannot fake a line."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from enum import Enum
@@ -19,6 +25,35 @@ STATUSES = tuple(s.value for s in JobStatus)
 
 Rows = Mapping[str, Sequence[Mapping[str, Any]]]
 """What `operations.status` returns: counts, oldest_pending, unserved and workers rows."""
+
+_CONTROLS = "\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+_UNSAFE = re.compile(f"[{_CONTROLS}]")
+_UNSAFE_OR_NEWLINE = re.compile(f"[\n{_CONTROLS}]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escaped(found: re.Match[str]) -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal(text: str) -> str:
+    """`text` safe to write to a terminal: every character a terminal or a reader would obey
+    rather than show is written as its visible escape (`\\x1b`, `\\r`, `\\x9b`, `\\u202e`): the
+    C0 controls but the newline (ESC, CR, tab, BEL...), DEL, the C1 controls U+0080-U+009F (the
+    8-bit CSI U+009B among them), the bidirectional embeddings, overrides and isolates
+    (U+202A-U+202E, U+2066-U+2069: they reorder what is shown, as in "Trojan Source") and the
+    line and paragraph separators U+2028, U+2029. Every other character, backslashes too, is
+    kept: an escape reads like Python's, it is not meant to be parsed back."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def cell(value: object) -> str:
+    """A value that sits on one line among others: `terminal`, and its newlines escaped too."""
+    return _UNSAFE_OR_NEWLINE.sub(_escaped, str(value))
 
 
 def age(seconds: float | None) -> str:
@@ -43,7 +78,8 @@ def table(queues: Mapping[str, Mapping[str, int]], oldest: Mapping[str, float | 
     """One line per queue (sorted) under a header, columns aligned; `(no jobs)` when empty."""
     header = ("queue", *STATUSES, "oldest pending")
     rows = [header] + [
-        (q, *(str(c[s]) for s in STATUSES), age(oldest.get(q))) for q, c in sorted(queues.items())
+        (cell(q), *(str(c[s]) for s in STATUSES), age(oldest.get(q)))
+        for q, c in sorted(queues.items())
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
@@ -59,7 +95,8 @@ def workers(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = [f"live workers: {len(rows)}"]
     for w in rows:
         lines.append(
-            f"  {w['worker_id']}  queues={','.join(w['queues'])}  types={','.join(w['types'])}"
+            f"  {cell(w['worker_id'])}  queues={cell(','.join(w['queues']))}  "
+            f"types={cell(','.join(w['types']))}"
         )
     return lines
 
@@ -71,7 +108,7 @@ def unserved(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         return []
     return [
         "pending types that no live worker serves:",
-        *(f"  {u['queue']}: {u['type']}{_version(u)}" for u in rows),
+        *(f"  {cell(u['queue'])}: {cell(u['type'])}{_version(u)}" for u in rows),
     ]
 
 
@@ -143,7 +180,8 @@ def _cut(text: str | None, width: int = ERROR_WIDTH) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+def _aligned(cells: Sequence[Sequence[str]]) -> list[str]:
+    rows = [[cell(c) for c in r] for r in cells]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
@@ -273,20 +311,20 @@ def show_text(found: Mapping[str, Any]) -> str:
         lines.append(f"  {name.ljust(width)}  {_compact(job[name])}")
     lines += ["", f"milestones: {len(found['milestones'])}"]
     lines += [
-        f"  {when(m['at'])}  attempt {m['attempt']}  {m['milestone']}"
+        f"  {when(m['at'])}  attempt {m['attempt']}  {cell(m['milestone'])}"
         + ("" if m["detail"] is None else f"  {_compact(m['detail'])}")
         for m in found["milestones"]
     ]
     lines += ["", f"steps: {len(found['steps'])}"]
     lines += [
-        f"  {s['name']}  attempt {s['attempt']}  {when(s['finished_at'])}  "
+        f"  {cell(s['name'])}  attempt {s['attempt']}  {when(s['finished_at'])}  "
         f"{_cut(_compact(s['result']), 120)}"
         for s in found["steps"]
     ]
     lines += ["", f"attempts: {len(found['attempts'])}"]
     for a in found["attempts"]:
         lines.append(
-            f"  #{a['attempt']}  {a['outcome']}  worker {a['worker_id']}  "
+            f"  #{a['attempt']}  {a['outcome']}  worker {cell(a['worker_id'])}  "
             f"{when(a['started_at'])} to {when(a['finished_at'])}"
         )
         if a["error_type"] or a["error_message"]:
@@ -294,7 +332,7 @@ def show_text(found: Mapping[str, Any]) -> str:
             lines.append(f"      {_cut(error, 200)}")
     lines += ["", f"events: {len(found['events'])}"]
     lines += [
-        f"  {when(e['at'])}  {e['kind']} by {e['actor'] or '-'}"
+        f"  {when(e['at'])}  {e['kind']} by {cell(e['actor'] or '-')}"
         + (f": {_cut(e['reason'], 200)}" if e["reason"] else "")
         for e in found["events"]
     ]

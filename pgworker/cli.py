@@ -55,11 +55,19 @@ LIVE_WITHIN = 60.0
 _BODY_LIMIT = 1024 * 1024
 
 
+def say(text: str, *, err: bool = False) -> None:
+    """Print one message (lines joined by newlines) on stdout, or stderr: the only way the CLI
+    prints. Text from the database is anybody's, so every control character in it (ESC, CR, C1,
+    bidi overrides: see `_render.terminal`) is shown escaped, never obeyed by the terminal."""
+    print(_render.terminal(text), file=sys.stderr if err else sys.stdout)
+
+
 class _Parser(argparse.ArgumentParser):
     """A mistake in the arguments is one line on stderr and exit status 2, as any other."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        say(f"{self.prog}: error: {message} (see --help)", err=True)
+        self.exit(2)
 
 
 def integer(raw: str) -> int:
@@ -679,7 +687,7 @@ async def _migrate(args: argparse.Namespace) -> int:
         applied = await migrate(conn, schema=_schema(args))
     finally:
         await conn.close()
-    print(f"applied migrations {applied}" if applied else "schema is up to date")
+    say(f"applied migrations {applied}" if applied else "schema is up to date")
     return 0
 
 
@@ -694,7 +702,8 @@ def _load(target: str) -> Registry:
         tb = exc.__traceback__
         while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        shown = traceback.format_exception(type(exc), exc, tb or exc.__traceback__)
+        say("".join(shown).rstrip("\n"), err=True)
         module = target.partition(":")[0]
         raise ConfigError(
             "module", f"importing {module!r} raised {type(exc).__name__}: {exc}"
@@ -787,7 +796,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
     finally:
         await conn.close()
     job = result.job
-    print(
+    say(
         json.dumps(
             {
                 "id": job.id,
@@ -810,11 +819,11 @@ async def _cancel(args: argparse.Namespace) -> int:
         await conn.close()
     match outcome:
         case CancelResult.CANCELLED:
-            print(f"job {args.job_id} cancelled (it was pending)")
+            say(f"job {args.job_id} cancelled (it was pending)")
         case CancelResult.CANCELLING:
-            print(f"job {args.job_id} is running: its worker was asked to stop it")
+            say(f"job {args.job_id} is running: its worker was asked to stop it")
         case _:  # CancelResult.ALREADY_COMPLETED, ALREADY_FAILED, ALREADY_CANCELLED
-            print(f"job {args.job_id} is {outcome.value}: nothing to cancel")
+            say(f"job {args.job_id} is {outcome.value}: nothing to cancel")
     return 0
 
 
@@ -825,7 +834,7 @@ async def _status(args: argparse.Namespace) -> int:
         found = await status(conn, schema=_schema(args), live_within=LIVE_WITHIN)
     finally:
         await conn.close()
-    print(_render.status_json(found) if args.json else _render.status_text(found))
+    say(_render.status_json(found) if args.json else _render.status_text(found))
     return 0
 
 
@@ -840,7 +849,7 @@ async def _failed(args: argparse.Namespace) -> int:
         )
     finally:
         await conn.close()
-    print(_render.failed_json(found) if args.json else _render.failed_text(found))
+    say(_render.failed_json(found) if args.json else _render.failed_text(found))
     return 0
 
 
@@ -854,7 +863,7 @@ async def _show(args: argparse.Namespace) -> int:
         await conn.close()
     if found is None:
         raise ValidationError("ID", f"there is no job {args.job_id}")
-    print(_render.show_json(found) if args.json else _render.show_text(found))
+    say(_render.show_json(found) if args.json else _render.show_text(found))
     return 0
 
 
@@ -883,9 +892,9 @@ async def _replay(args: argparse.Namespace) -> int:
         )
     finally:
         await conn.close()
-    print(_render.replay_text(result))
+    say(_render.replay_text(result))
     for line in _render.skipped_lines(result):
-        print(f"pgworker replay: {line}", file=sys.stderr)
+        say(f"pgworker replay: {line}", err=True)
     return 1 if result.skipped else 0
 
 
@@ -904,7 +913,7 @@ async def _prune(args: argparse.Namespace) -> int:
         )
     finally:
         await conn.close()
-    print(_render.prune_text(pruned, args.dry_run))
+    say(_render.prune_text(pruned, args.dry_run))
     return 0
 
 
@@ -917,10 +926,10 @@ async def _health(args: argparse.Namespace) -> int:
         )
     verdict = _health_file.judge(path)
     if verdict.healthy:
-        print(f"pgworker health: ok: {verdict.reason}")
+        say(f"pgworker health: ok: {verdict.reason}")
         return 0
     # 1, not 2: Docker's HEALTHCHECK reserves exit status 2.
-    print(f"pgworker health: unhealthy: {verdict.reason}", file=sys.stderr)
+    say(f"pgworker health: unhealthy: {verdict.reason}", err=True)
     return 1
 
 
@@ -1059,13 +1068,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if error is None:
             refusal = _refusal(exc)
             if refusal is None:
-                raise
-            print(
+                if not isinstance(exc, Exception):
+                    raise
+                # A bug's traceback, as Python would print it, and its exit status 1: its
+                # messages may quote the database's text, so it is escaped as any other.
+                say("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
+                return 1
+            say(
                 f"pgworker {_name(args)}: error: the database refused it: {refusal}",
-                file=sys.stderr,
+                err=True,
             )
             return 1
-        print(f"pgworker {_name(args)}: error: {error}", file=sys.stderr)
+        say(f"pgworker {_name(args)}: error: {error}", err=True)
         return 2
 
 

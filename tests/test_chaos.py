@@ -143,16 +143,16 @@ async def test_sigstop_past_the_lease_then_sigcont_completes_once(dsn, conn, wor
 
 
 async def test_effect_recorded_before_a_crash_happens_once(dsn, conn, workers):
-    """The handler runs twice (killed after its effect, then rescued): the runs table, one row per
-    run, proves the second run happened; the effects table shows it did not repeat the effect."""
-    await conn.execute("CREATE TABLE chaos_effects (job_id bigint PRIMARY KEY, attempt int)")
+    """A transactional step commits its effect with its checkpoint; the worker is SIGKILLed after
+    it, before the acknowledgement, and the rescued job runs again: the runs table (one row per
+    run) proves the second run happened, and the effects table, which has no unique key, shows
+    the step did not write the effect again (it returned the first run's result)."""
+    await conn.execute("CREATE TABLE chaos_effects (job_id bigint, attempt int)")
     await conn.execute("CREATE TABLE chaos_runs (job_id bigint, attempt int)")
-    r = await pgworker.enqueue(
-        conn, "effect", {"hold": True, "count_runs": True}, idempotency_key="effect-1"
-    )
+    r = await pgworker.enqueue(conn, "step-effect", {}, idempotency_key="effect-1")
     a = workers.start("a", "--lease", "1")
     await wait_for(lambda: conn.fetchval("SELECT count(*) FROM chaos_effects"), timeout=30)
-    a.kill()  # after the effect, before the acknowledgement
+    a.kill()  # after the step committed, before the acknowledgement
     a.wait()
     workers.start("b", "--lease", "1")
     await wait_for(
@@ -165,6 +165,8 @@ async def test_effect_recorded_before_a_crash_happens_once(dsn, conn, workers):
     assert [tuple(x) for x in runs] == [(r.job.id, 1), (r.job.id, 2)]
     effects = await conn.fetch("SELECT job_id, attempt FROM chaos_effects")
     assert [tuple(x) for x in effects] == [(r.job.id, 1)]
+    job = await pgworker.get_job(conn, r.job.id)
+    assert job.result == {"effect_by_attempt": 1}
     rows = await attempts(conn, r.job.id)
     assert [x["outcome"] for x in rows] == ["lost", "completed"]
     assert workers.stop_all()[1] == 0

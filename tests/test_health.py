@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,7 +294,9 @@ def test_a_fresh_file_with_services_ok_or_retrying_is_healthy(tmp_path, capsys):
     path = record(tmp_path / "h.json", age=5, heartbeat="retrying", completer="retrying")
     code, out, err = run_health(capsys, "--health-file", str(path))
     assert (code, err) == (0, "")
-    assert out.startswith("pgworker health: ok: written 5.0 s ago; ") and out.count("\n") == 1
+    # The age is read when the command runs: a loaded machine may add to the 5 s.
+    written = re.match(r"pgworker health: ok: written (\d+\.\d) s ago; ", out)
+    assert written and 5.0 <= float(written[1]) < 15.0 and out.count("\n") == 1, out
     assert "heartbeat retrying" in out and "producer ok" in out
 
 
@@ -337,8 +340,10 @@ def test_a_file_older_than_its_lease_is_stale_by_so_many_seconds(tmp_path, capsy
     path = record(tmp_path / "h.json", age=42, lease=30)
     code, _, err = run_health(capsys, "--health-file", str(path))
     assert code == 1
-    assert err.startswith(f"pgworker health: unhealthy: {path} is stale by 12 s (written 42 s ago")
-    fresh = record(tmp_path / "h2.json", age=29, lease=30)
+    stale = re.match(rf"pgworker health: unhealthy: {re.escape(str(path))} is stale by (\d+) s "
+                     r"\(written (\d+) s ago", err)  # fmt: skip
+    assert stale and 42 <= int(stale[2]) < 52 and int(stale[2]) - int(stale[1]) == 30, err
+    fresh = record(tmp_path / "h2.json", age=25, lease=30)
     assert run_health(capsys, "--health-file", str(fresh))[0] == 0
 
 

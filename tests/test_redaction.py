@@ -130,13 +130,16 @@ def test_messages_are_one_line_and_tracebacks_8_kb():
 
 
 def test_hostile_texts_are_redacted_in_linear_time():
+    """About 10 ms of CPU each; a pattern that backtracks takes minutes on them. The time is
+    this thread's CPU time, which a loaded machine does not stretch as it stretches the wall
+    clock."""
     import time
 
     r = redactor()
     for text in ("a" * 60_000, "token" * 12_000, "a.a." * 15_000 + "://", "x:" * 30_000):
-        started = time.perf_counter()
+        started = time.thread_time()
         r.text(text, PAYLOAD)
-        assert time.perf_counter() - started < 1.0, text[:20]
+        assert time.thread_time() - started < 2.0, text[:20]
 
 
 # --- a DSN's password --------------------------------------------------------------------------
@@ -276,3 +279,17 @@ def test_retention_settings_take_what_the_command_line_takes():
     with pytest.raises(ConfigError) as caught:
         Settings(dsn, retain_completed="soon")
     assert caught.value.field == "retain_completed"
+
+
+def test_secrets_are_found_in_any_letter_case():
+    """The README: key names match case-insensitively, payload values are found in any letter
+    case, and so are the `key=value` pairs and `Bearer` tokens (each of the four would let a
+    secret through if matched in one case only)."""
+    r = redactor()
+    payload = {"PassWord": "hunter2-xyz", "API_KEY": "sk_live_123"}
+    assert redact_payload(payload) == {"PassWord": REDACTED, "API_KEY": REDACTED}
+    text = "login failed for HUNTER2-XYZ with key Sk_Live_123"  # a service upper-cases them
+    assert r.text(text, payload) == f"login failed for {REDACTED} with key {REDACTED}"
+    assert r.text("retry with DB_PassWord=abc1 then") == f"retry with DB_PassWord={REDACTED} then"
+    assert r.text("sent BEARER eyJ.abc-def now") == f"sent BEARER {REDACTED} now"
+    assert r.text("sent Bearer eyJ.abc-def now") == f"sent Bearer {REDACTED} now"

@@ -1,7 +1,8 @@
 """Handlers for the chaos tests (`pgworker run tests.apps.chaos`). CHAOS_DSN is where `effect`
 records what it did: its effect in `chaos_effects` (keyed by job), and, when the payload asks for
-`count_runs`, each run of its handler in `chaos_runs` (append-only, one row per run). The
-`poison-*` handlers are the soak's poison jobs."""
+`count_runs`, each run of its handler in `chaos_runs` (append-only, one row per run);
+`step-effect` writes its effect through a transactional step. The `poison-*` handlers are the
+soak's poison jobs."""
 
 import asyncio
 import os
@@ -44,6 +45,32 @@ async def effect(ctx: pgworker.JobContext, payload: dict) -> None:
         await conn.close()
     if payload.get("hold") and ctx.attempt == 1:
         await anyio.sleep(3600)  # killed here: after the effect, before the acknowledgement
+
+
+@registry.task("step-effect", max_retries=5)
+async def step_effect(ctx: pgworker.JobContext, payload: dict) -> dict:
+    """The effect written in a transactional step, into a table without a unique key: only the
+    step's checkpoint (committed with it) keeps a second run from writing it again. Each run of
+    the handler is a row of `chaos_runs`. The first attempt waits after the step, to be killed
+    before its acknowledgement."""
+    conn = await asyncpg.connect(os.environ["CHAOS_DSN"])
+    try:
+        await conn.execute(
+            "INSERT INTO chaos_runs (job_id, attempt) VALUES ($1, $2)", ctx.job_id, ctx.attempt
+        )
+    finally:
+        await conn.close()
+
+    async def write(step: asyncpg.Connection) -> int:
+        await step.execute(
+            "INSERT INTO chaos_effects (job_id, attempt) VALUES ($1, $2)", ctx.job_id, ctx.attempt
+        )
+        return ctx.attempt
+
+    done_by = await ctx.transactional_step("effect", write)
+    if ctx.attempt == 1:
+        await anyio.sleep(3600)  # killed here: after the step committed, before the ack
+    return {"effect_by_attempt": done_by}
 
 
 @registry.task("refuse")
