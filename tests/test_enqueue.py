@@ -236,10 +236,15 @@ async def test_enqueue_many_names_the_payload_that_cannot_be_stored(conn, bad):
     assert await count_jobs(conn) == 0
 
 
-async def test_enqueue_many_keeps_json_null_payloads_and_generates_correlation_ids(conn):
+async def test_enqueue_many_stores_null_payloads_as_enqueue_does_and_generates_correlation_ids(
+    conn,
+):
     results = await pgworker.enqueue_many(conn, [JobSpec("t", None), JobSpec("t", [1, "a"])])
     jobs = [await pgworker.get_job(conn, r.job.id) for r in results]
-    assert [j.payload for j in jobs] == [None, [1, "a"]]
+    assert [j.payload for j in jobs] == [r.job.payload for r in results] == [{}, [1, "a"]]
+    scheduled = await pgworker.enqueue_many(conn, [JobSpec("t", None, delay=1)])  # the INSERT
+    assert scheduled[0].job.payload == (await pgworker.get_job(conn, scheduled[0].job.id)).payload
+    assert scheduled[0].job.payload == {}
     assert all(j.correlation_id for j in jobs)
     assert [r.job.correlation_id for r in results] == [j.correlation_id for j in jobs]
     assert results[0].job.correlation_id != results[1].job.correlation_id
