@@ -186,8 +186,40 @@ def aborted(driver: str) -> PgWorkerError:
 
 def closed(driver: str) -> DatabaseUnavailable:
     return DatabaseUnavailable(
-        f"the {driver} is closed; enqueue on an open connection: nothing was written"
+        f"the {driver} is closed; reconnect (or take another connection from the pool), then "
+        "enqueue on the open connection: nothing was written"
     )
+
+
+UNUSABLE: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InFailedSQLTransactionError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+"""What asyncpg raises on a connection that cannot enqueue (see `unusable`)."""
+
+
+def _native_closed(conn: Any) -> bool:
+    if isinstance(conn, asyncpg.Pool):
+        return conn.is_closing()
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.exceptions.InterfaceError:  # a pooled connection released to its pool
+        return True
+
+
+def unusable(conn: Any, exc: BaseException) -> PgWorkerError | None:
+    """An asyncpg error on the enqueue path as the error the other drivers raise, saying what
+    to do: an aborted transaction (roll it back), a closed connection or pool (reconnect).
+    None for anything else, which is raised as it is."""
+    if is_adapter(conn):
+        return None
+    driver = "asyncpg Pool" if isinstance(conn, asyncpg.Pool) else "asyncpg Connection"
+    if isinstance(exc, asyncpg.exceptions.InFailedSQLTransactionError):
+        return aborted(driver)
+    if _native_closed(conn):
+        return closed(driver)
+    return None
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
+from decimal import Decimal
 from json.encoder import c_encode_basestring, c_make_encoder  # type: ignore[attr-defined]
 from typing import Any, NamedTuple, TypeVar
 
@@ -16,7 +17,7 @@ import anyio.lowlevel
 from . import _limits as limits
 from ._db.connection import Executor, transaction
 from ._db.queries import Queries, queries
-from ._drivers import NATIVE, adapt, is_adapter
+from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
 from ._tracing import current_traceparent
 from .context import current_correlation_id
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
@@ -152,10 +153,12 @@ async def enqueue(
     """Insert one job and notify the workers of its queue. `version` is the payload's version
     (default 1): only workers whose task runs that version claim the job.
 
-    On a Connection inside a transaction, the job and its notification exist only if that
-    transaction commits. With an idempotency key already used for the same type and payload,
-    the existing job comes back with `created=False`; with another type or payload,
-    IdempotencyConflict is raised and nothing is written.
+    A payload of None (JSON null) is stored as `{}`, as by every other path. On a Connection
+    inside a transaction, the job and its notification exist only if that transaction commits.
+    With an idempotency key already used for the same type and payload (compared as JSON values:
+    1 and 1.0 are the same), the existing job comes back with `created=False`; with another type
+    or payload, IdempotencyConflict is raised and nothing is written. A connection that is closed,
+    or whose transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
 
     `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
     AsyncSession: the job is written in its transaction (see pgworker.sync for synchronous ones).
@@ -177,6 +180,18 @@ async def enqueue(
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
     q = queries(limits.identifier("schema", schema))
+    try:
+        return await _insert(conn, q, f, text, idempotency_key)
+    except UNUSABLE as exc:
+        error = unusable(conn, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+async def _insert(
+    conn: Executor, q: Queries, f: _Fields, text: str, idempotency_key: str | None
+) -> EnqueueResult:
     row = await q.job_insert(
         conn,
         f.type,
@@ -222,28 +237,41 @@ async def enqueue_many(
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
-    if plain and not is_adapter(conn):
-        return await _copy_many(conn, q, specs)
+    try:
+        if plain and not is_adapter(conn):
+            return await _copy_many(conn, q, specs)
+        return await _insert_many(conn, q, specs)
+    except UNUSABLE as exc:
+        error = unusable(conn, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+async def _insert_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
+    """enqueue_many's one INSERT, for batches with idempotency keys or schedules."""
     unique: list[tuple[int, _Fields]] = []  # (index in specs, validated fields)
     texts: list[str] = []  # the payloads of `unique` as JSON
+    payloads: list[Any] = []  # the payloads of `unique`, None made {}
     first_of_key: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, spec in enumerate(specs):
         fields = _fields(spec, i)
-        text = _payload(i, spec.payload)
+        payload = {} if spec.payload is None else spec.payload
+        text = _payload(i, payload)
         key = fields.idempotency_key
         if key is not None:
             if key in first_of_key:
                 j = first_of_key[key]
-                first = specs[unique[j][0]]
-                same_payload = _canonical(first.payload, i) == _canonical(spec.payload, i)
-                if first.type != fields.type or not same_payload:
+                same_payload = _json_value(texts[j]) == _json_value(text)
+                if unique[j][1].type != fields.type or not same_payload:
                     raise IdempotencyConflict(key, None)
                 repeats[i] = j
                 continue
             first_of_key[key] = len(unique)
         unique.append((i, fields))
         texts.append(text)
+        payloads.append(payload)
     batch = _batch_json(unique, texts)
     traceparent = current_traceparent()
     async with transaction(conn) as c:
@@ -265,7 +293,7 @@ async def enqueue_many(
                     EnqueueResult.later(
                         _new_job,
                         fields,
-                        specs[i].payload,
+                        payloads[n],
                         row["id"],
                         row["correlation_id"],
                         row["run_at"],
@@ -359,7 +387,7 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
             else:
                 shape = shape_of(spec, i)
             f, head, tail = shape
-            payload = spec.payload
+            payload = {} if spec.payload is None else spec.payload
             encoded = _payload(i, payload)
             if "\\" in encoded:  # JSON text escapes tabs and newlines itself
                 encoded = encoded.replace("\\", "\\\\")
@@ -469,11 +497,16 @@ def _batch_json(unique: list[tuple[int, _Fields]], texts: list[str]) -> str:
     return "".join(spliced)
 
 
-def _canonical(payload: Any, i: int) -> str:
-    try:
-        return json.dumps(payload, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(f"specs[{i}].payload", f"must be JSON-serialisable ({exc})") from exc
+def _number(text: str) -> tuple[str, Decimal]:
+    return ("number", Decimal(text))
+
+
+def _json_value(text: str) -> Any:
+    """A payload's JSON text as a value that compares as jsonb's `=` does (migration 10's
+    same_work): numbers by value (1 = 1.0 = 1e0, exactly, however large) and never equal to
+    true or false, objects whatever the order of their keys. A batch's repeated key compares
+    its payloads so."""
+    return json.loads(text, parse_int=_number, parse_float=_number)
 
 
 def _new_job(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import math
@@ -13,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from . import _limits as limits
-from .errors import ConfigError
+from .errors import ConfigError, ValidationError
 from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from .retry import RetryPolicy
+
+_SHOWN_TASKS = 20
+"""The most task names an error about an unknown type lists."""
 
 Handler = Callable[..., Any]
 Upgrader = Callable[[Any], Any]
@@ -158,21 +162,51 @@ class Registry:
 
     async def enqueue(self, conn: Any, type: str, payload: Any = None, **options: Any) -> Any:
         """`pgworker.enqueue` with this registry's task defaults for queue, priority,
-        max_retries and version (the task's payload version) where the caller gives none."""
+        max_retries and version (the task's payload version) where the caller gives none.
+
+        A type this registry has no task for is refused (ValidationError naming `type`, nothing
+        written): it is most often a typo, whose job would wait on `default` for a worker that
+        never comes. `pgworker.enqueue(conn, type, ...)` enqueues a type served elsewhere."""
         from .enqueue import enqueue
 
-        task = self._tasks.get(type)
-        if task is not None:
-            defaults = {
-                "queue": task.queue,
-                "priority": task.priority,
-                "max_retries": task.retry.max_retries,
-                "version": task.version,
-            }
-            for name, value in defaults.items():
-                if options.get(name) is None:
-                    options[name] = value
+        task = self._tasks.get(type) if isinstance(type, str) else None
+        if task is None:
+            raise ValidationError("type", self._unknown(type))
+        defaults = {
+            "queue": task.queue,
+            "priority": task.priority,
+            "max_retries": task.retry.max_retries,
+            "version": task.version,
+        }
+        for name, value in defaults.items():
+            if options.get(name) is None:
+                options[name] = value
         return await enqueue(conn, type, payload, **options)
+
+    def _unknown(self, type: object) -> str:
+        """Why `type` cannot be enqueued through this registry: its tasks (the first 20, and
+        the closest names first), and the function that enqueues any type."""
+        names = sorted(self._tasks)
+        close: list[str] = []
+        if isinstance(type, str) and len(type) <= limits.MAX_TYPE_LENGTH:
+            close = difflib.get_close_matches(type, names, n=3)
+        shown = [*close, *(n for n in names if n not in close)][:_SHOWN_TASKS]
+        if not names:
+            tasks = "this registry has no tasks"
+        else:
+            more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
+            tasks = "this registry's tasks are " + ", ".join(map(repr, shown)) + more
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return (
+            f"{_shown(type)} is not a task of this registry{hint}; {tasks}. To enqueue a "
+            "type this registry does not serve, use pgworker.enqueue(conn, type, ...)"
+        )
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """`value` for a message: its repr, cut at `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _upgraders(upgrade: Any, version: int) -> dict[int, Upgrader]:

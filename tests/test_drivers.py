@@ -395,6 +395,37 @@ async def test_the_same_enqueue_gives_the_same_row_and_idempotency(via, conn):
 
 
 @aio
+async def test_null_payloads_and_equal_numbers_are_one_job_on_every_driver(via, conn):
+    """Issue 20, item E: a null payload is the {} that asyncpg's enqueue stores, and one key
+    with payloads equal as JSON values (1 and 1.0, at any depth) is one job, whichever path
+    enqueued it first; a different value still conflicts."""
+    ours = await via.enqueue("t", None, idempotency_key="null-theirs")
+    assert ours.created is True
+    reference = await pgworker.enqueue(conn, "t", None, idempotency_key="null-theirs")
+    assert (reference.job.id, reference.created) == (ours.job.id, False)
+    python = await pgworker.enqueue(conn, "t", None, idempotency_key="null-ours")
+    again = await via.enqueue("t", None, idempotency_key="null-ours")
+    assert (again.job.id, again.created) == (python.job.id, False)
+    plain = await via.enqueue("t", None)
+    rows = await conn.fetch(
+        "SELECT payload, fingerprint FROM pgworker.jobs WHERE id = ANY($1::bigint[])",
+        [ours.job.id, plain.job.id],
+    )
+    expected = await row_of(conn, python.job.id)
+    assert all(r["payload"] == expected["payload"] == "{}" for r in rows)
+
+    first = await via.enqueue("t", {"a": 1, "n": {"x": [2, 3.5]}}, idempotency_key="numbers")
+    for payload in ({"a": 1.0, "n": {"x": [2.0, 3.50]}}, {"n": {"x": [2, 3.5]}, "a": 1}):
+        found = await via.enqueue("t", payload, idempotency_key="numbers")
+        assert (found.job.id, found.created) == (first.job.id, False)
+        python = await pgworker.enqueue(conn, "t", payload, idempotency_key="numbers")
+        assert (python.job.id, python.created) == (first.job.id, False)
+    with pytest.raises(IdempotencyConflict):
+        await via.enqueue("t", {"a": 2, "n": {"x": [2, 3.5]}}, idempotency_key="numbers")
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 4
+
+
+@aio
 async def test_defaults_leave_max_retries_null_and_take_a_correlation_id(via, conn):
     first = await via.enqueue("t", {"a": 1}, correlation_id="req-1")
     plain = await via.enqueue("t", {})
@@ -607,8 +638,13 @@ async def test_a_closed_connection_is_a_clear_error(dsn, conn):
         pgworker.sync.enqueue(pconn, "t", {})
     aconn = await psycopg.AsyncConnection.connect(dsn)
     await aconn.close()
-    with pytest.raises(pgworker.DatabaseUnavailable, match="AsyncConnection is closed"):
+    with pytest.raises(pgworker.DatabaseUnavailable, match="AsyncConnection is closed; reconnect"):
         await pgworker.enqueue(aconn, "t", {})
+    # asyncpg's own closed connection: the same error (tests/test_enqueue.py says more).
+    nconn = await asyncpg.connect(dsn)
+    await nconn.close()
+    with pytest.raises(pgworker.DatabaseUnavailable, match="asyncpg Connection is closed"):
+        await pgworker.enqueue(nconn, "t", {})
     engine = create_engine(url(dsn, "postgresql+psycopg"))
     sconn = engine.connect()
     sconn.close()
@@ -636,6 +672,13 @@ async def test_an_aborted_transaction_is_a_clear_error(dsn, conn):
             await pgworker.enqueue(aconn, "t", {})
     finally:
         await aconn.close()
+    # asyncpg's own aborted transaction: the same error (tests/test_enqueue.py says more).
+    async with conn.transaction():
+        with pytest.raises(asyncpg.UndefinedTableError):
+            await conn.execute("SELECT * FROM no_such_table")
+        with pytest.raises(pgworker.PgWorkerError, match=aborted):
+            await pgworker.enqueue(conn, "t", {})
+    # (leaving the block commits an aborted transaction, which PostgreSQL rolls back)
     engine = create_engine(url(dsn, "postgresql+psycopg"))
     with Session(engine) as session:
         with pytest.raises(Exception, match="no_such_table"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import asyncpg
 import pytest
@@ -11,7 +13,10 @@ import pytest
 import pgworker
 from pgworker import JobSpec, ValidationError
 
+from .webserver import Served, server
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+__all__ = ["server"]  # the fixture, used by name
 
 
 async def count_jobs(conn: asyncpg.Connection) -> int:
@@ -236,10 +241,15 @@ async def test_enqueue_many_names_the_payload_that_cannot_be_stored(conn, bad):
     assert await count_jobs(conn) == 0
 
 
-async def test_enqueue_many_keeps_json_null_payloads_and_generates_correlation_ids(conn):
+async def test_enqueue_many_stores_null_payloads_as_enqueue_does_and_generates_correlation_ids(
+    conn,
+):
     results = await pgworker.enqueue_many(conn, [JobSpec("t", None), JobSpec("t", [1, "a"])])
     jobs = [await pgworker.get_job(conn, r.job.id) for r in results]
-    assert [j.payload for j in jobs] == [None, [1, "a"]]
+    assert [j.payload for j in jobs] == [r.job.payload for r in results] == [{}, [1, "a"]]
+    scheduled = await pgworker.enqueue_many(conn, [JobSpec("t", None, delay=1)])  # the INSERT
+    assert scheduled[0].job.payload == (await pgworker.get_job(conn, scheduled[0].job.id)).payload
+    assert scheduled[0].job.payload == {}
     assert all(j.correlation_id for j in jobs)
     assert [r.job.correlation_id for r in results] == [j.correlation_id for j in jobs]
     assert results[0].job.correlation_id != results[1].job.correlation_id
@@ -308,3 +318,167 @@ async def test_enqueue_many_copy_path_rolls_back_when_a_late_chunk_is_invalid(co
         after = await pgworker.enqueue_many(conn, specs[:1100])
     assert len(after) == 1100
     assert await count_jobs(conn) == 1101
+
+
+# --- one payload, one row, whatever the path (issue 20, item E) --------------------------------
+
+
+async def sql_function(conn: asyncpg.Connection, payload_json: str, key: str) -> tuple[int, bool]:
+    row = await conn.fetchrow(
+        "SELECT * FROM pgworker.enqueue('t', $1::jsonb, idempotency_key => $2)", payload_json, key
+    )
+    return row["id"], row["created"]
+
+
+async def test_null_and_equal_numbers_are_one_job_over_http_sql_and_python(
+    server: Served, conn
+) -> None:
+    """A null payload is {} and numbers compare by value, whichever path comes first: HTTP,
+    the SQL function, enqueue, enqueue_many."""
+    async with server.client() as c:
+
+        async def http(body: str) -> tuple[int, bool]:
+            r = await c.post("/jobs", content=body, headers={"content-type": "application/json"})
+            assert r.status_code in (200, 201), r.text
+            return r.json()["id"], r.status_code == 201
+
+        first = await http('{"type": "t", "payload": null, "idempotency_key": "null-1"}')
+        assert first[1] is True
+        assert await sql_function(conn, "null", "null-1") == (first[0], False)
+        py = await pgworker.enqueue(conn, "t", None, idempotency_key="null-1")
+        assert (py.job.id, py.created) == (first[0], False)
+        made = await sql_function(conn, "null", "null-2")
+        assert await http('{"type": "t", "payload": null, "idempotency_key": "null-2"}') == (
+            made[0],
+            False,
+        )
+        [many] = await pgworker.enqueue_many(conn, [JobSpec("t", None, idempotency_key="null-2")])
+        assert (many.job.id, many.created) == (made[0], False)
+
+        numbers = await http(
+            '{"type": "t", "payload": {"a": 1, "b": [100]}, "idempotency_key": "n"}'
+        )
+        for body in ('{"a": 1.0, "b": [1e2]}', '{"b": [100.00], "a": 1}'):
+            again = await http(f'{{"type": "t", "payload": {body}, "idempotency_key": "n"}}')
+            assert again == (numbers[0], False)
+            assert await sql_function(conn, body, "n") == (numbers[0], False)
+        py = await pgworker.enqueue(conn, "t", {"a": 1.0, "b": [100.0]}, idempotency_key="n")
+        assert (py.job.id, py.created) == (numbers[0], False)
+        different = await c.post(
+            "/jobs", json={"type": "t", "payload": {"a": 2, "b": [100]}, "idempotency_key": "n"}
+        )
+        assert different.status_code == 409, different.text
+    rows = await conn.fetch("SELECT idempotency_key, payload FROM pgworker.jobs ORDER BY id")
+    assert [(r["idempotency_key"], json.loads(r["payload"])) for r in rows] == [
+        ("null-1", {}),
+        ("null-2", {}),
+        ("n", {"a": 1, "b": [100]}),
+    ]
+
+
+async def test_a_batch_compares_a_repeated_key_by_json_value(conn):
+    results = await pgworker.enqueue_many(
+        conn,
+        [
+            JobSpec("t", {"a": 1, "n": [2]}, idempotency_key="k"),
+            JobSpec("t", {"n": [2.0], "a": 1.0}, idempotency_key="k"),
+            JobSpec("t", None, idempotency_key="null"),
+            JobSpec("t", {}, idempotency_key="null"),
+        ],
+    )
+    assert [r.created for r in results] == [True, False, True, False]
+    assert results[1].job.id == results[0].job.id and results[3].job.id == results[2].job.id
+    for other in ({"a": True, "n": [2]}, {"a": 1, "n": [2.5]}, {"a": 1, "n": (2, 3)}):
+        with pytest.raises(pgworker.IdempotencyConflict):
+            await pgworker.enqueue_many(
+                conn,
+                [
+                    JobSpec("t", {"a": 1, "n": [2]}, idempotency_key="new", delay=1),
+                    JobSpec("t", other, idempotency_key="new", delay=1),
+                ],
+            )
+    # A key held before the batch: compared by the database, by value as well.
+    [held] = await pgworker.enqueue_many(
+        conn, [JobSpec("t", {"a": 1.0, "n": [2]}, idempotency_key="k")]
+    )
+    assert (held.job.id, held.created) == (results[0].job.id, False)
+    assert await count_jobs(conn) == 2
+
+
+# --- registry.enqueue of a type it has no task for (issue 20, item I) --------------------------
+
+
+async def test_registry_enqueue_refuses_a_type_it_has_no_task_for(conn):
+    registry = pgworker.Registry()
+    for name in ("send-invoice", "send-receipt"):
+        registry.task(name)(lambda ctx, payload: None)
+    with pytest.raises(ValidationError) as caught:
+        await registry.enqueue(conn, "send-invoce", {"invoice_id": 42})
+    message = str(caught.value)
+    assert caught.value.field == "type"
+    assert "'send-invoce' is not a task of this registry" in message
+    assert "did you mean 'send-invoice'?" in message
+    assert "'send-invoice', 'send-receipt'" in message
+    assert "pgworker.enqueue(conn, type, ...)" in message
+    many = pgworker.Registry()
+    for n in range(50):
+        many.task(f"task-{n:02}")(lambda ctx, payload: None)
+    with pytest.raises(ValidationError) as caught:
+        await many.enqueue(conn, "x" * 10_000)
+    assert caught.value.field == "type" and "and 30 more" in str(caught.value)
+    assert len(str(caught.value)) < 1000
+    with pytest.raises(ValidationError, match="this registry has no tasks"):
+        await pgworker.Registry().enqueue(conn, "t")
+    assert await count_jobs(conn) == 0
+    # The way to enqueue a type served elsewhere.
+    assert (await pgworker.enqueue(conn, "send-invoce", {})).created
+
+
+# --- an unusable asyncpg connection (issue 20, item J) -----------------------------------------
+
+
+async def test_an_aborted_transaction_on_asyncpg_says_to_roll_back(conn):
+    """As on psycopg: PgWorkerError saying to roll back, asyncpg's error as its cause."""
+    for call in (
+        partial(pgworker.enqueue, conn, "t", {}),
+        partial(pgworker.enqueue, conn, "t", {}, idempotency_key="k"),
+        partial(pgworker.enqueue_many, conn, [JobSpec("t", {})]),  # COPY
+        partial(pgworker.enqueue_many, conn, [JobSpec("t", {}, idempotency_key="k")]),  # INSERT
+    ):
+        tx = conn.transaction()
+        await tx.start()
+        with pytest.raises(asyncpg.UndefinedTableError):
+            await conn.execute("SELECT * FROM no_such_table")
+        with pytest.raises(pgworker.PgWorkerError) as caught:
+            await call()
+        await tx.rollback()
+        assert "the asyncpg Connection's transaction is aborted" in str(caught.value)
+        assert "roll it back, then enqueue: nothing was written" in str(caught.value)
+        assert isinstance(caught.value.__cause__, asyncpg.InFailedSQLTransactionError)
+    assert await count_jobs(conn) == 0
+
+
+async def test_a_closed_asyncpg_connection_or_pool_says_to_reconnect(dsn, conn):
+    """As on psycopg: DatabaseUnavailable saying to reconnect, asyncpg's error as its cause."""
+    closed = await asyncpg.connect(dsn)
+    await closed.close()
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    async with pool.acquire() as released:
+        pass
+    await pool.close()
+    for target, name in (
+        (closed, "asyncpg Connection"),
+        (released, "asyncpg Connection"),
+        (pool, "asyncpg Pool"),
+    ):
+        for call in (
+            partial(pgworker.enqueue, target, "t", {}),
+            partial(pgworker.enqueue_many, target, [JobSpec("t", {})]),
+            partial(pgworker.enqueue_many, target, [JobSpec("t", {}, idempotency_key="k")]),
+        ):
+            with pytest.raises(pgworker.DatabaseUnavailable) as caught:
+                await call()
+            assert f"the {name} is closed; reconnect" in str(caught.value), caught.value
+            assert "nothing was written" in str(caught.value)
+            assert isinstance(caught.value.__cause__, asyncpg.InterfaceError)
+    assert await count_jobs(conn) == 0

@@ -196,7 +196,9 @@ async def test_registry_enqueue_fills_in_only_what_the_caller_left_out(conn):
     assert await stored(given) == ("bulk", 0, 0)  # 0 is a value, not "none given"
     partly = await registry.enqueue(conn, "mail-out", {"n": 3}, priority="low")
     assert await stored(partly) == ("mail", 0, 5)
-    assert await stored(await registry.enqueue(conn, "unknown", {})) == ("default", 0, None)
+    with pytest.raises(pgworker.ValidationError) as unknown:  # a typo is not sent to `default`
+        await registry.enqueue(conn, "unknown", {})
+    assert unknown.value.field == "type"
 
 
 async def test_a_result_that_is_not_json_completes_the_job_without_it(dsn, conn):

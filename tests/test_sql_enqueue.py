@@ -347,6 +347,163 @@ async def test_the_payload_limit_is_a_setting(conn):
     await sql_enqueue(conn, "t", {"a": "x" * 12})
 
 
+@pytest.mark.parametrize("bad", ["abc", "-5", "0", "1.5", "20 MB", "1e6", "9" * 30])
+@aio
+async def test_a_payload_limit_that_is_no_number_of_bytes_is_a_clear_error(conn, bad):
+    """Not PostgreSQL's `invalid input syntax for type bigint`: the setting named, what it
+    takes, and a SQLSTATE of pgworker's own class."""
+    await conn.execute(f"SET pgworker.max_payload_bytes = '{bad}'")
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await sql_enqueue(conn, "t", {"a": 1})
+    assert caught.value.sqlstate == "PGW02"
+    assert str(caught.value).startswith("pgworker.max_payload_bytes: must be a whole number")
+    assert repr(bad) in str(caught.value) and "RESET" in str(caught.value)
+    # Python's enqueue reads PGWORKER_MAX_PAYLOAD_BYTES, not this setting: it is not refused.
+    await pgworker.enqueue(conn, "t", {"a": 1})
+    await conn.execute("SET pgworker.max_payload_bytes = ' 20 '")
+    assert (await sql_enqueue(conn, "t", {"a": "x" * 10}))["created"]
+    assert await count(conn) == 2
+
+
+# The payloads equal as JSON values that each pair holds (numbers by value, at any depth), and
+# pairs that differ (1 and 2; true is not 1; ints past a float's precision stay apart).
+EQUAL_PAYLOADS = [
+    ({"a": 1}, {"a": 1.0}),
+    ({"n": {"x": [1, {"y": 2.50}]}}, {"n": {"x": [1.0, {"y": 2.5}]}}),
+    ({"a": 100}, '{"a": 1e2}'),
+    ([0], [-0.0]),
+]
+OTHER_PAYLOADS = [
+    ({"a": 1}, {"a": 2}),
+    ({"a": 1}, {"a": True}),
+    ({"a": 2**53 + 1}, {"a": float(2**53)}),
+    ({"a": 2**63}, {"a": 2**63 + 1}),
+]
+
+
+def as_json(payload: Any) -> str:
+    """A payload's JSON text; a str is JSON text already (`1e2`, which Python never writes)."""
+    return payload if isinstance(payload, str) else json.dumps(payload)
+
+
+@aio
+async def test_equal_json_values_are_the_same_payload(conn):
+    """{"a": 1} then {"a": 1.0} with one key: the existing job, from SQL and Python alike, in
+    either order; a different value still conflicts."""
+    for n, (first, second) in enumerate(EQUAL_PAYLOADS):
+        key = f"equal-{n}"
+        made = await conn.fetchrow(
+            "SELECT * FROM pgworker.enqueue('t', $1::jsonb, idempotency_key => $2)",
+            as_json(first),
+            key,
+        )
+        again = await conn.fetchrow(
+            "SELECT * FROM pgworker.enqueue('t', $1::jsonb, idempotency_key => $2)",
+            as_json(second),
+            key,
+        )
+        assert (again["id"], again["created"]) == (made["id"], False), (first, second)
+        if not isinstance(second, str):
+            py = await pgworker.enqueue(conn, "t", second, idempotency_key=key)
+            assert (py.job.id, py.created) == (made["id"], False)
+    for n, (first, second) in enumerate(OTHER_PAYLOADS):
+        key = f"other-{n}"
+        await pgworker.enqueue(conn, "t", first, idempotency_key=key)
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await sql_enqueue(conn, "t", second, idempotency_key=key)
+        assert caught.value.sqlstate == "PGW01", (first, second)
+        with pytest.raises(pgworker.IdempotencyConflict):
+            await pgworker.enqueue(conn, "t", second, idempotency_key=key)
+    assert await count(conn) == len(EQUAL_PAYLOADS) + len(OTHER_PAYLOADS)
+
+
+@aio
+async def test_a_null_payload_is_an_empty_object_as_in_python(conn):
+    """JSON null, SQL NULL and Python's None are one payload, `{}`: the same row, and one key
+    shared by all of them is one job."""
+    sql_null = await conn.fetchrow(
+        "SELECT * FROM pgworker.enqueue('t', 'null', idempotency_key => 'k')"
+    )
+    assert sql_null["created"]
+    py = await pgworker.enqueue(conn, "t", None, idempotency_key="k")
+    assert (py.job.id, py.created) == (sql_null["id"], False)
+    missing = await conn.fetchrow(
+        "SELECT * FROM pgworker.enqueue('t', NULL, idempotency_key => 'k')"
+    )
+    assert (missing["id"], missing["created"]) == (sql_null["id"], False)
+    explicit = await sql_enqueue(conn, "t", {}, idempotency_key="k")
+    assert (explicit["id"], explicit["created"]) == (sql_null["id"], False)
+    unkeyed = await conn.fetchrow("SELECT * FROM pgworker.enqueue('t', 'null')")
+    python = await pgworker.enqueue(conn, "t", None)
+    rows = await conn.fetch(
+        "SELECT payload, fingerprint FROM pgworker.jobs WHERE id = ANY($1::bigint[]) ORDER BY id",
+        [sql_null["id"], unkeyed["id"], python.job.id],
+    )
+    assert [r["payload"] for r in rows] == ["{}"] * 3
+    assert rows[0]["fingerprint"] == await conn.fetchval("SELECT pgworker.fingerprint('t', '{}')")
+
+
+async def migrated_to(conn: Any, last: int) -> None:
+    """The schema as `pgworker migrate` of a version whose newest migration was `last` left it."""
+    from pgworker._db import files
+    from pgworker._db.queries import queries
+
+    q = queries("pgworker")
+    await q.migrations_bootstrap(conn)
+    for m in files.migrations("pgworker"):
+        if m.version <= last:
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await q.migrations_record(conn, m.version, m.name)
+
+
+@aio
+async def test_keys_taken_before_migration_10_still_match_after_it(empty_dsn):
+    """Jobs enqueued by migration 9's function (and so with the fingerprints Python's enqueue
+    wrote then, which the test checks): retried after the upgrade with the same payload, from
+    SQL or Python, each is found (created=False); a JSON null kept then is the {} of now."""
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        await migrated_to(conn, 9)
+        before = {}
+        for key, payload in (("plain", '{"a": 1, "b": [1.5, "é"]}'), ("null", "null")):
+            row = await conn.fetchrow(
+                "SELECT * FROM pgworker.enqueue('t', $1::jsonb, idempotency_key => $2)",
+                payload,
+                key,
+            )
+            before[key] = row["id"]
+        assert await conn.fetchval(
+            "SELECT bool_and(fingerprint = md5(type || chr(31) || payload::text)) "
+            "FROM pgworker.jobs"
+        )
+        assert (
+            await conn.fetchval("SELECT payload FROM pgworker.jobs WHERE id = $1", before["null"])
+            == "null"
+        )
+        assert await pgworker.migrate(conn) == [10]
+        for payload in ({"a": 1, "b": [1.5, "é"]}, {"b": [1.50, "é"], "a": 1.0}):
+            py = await pgworker.enqueue(conn, "t", payload, idempotency_key="plain")
+            assert (py.job.id, py.created) == (before["plain"], False)
+            row = await sql_enqueue(conn, "t", payload, idempotency_key="plain")
+            assert (row["id"], row["created"]) == (before["plain"], False)
+        py = await pgworker.enqueue(conn, "t", None, idempotency_key="null")
+        assert (py.job.id, py.created) == (before["null"], False)
+        row = await conn.fetchrow(
+            "SELECT * FROM pgworker.enqueue('t', 'null', idempotency_key => 'null')"
+        )
+        assert (row["id"], row["created"]) == (before["null"], False)
+        [many] = await pgworker.enqueue_many(
+            conn, [pgworker.JobSpec("t", None, idempotency_key="null")]
+        )
+        assert (many.job.id, many.created) == (before["null"], False)
+        with pytest.raises(pgworker.IdempotencyConflict):
+            await pgworker.enqueue(conn, "t", {"a": 2}, idempotency_key="plain")
+        assert await count(conn) == 2
+    finally:
+        await conn.close()
+
+
 @aio
 async def test_notify_on_commit_only(conn, dsn):
     got: list[str] = []
@@ -405,8 +562,31 @@ async def test_a_trigger_enqueues_in_the_writing_transaction(conn, dsn):
 # so that created rows, existing jobs and conflicts come up as well as each refusal.
 storable = st.characters(codec="utf-8", exclude_characters="\x00")
 valid_text = st.text(storable, min_size=1, max_size=12)
-names = st.one_of(st.none(), st.none(), valid_text, valid_text, st.just(""))
-keys = st.one_of(st.none(), st.none(), st.just("taken"), st.just("taken"), valid_text, st.just(""))
+
+
+def at_limit(limit: int) -> st.SearchStrategy[str]:
+    """Text of exactly `limit` characters, or one more: each side's bound is compared. Mostly
+    characters of several UTF-8 bytes, so that a bound counted in bytes disagrees too."""
+    return st.builds(
+        lambda head, n: (head * n)[:n],
+        st.text(storable, min_size=1, max_size=3),
+        st.sampled_from([limit, limit + 1]),
+    )
+
+
+def names(limit: int) -> st.SearchStrategy[str | None]:
+    return st.one_of(st.none(), st.none(), valid_text, valid_text, st.just(""), at_limit(limit))
+
+
+keys = st.one_of(
+    st.none(),
+    st.none(),
+    st.just("taken"),
+    st.just("taken"),
+    valid_text,
+    st.just(""),
+    at_limit(limits.MAX_IDEMPOTENCY_KEY_LENGTH),
+)
 json_values = st.recursive(
     st.none()
     | st.booleans()
@@ -425,7 +605,9 @@ payloads = st.one_of(
     json_values,
     st.sampled_from([_deep(500), _deep(501), {"a": _deep(499)}, {"a": _deep(500)}]),
 )
-types = st.one_of(*[st.just("t")] * 3, valid_text, valid_text, st.just(""), st.just("t" * 201))
+types = st.one_of(
+    *[st.just("t")] * 3, valid_text, valid_text, st.just(""), at_limit(limits.MAX_TYPE_LENGTH)
+)
 priorities = st.one_of(
     st.none(),
     st.none(),
@@ -529,11 +711,11 @@ async def _outcome(conn: Any, enqueue: Any) -> tuple[Any, ...]:
 @given(
     type_=types,
     payload=payloads,
-    queue=names,
+    queue=names(limits.MAX_QUEUE_LENGTH),
     priority=priorities,
     retries=retries,
     key=keys,
-    correlation=names,
+    correlation=names(limits.MAX_CORRELATION_ID_LENGTH),
     schedule=schedules,
     version=versions,
 )

@@ -156,7 +156,7 @@ async def test_registry_enqueue_writes_the_task_version(conn):
     assert (await registry.enqueue(conn, "x", {})).job.version == 3
     assert (await registry.enqueue(conn, "x", {}, version=2)).job.version == 2
     assert (await registry.enqueue(conn, "old", {})).job.version == 1
-    assert (await registry.enqueue(conn, "unknown", {})).job.version == 1
+    assert (await pgworker.enqueue(conn, "unknown", {})).job.version == 1
     assert await conn.fetchval("SELECT array_agg(version ORDER BY id) FROM pgworker.jobs") == [
         3,
         2,

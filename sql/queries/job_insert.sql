@@ -1,6 +1,7 @@
 -- One job; an existing row with the same idempotency key is returned instead (created = false),
--- with `matches` telling whether it was created with the same type and payload. $11 is the
--- traceparent of the span active at enqueue (NULL: none).
+-- with `matches` telling whether it was created with the same type and payload (JSON values,
+-- see same_work in migration 10). $11 is the traceparent of the span active at enqueue (NULL:
+-- none).
 WITH ins AS (
     INSERT INTO {schema}.jobs AS j (type, queue, payload, priority, max_retries, idempotency_key,
                                     fingerprint, correlation_id, run_at, version,
@@ -15,7 +16,7 @@ WITH ins AS (
 )
 SELECT true AS created, true AS matches, ins.* FROM ins
 UNION ALL
-SELECT false, j.fingerprint IS NOT DISTINCT FROM {schema}.fingerprint($1, $3::jsonb),
+SELECT false, {schema}.same_work(j.type, j.payload, $1, $3::jsonb),
        {job_columns}
 FROM {schema}.jobs AS j
 WHERE $6::text IS NOT NULL AND j.idempotency_key = $6::text AND NOT EXISTS (SELECT FROM ins)
