@@ -512,6 +512,11 @@ class Queries:
 
     # --- the HTTP API (pgworker serve) ---------------------------------------------------------
 
+    async def request_bounds(self, conn: Conn, seconds: float) -> None:
+        """Bound each later statement of the transaction on `conn` (a lock waited for, or its
+        run) to `seconds`, for that transaction only."""
+        await conn.execute(self._sql["request_bounds"], str(max(1, round(seconds * 1000))))
+
     async def http_job_claim(
         self,
         conn: Executor,
