@@ -206,6 +206,7 @@ async def test_a_locked_job_is_answered_503_in_time_and_never_changed_later(
             r, took = answers[name]
             assert isinstance(r, httpx.Response), f"{name}: no answer within 30 s ({r!r})"
             assert_unavailable(r, took)
+            assert "locked by another session" in r.json()["error"], r.text
         await wait_for(lambda: serve_idle(conn), timeout=30)
         row = await conn.fetchrow(
             "SELECT status, cancel_requested_at FROM pgworker.jobs WHERE id = $1", job["id"]
@@ -261,12 +262,17 @@ async def test_a_stalled_database_is_answered_503_in_time_and_nothing_is_written
 # --- F: cancel means cancelled -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("permanent", [True, False])
+@pytest.mark.parametrize(("permanent", "retries"), [(True, 3), (False, 0), (False, 3)])
 async def test_a_cancelled_http_job_that_fails_ends_cancelled_and_stays_so(
-    dsn: str, server: Served, conn: Any, permanent: bool
+    dsn: str, server: Served, conn: Any, permanent: bool, retries: int
 ) -> None:
+    """An operator cancels a job an HTTP worker runs; its heartbeat says cancel_requested; the
+    worker gives up with `fail`: the job ended failed (permanent, or no retry left), and
+    `pgworker replay --type` put it back to pending."""
     async with server.client() as c:
-        job = (await c.post("/jobs", json={"type": "T", "payload": {}, "max_retries": 3})).json()
+        job = (
+            await c.post("/jobs", json={"type": "T", "payload": {}, "max_retries": retries})
+        ).json()
         held = (await c.post("/jobs/claim", json={"worker_id": "w"})).json()
         asked = await c.post(f"/jobs/{job['id']}/cancel")
         assert asked.json()["cancel"] == "cancelling", asked.text
@@ -370,6 +376,7 @@ async def test_no_422_echoes_what_was_sent(server: Served, conn: Any) -> None:
         ("/jobs/claim", {"worker_id": "w", "lease": SECRET}, "lease"),
         ("/jobs/claim", {"worker_id": "w", "types": SECRET}, "types"),
         ("/jobs/claim", {"worker_id": "w", "versions": {"t": [SECRET]}}, "versions"),
+        ("/jobs/claim", {"worker_id": "w", "versions": {SECRET: []}}, "versions"),
         ("/jobs/1/fail", {"worker_id": "w", "attempt": 1, "error": [SECRET]}, "error"),
         ("/jobs/1/fail", {"worker_id": "w", "attempt": SECRET, "error": "e"}, "attempt"),
         ("/jobs/1/replay", {"by": SECRET * 10}, "by"),

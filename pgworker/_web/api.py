@@ -370,7 +370,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
         for type_, allowed in (body.versions or {}).items():
             limits.name("versions", type_, limits.MAX_TYPE_LENGTH)
             if not allowed:
-                raise ValidationError("versions", f"lists no version of {type_!r}")
+                raise ValidationError("versions", "must list at least one version per type")
             versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
         async with database() as conn:
             await q.http_worker_seen(conn, worker_id, _host(request), queues, types)

@@ -27,8 +27,11 @@ REQUEST_TIMEOUT = 8.0
 """The most seconds one request of `serve` spends on the database, taking a connection from the
 pool included; then it is rolled back and answered 503 (README, HTTP API)."""
 STATEMENT_TIMEOUT = 5.0
-"""lock_timeout and statement_timeout of every statement of a request: a row another session
-holds locked is a 503 after this long, well within REQUEST_TIMEOUT."""
+"""statement_timeout of every statement of a request, well within REQUEST_TIMEOUT."""
+LOCK_TIMEOUT = 4.0
+"""lock_timeout of every statement of a request: the longest wait for one lock (a row another
+session holds) before a 503. Each lock waited for starts it anew: STATEMENT_TIMEOUT bounds them
+together."""
 RETRY_AFTER = 2
 """Seconds a 503 asks the client to wait before it tries again (its Retry-After header)."""
 
@@ -68,7 +71,9 @@ async def bounded(
             tx = conn.transaction()
             await tx.start()
             try:
-                await q.request_bounds(conn, min(STATEMENT_TIMEOUT, seconds))
+                await q.request_bounds(
+                    conn, min(LOCK_TIMEOUT, seconds), min(STATEMENT_TIMEOUT, seconds)
+                )
                 yield conn
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -79,9 +84,14 @@ async def bounded(
             await tx.commit()
             clean = True
     except GAVE_UP as exc:
+        why = (
+            f"a row it needs stayed locked by another session for {LOCK_TIMEOUT:g} s"
+            if isinstance(exc, asyncpg.exceptions.LockNotAvailableError)
+            else f"a statement took more than {STATEMENT_TIMEOUT:g} s (waiting on rows locked by "
+            "another session, or running slow), or was cancelled"
+        )
         raise Unanswered(
-            "the database did not answer in time (a row locked by another session, or a slow "
-            f"statement: {type(exc).__name__}); nothing was changed: try again"
+            f"the request was given up: {why}; nothing was changed: try again"
         ) from None
     finally:
         if conn is not None:
