@@ -130,7 +130,8 @@ class PgProxy:
     a test can break one connection at a chosen point while the others flow: `pause` what the
     server sends a connection (its socket stays open: a connection that stops receiving), or
     `cut_after` a statement (the server runs and commits it, the client never gets the reply and
-    sees its connection lost)."""
+    sees its connection lost); or `stall` every connection, new ones too (a database that stops
+    answering: nothing is forwarded either way, every socket stays open) until `resume`."""
 
     def __init__(self, dsn: str) -> None:
         parts = urlsplit(dsn)
@@ -145,6 +146,16 @@ class PgProxy:
         self.links: list[_Link] = []
         self._cut: tuple[Callable[[_Link, str], bool], bytes] | None = None
         self.cut_done = asyncio.Event()
+        self._flowing = asyncio.Event()  # cleared: nothing is forwarded, either way
+        self._flowing.set()
+
+    def stall(self) -> None:
+        """Stop forwarding anything, either way, on every connection (and new ones): what a
+        client sees of a database that hangs. Bytes already read wait for `resume`."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
 
     @property
     def dsn(self) -> str:
@@ -211,12 +222,14 @@ class PgProxy:
                 link.application_name = params.get(b"application_name", b"").decode()
             elif code != 80877102:  # a CancelRequest needs no reading; TLS would be unreadable
                 raise AssertionError(f"PgProxy needs sslmode=disable (request code {code})")
+            await self._flowing.wait()
             link.server.write(struct.pack("!i", length) + body)
             while True:
                 head = await reader.readexactly(5)
                 kind, length = head[:1], struct.unpack("!i", head[1:])[0]
                 body = await reader.readexactly(length - 4)
                 self._watch(link, kind, body)
+                await self._flowing.wait()
                 link.server.write(head + body)
                 await link.server.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -254,6 +267,7 @@ class PgProxy:
                         return
                     continue
                 await link.flowing.wait()
+                await self._flowing.wait()
                 link.client.write(head + body)
                 await link.client.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):

@@ -522,6 +522,12 @@ class Queries:
 
     # --- the HTTP API (pgworker serve) ---------------------------------------------------------
 
+    async def request_bounds(self, conn: Conn, lock: float, statement: float) -> None:
+        """Bound each later statement of the transaction on `conn`, for that transaction only:
+        `lock` seconds waiting on a lock, `statement` seconds running."""
+        ms = [str(max(1, round(s * 1000))) for s in (lock, statement)]
+        await conn.execute(self._sql["request_bounds"], *ms)
+
     async def http_job_claim(
         self,
         conn: Executor,

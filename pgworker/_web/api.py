@@ -3,6 +3,13 @@ language, and read by operators. Each route validates with pgworker's own valida
 statements of sql/queries through `Queries`, and answers with jobs keyed by their column names
 (JSON-safe: times in ISO 8601, payload and result as JSON).
 
+Every route's database work is one transaction, bounded (bounds.py), and its answer is rendered
+(with the stdlib json, never re-serialised by FastAPI) inside that transaction, before the write
+it reports commits: an answer that cannot be produced rolls the write back, and a write that
+committed is never answered 500. One nesting limit holds for all the API reads and writes,
+enqueue's (limits.MAX_DEPTH): deeper JSON is refused on the way in (422) and shown null, with
+`unreadable`, on the way out.
+
 HTTP claims are durable (synchronous_commit on), so the attempt number alone, with the worker's
 id, fences a heartbeat, a completion or a failure: once another attempt holds the job (the lease
 expired and the job was rescued and claimed again), the old one's writes get 409."""
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -19,6 +27,7 @@ import anyio
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
+from pydantic import BeforeValidator
 
 from .. import _limits as limits
 from .._db.connection import create_pool
@@ -44,6 +53,7 @@ from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from . import guard
 from .app import WebConfig
+from .bounds import bounded
 from .schemas import (
     ClaimBody,
     CompleteBody,
@@ -68,7 +78,25 @@ page ends early with a `next_before` (a page holds at least one job, whatever it
 
 _log = get_logger()
 
-JobId = Annotated[int, Path(ge=1, le=limits.MAX_BIGINT, description="the job's id")]
+_DIGITS = re.compile(r"[1-9][0-9]*")
+
+
+def _strict_id(value: Any) -> Any:
+    """A job id in a path is written in ASCII digits only: `1.0`, ` 1`, `+1`, `1e0`, `01`, `1_0`
+    or fullwidth digits, which int() would read as 1, name no job (422 naming `id`)."""
+    if isinstance(value, str) and not _DIGITS.fullmatch(value):
+        raise ValueError(
+            "a job id is written in ASCII digits 0-9 only, without a sign, spaces, a decimal "
+            "point, an exponent or leading zeros"
+        )
+    return value
+
+
+JobId = Annotated[
+    int,
+    BeforeValidator(_strict_id),
+    Path(ge=1, le=limits.MAX_BIGINT, description="the job's id, in ASCII digits"),
+]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
@@ -159,13 +187,39 @@ def _columns(row: Row) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def _decoded(text: str | None) -> tuple[Any, str | None]:
-    """JSON text decoded (None, and why, when Python cannot: nested past its recursion limit)."""
+    """JSON text decoded (None, and why, when it nests deeper than enqueue accepts, or Python
+    cannot decode it at all: written around pgworker's checks)."""
     if text is None:
         return None, None
     try:
-        return json.loads(text), None
+        value = json.loads(text)
     except (RecursionError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {summary(str(exc), 200)}"
+    deep = len(text) > limits.MAX_DEPTH and text.count("[") + text.count("{") > limits.MAX_DEPTH
+    if deep and limits.too_deep(value):
+        return None, f"it nests lists and objects more than {limits.MAX_DEPTH} deep"
+    return value, None
+
+
+class _Rendered(JSONResponse):
+    """JSON rendered by the stdlib encoder when made (so inside the request's transaction), as
+    plain() would: times in ISO 8601, durations in seconds."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_time_json
+        ).encode("utf-8")
+
+
+def _time_json(value: Any) -> Any:
+    if isinstance(value, datetime | timedelta):
+        return plain(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _answer(content: Any, status_code: int = 200) -> JSONResponse:
+    """The answer, rendered now: any value within limits.MAX_DEPTH fits the stdlib encoder."""
+    return _Rendered(content, status_code=status_code)
 
 
 def _with_json(rows: list[Row], column: str) -> list[dict[str, Any]]:
@@ -231,26 +285,31 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def healthz() -> JSONResponse:
         """200 when the database answers and the schema is current, else 503. No token."""
         try:
-            with anyio.fail_after(HEALTH_TIMEOUT):
-                await check_schema(app.state.pool, config.schema)
+            async with bounded(pool(), q, HEALTH_TIMEOUT) as conn:
+                await check_schema(conn, config.schema)
         except Exception as exc:
             return guard.problem(503, f"unhealthy: {type(exc).__name__}: {exc}")
         return JSONResponse({"status": "ok"})
 
     api = APIRouter(dependencies=[Depends(HTTPBearer(auto_error=False))], responses=_ERRORS)
     q = queries(config.schema)
+    Json = dict[str, Any]  # what the document says a route answers (rendered by _answer)
 
     def pool() -> Any:
         return app.state.pool
 
-    async def held(job_id: int, body: Any, request: Request) -> Row:
+    def database() -> contextlib.AbstractAsyncContextManager[Any]:
+        """The request's one transaction, bounded (bounds.bounded)."""
+        return bounded(pool(), q)
+
+    async def held(conn: Any, job_id: int, body: Any, request: Request) -> Row:
         """The job, while the attempt `body` names (worker_id, attempt) holds it; else 404/409."""
         worker_id = limits.name("worker_id", body.worker_id, limits.MAX_WORKER_ID_LENGTH)
         limits.count("attempt", body.attempt, minimum=1)
-        row = await q.job_get(pool(), job_id)
+        row = await q.job_get(conn, job_id)
         if row is None:
             raise _NotFound(job_id)
-        await q.http_worker_seen(pool(), worker_id, _host(request))
+        await q.http_worker_seen(conn, worker_id, _host(request))
         if (row["status"], row["attempts"], row["worker_id"]) != (
             "running",
             body.attempt,
@@ -262,33 +321,34 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @api.post(
         "/jobs",
         status_code=201,
+        response_model=Json,
         tags=["jobs"],
         responses={
             200: {"description": "the existing job of that idempotency key"},
             409: {"model": Problem},
         },
     )
-    async def create_job(body: EnqueueBody, response: Response) -> dict[str, Any]:
+    async def create_job(body: EnqueueBody) -> Response:
         """Enqueue a job: 201 with it, 200 with the existing one when its idempotency key holds
         the same type and payload, 409 when it holds another."""
         if body.run_at is not None and body.delay is not None:
             raise ValidationError("run_at", "give run_at or delay, not both")
-        result = await enqueue(
-            pool(),
-            body.type,
-            body.payload,
-            queue=body.queue,
-            priority=body.priority,
-            max_retries=body.max_retries,
-            idempotency_key=body.idempotency_key,
-            correlation_id=body.correlation_id,
-            run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
-            delay=body.delay,
-            version=body.version,
-            schema=config.schema,
-        )
-        response.status_code = 201 if result.created else 200
-        return job_json(result.job)
+        async with database() as conn:
+            result = await enqueue(
+                conn,
+                body.type,
+                body.payload,
+                queue=body.queue,
+                priority=body.priority,
+                max_retries=body.max_retries,
+                idempotency_key=body.idempotency_key,
+                correlation_id=body.correlation_id,
+                run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
+                delay=body.delay,
+                version=body.version,
+                schema=config.schema,
+            )
+            return _answer(job_json(result.job), 201 if result.created else 200)
 
     @api.post(
         "/jobs/claim",
@@ -310,39 +370,45 @@ def install(app: FastAPI, config: WebConfig) -> None:
         for type_, allowed in (body.versions or {}).items():
             limits.name("versions", type_, limits.MAX_TYPE_LENGTH)
             if not allowed:
-                raise ValidationError("versions", f"lists no version of {type_!r}")
+                raise ValidationError("versions", "must list at least one version per type")
             versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
-        await q.http_worker_seen(pool(), worker_id, _host(request), queues, types)
-        for _ in range(POISON_SKIPS):
-            row = await q.http_job_claim(
-                pool(),
-                worker_id,
-                queues=queues,
-                types=types,
-                versions=versions,
-                lease=lease,
-                default_max_retries=DEFAULT_MAX_RETRIES,
-            )
-            if row is None:
-                break
-            _, why = _decoded(row["payload"])
-            if why is None:
-                return JSONResponse(job_json(row, attempt=row["attempts"]))
-            # As a Python worker does: a payload no worker can read fails at once.
-            unreadable = AttemptResult(
-                row["id"],
-                row["attempts"],
-                row["claimed_at"],
-                JobStatus.FAILED,
-                Outcome.FAILED,
-                error_type="InvalidPayload",
-                error_message=f"the payload cannot be decoded ({why})",
-            )
-            await q.job_finish_many(pool(), [unreadable])
+        async with database() as conn:
+            await q.http_worker_seen(conn, worker_id, _host(request), queues, types)
+            for _ in range(POISON_SKIPS):
+                row = await q.http_job_claim(
+                    conn,
+                    worker_id,
+                    queues=queues,
+                    types=types,
+                    versions=versions,
+                    lease=lease,
+                    default_max_retries=DEFAULT_MAX_RETRIES,
+                )
+                if row is None:
+                    break
+                _, why = _decoded(row["payload"])
+                if why is None:
+                    return _answer(job_json(row, attempt=row["attempts"]))
+                # As a Python worker does: a payload no worker can read fails at once.
+                unreadable = AttemptResult(
+                    row["id"],
+                    row["attempts"],
+                    row["claimed_at"],
+                    JobStatus.FAILED,
+                    Outcome.FAILED,
+                    error_type="InvalidPayload",
+                    error_message=f"the payload cannot be decoded ({why})",
+                )
+                await q.job_finish_many(conn, [unreadable])
         return Response(status_code=204)
 
-    @api.post("/jobs/{id}/heartbeat", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
-    async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> dict[str, Any]:
+    @api.post(
+        "/jobs/{id}/heartbeat",
+        response_model=Json,
+        tags=["workers"],
+        responses={**_UNKNOWN, **_FENCED},
+    )
+    async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> Response:
         """Extend the attempt's lease (by `lease` seconds, default 30): 200 with the job and
         `cancel_requested` (an operator asked to stop it), 409 when the attempt no longer holds
         the job."""
@@ -352,87 +418,105 @@ def install(app: FastAPI, config: WebConfig) -> None:
             maximum=limits.MAX_LEASE,
             zero=False,
         )
-        row = await held(id, body, request)
-        still = await q.worker_heartbeat(pool(), [(id, body.attempt, row["claimed_at"])], lease)
-        if (id, body.attempt) not in still:
-            raise _Fenced(id, body.attempt, await q.job_get(pool(), id))
-        return job_json(await _job(id), cancel_requested=still[(id, body.attempt)])
+        async with database() as conn:
+            row = await held(conn, id, body, request)
+            still = await q.worker_heartbeat(conn, [(id, body.attempt, row["claimed_at"])], lease)
+            if (id, body.attempt) not in still:
+                raise _Fenced(id, body.attempt, await q.job_get(conn, id))
+            job = await _job(conn, id)
+            return _answer(job_json(job, cancel_requested=still[(id, body.attempt)]))
 
-    @api.post("/jobs/{id}/complete", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
-    async def complete(id: JobId, body: CompleteBody, request: Request) -> dict[str, Any]:
+    @api.post(
+        "/jobs/{id}/complete",
+        response_model=Json,
+        tags=["workers"],
+        responses={**_UNKNOWN, **_FENCED},
+    )
+    async def complete(id: JobId, body: CompleteBody, request: Request) -> Response:
         """The attempt succeeded: 200 with the job, completed (also when an operator asked to
         cancel it meanwhile, as for a Python handler that returns first: a heartbeat's
-        `cancel_requested` is the time to stop, and `fail` with `permanent` to give up)."""
+        `cancel_requested` is the time to stop; `fail` then ends it cancelled)."""
         text = _result_text(body.result) if "result" in body.model_fields_set else None
-        row = await held(id, body, request)
-        done = AttemptResult(
-            id, body.attempt, row["claimed_at"], JobStatus.COMPLETED, Outcome.COMPLETED, text
-        )
-        return await _finish(done)
+        async with database() as conn:
+            row = await held(conn, id, body, request)
+            done = AttemptResult(
+                id, body.attempt, row["claimed_at"], JobStatus.COMPLETED, Outcome.COMPLETED, text
+            )
+            return await _finish(conn, done)
 
-    @api.post("/jobs/{id}/fail", tags=["workers"], responses={**_UNKNOWN, **_FENCED})
-    async def fail(id: JobId, body: FailBody, request: Request) -> dict[str, Any]:
+    @api.post(
+        "/jobs/{id}/fail",
+        response_model=Json,
+        tags=["workers"],
+        responses={**_UNKNOWN, **_FENCED},
+    )
+    async def fail(id: JobId, body: FailBody, request: Request) -> Response:
         """The attempt failed: 200 with the job, pending again with `retry_count + 1` while its
         retries remain (after RetryPolicy()'s backoff, or `retry_after` seconds), else failed;
-        failed at once when `permanent`."""
+        failed at once when `permanent`. A job an operator asked to cancel ends cancelled
+        either way (never retried, nor replayed with the failed ones)."""
         after = (
             None if body.retry_after is None else limits.seconds("retry_after", body.retry_after)
         )
-        row = await held(id, body, request)
-        job, _ = _columns(row)  # a column that cannot be decoded does not stop the failure
-        kind, message, full = _error_parts(body.error, job["payload"])
-        policy = RetryPolicy()
-        delay = None
-        if not body.permanent:
-            delay = next_retry(policy, job["retry_count"], job["max_retries"], after)
-        if delay is None and not body.permanent:
-            why = why_final(policy, job["retry_count"], job["max_retries"])
-            message = message[: 500 - len(why)] + why
-        ends = (
-            (JobStatus.FAILED, Outcome.FAILED, 0.0, 0)
-            if delay is None
-            else (JobStatus.PENDING, Outcome.RETRIED, delay, 1)
-        )
-        status, outcome, wait, retried = ends
-        written = AttemptResult(
-            id,
-            body.attempt,
-            row["claimed_at"],
-            status,
-            outcome,
-            error_type=kind,
-            error_message=message,
-            delay=wait,
-            retried=retried,
-            error_detail=full,
-        )
-        return await _finish(written)
+        async with database() as conn:
+            row = await held(conn, id, body, request)
+            job, _ = _columns(row)  # a column that cannot be decoded does not stop the failure
+            kind, message, full = _error_parts(body.error, job["payload"])
+            policy = RetryPolicy()
+            delay = None
+            if not body.permanent:
+                delay = next_retry(policy, job["retry_count"], job["max_retries"], after)
+            if delay is None and not body.permanent:
+                why = why_final(policy, job["retry_count"], job["max_retries"])
+                message = message[: 500 - len(why)] + why
+            ends = (
+                (JobStatus.FAILED, Outcome.FAILED, 0.0, 0)
+                if delay is None
+                else (JobStatus.PENDING, Outcome.RETRIED, delay, 1)
+            )
+            status, outcome, wait, retried = ends
+            written = AttemptResult(
+                id,
+                body.attempt,
+                row["claimed_at"],
+                status,
+                outcome,
+                error_type=kind,
+                error_message=message,
+                delay=wait,
+                retried=retried,
+                error_detail=full,
+            )
+            return await _finish(conn, written)
 
-    async def _finish(result: AttemptResult) -> dict[str, Any]:
-        written = await q.job_finish_many(pool(), [result])
+    async def _finish(conn: Any, result: AttemptResult) -> Response:
+        written = await q.job_finish_many(conn, [result])
         if result.job_id not in written:
-            raise _Fenced(result.job_id, result.attempt, await q.job_get(pool(), result.job_id))
-        return job_json(await _job(result.job_id))
+            raise _Fenced(result.job_id, result.attempt, await q.job_get(conn, result.job_id))
+        return _answer(job_json(await _job(conn, result.job_id)))
 
-    async def _job(job_id: int) -> Row:
-        row = await q.job_get(pool(), job_id)
+    async def _job(conn: Any, job_id: int) -> Row:
+        row = await q.job_get(conn, job_id)
         if row is None:
             raise _NotFound(job_id)
         return row
 
-    @api.get("/jobs/{id}", tags=["jobs"], responses=_UNKNOWN)
-    async def get_job(id: JobId) -> dict[str, Any]:
+    @api.get("/jobs/{id}", response_model=Json, tags=["jobs"], responses=_UNKNOWN)
+    async def get_job(id: JobId) -> Response:
         """The job, with its `attempt_history`, `milestones` and `steps`."""
-        row = await _job(id)
-        attempts = [plain(dict(r)) for r in await q.job_attempts_of(pool(), id)]
-        return job_json(
-            row,
-            attempt_history=attempts,
-            milestones=_with_json(await q.job_milestones_of(pool(), id), "detail"),
-            steps=_with_json(await q.job_steps_of(pool(), id), "result"),
-        )
+        async with database() as conn:
+            row = await _job(conn, id)
+            attempts = [plain(dict(r)) for r in await q.job_attempts_of(conn, id)]
+            return _answer(
+                job_json(
+                    row,
+                    attempt_history=attempts,
+                    milestones=_with_json(await q.job_milestones_of(conn, id), "detail"),
+                    steps=_with_json(await q.job_steps_of(conn, id), "result"),
+                )
+            )
 
-    @api.get("/jobs", tags=["jobs"])
+    @api.get("/jobs", response_model=Json, tags=["jobs"])
     async def list_jobs(
         status: Annotated[JobStatus | None, Query()] = None,
         type: Annotated[str | None, Query()] = None,
@@ -440,65 +524,75 @@ def install(app: FastAPI, config: WebConfig) -> None:
         correlation_id: Annotated[str | None, Query()] = None,
         limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 100,
         before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
         the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""
-        rows, more = await q.http_jobs_list(
-            pool(),
-            status=None if status is None else status.value,
-            type_=_optional_name("type", type, limits.MAX_TYPE_LENGTH),
-            queue=_optional_name("queue", queue, limits.MAX_QUEUE_LENGTH),
-            correlation_id=_optional_name(
+        filters = {
+            "status": None if status is None else status.value,
+            "type_": _optional_name("type", type, limits.MAX_TYPE_LENGTH),
+            "queue": _optional_name("queue", queue, limits.MAX_QUEUE_LENGTH),
+            "correlation_id": _optional_name(
                 "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH
             ),
-            before=before,
-            limit=limit,
-            budget=PAGE_BYTES,
-        )
-        jobs = [job_json(r) for r in rows]
-        return {"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None}
+        }
+        async with database() as conn:
+            rows, more = await q.http_jobs_list(
+                conn, **filters, before=before, limit=limit, budget=PAGE_BYTES
+            )
+            jobs = [job_json(r) for r in rows]
+            return _answer({"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None})
 
-    @api.post("/jobs/{id}/cancel", tags=["jobs"], responses=_UNKNOWN)
-    async def cancel_job(id: JobId) -> dict[str, Any]:
+    @api.post("/jobs/{id}/cancel", response_model=Json, tags=["jobs"], responses=_UNKNOWN)
+    async def cancel_job(id: JobId) -> Response:
         """Cancel a pending job, or ask the worker of a running one to stop it (its heartbeat
         says `cancel_requested`); a finished job is left as it is. 200 with the job and `cancel`:
         cancelled, cancelling or already <status>."""
-        await _job(id)
-        outcome = await cancel(pool(), id, schema=config.schema)
-        return job_json(await _job(id), cancel=outcome.value)
+        async with database() as conn:
+            await _job(conn, id)
+            outcome = await cancel(conn, id, schema=config.schema)
+            return _answer(job_json(await _job(conn, id), cancel=outcome.value))
 
-    @api.post("/jobs/{id}/replay", tags=["jobs"], responses={**_UNKNOWN, 409: {"model": Problem}})
-    async def replay_job(id: JobId, body: ReplayBody | None = None) -> Any:
+    @api.post(
+        "/jobs/{id}/replay",
+        response_model=Json,
+        tags=["jobs"],
+        responses={**_UNKNOWN, 409: {"model": Problem}},
+    )
+    async def replay_job(id: JobId, body: ReplayBody | None = None) -> Response:
         """Run a failed or cancelled job again: pending now, its retries afresh; 409 for a job
         in another status."""
-        row = await _job(id)
         body = body or ReplayBody.model_validate({})
-        done = await replay(
-            pool(), [id], by=body.by or "api", reason=body.reason, schema=config.schema
-        )
-        if done.skipped:
-            return guard.problem(
-                409,
-                f"job {id} is {row['status']}: only failed or cancelled jobs are replayed",
+        async with database() as conn:
+            row = await _job(conn, id)
+            done = await replay(
+                conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
             )
-        return job_json(await _job(id))
+            if done.skipped:
+                return guard.problem(
+                    409,
+                    f"job {id} is {row['status']}: only failed or cancelled jobs are replayed",
+                )
+            return _answer(job_json(await _job(conn, id)))
 
-    @api.get("/queues", tags=["operators"])
-    async def list_queues() -> dict[str, Any]:
+    @api.get("/queues", response_model=Json, tags=["operators"])
+    async def list_queues() -> Response:
         """Per queue: the jobs by status, and the age in seconds of the oldest due pending job
         (null when none is due)."""
         found: dict[str, dict[str, Any]] = {}
-        for r in await q.status_counts(pool()):
-            entry = found.setdefault(r["queue"], _queue_entry(r["queue"]))
-            entry["counts"][r["status"]] = r["jobs"]
-        for r in await q.status_oldest_pending(pool()):
-            found.setdefault(r["queue"], _queue_entry(r["queue"]))["oldest_pending_s"] = r["age"]
-        return {"queues": [found[name] for name in sorted(found)]}
+        async with database() as conn:
+            for r in await q.status_counts(conn):
+                entry = found.setdefault(r["queue"], _queue_entry(r["queue"]))
+                entry["counts"][r["status"]] = r["jobs"]
+            for r in await q.status_oldest_pending(conn):
+                entry = found.setdefault(r["queue"], _queue_entry(r["queue"]))
+                entry["oldest_pending_s"] = r["age"]
+            return _answer({"queues": [found[name] for name in sorted(found)]})
 
-    @api.get("/workers", tags=["operators"])
-    async def list_workers() -> dict[str, Any]:
+    @api.get("/workers", response_model=Json, tags=["operators"])
+    async def list_workers() -> Response:
         """The workers known (Python and HTTP ones), with the ids of the jobs each runs."""
-        return {"workers": [plain(dict(r)) for r in await q.http_workers(pool())]}
+        async with database() as conn:
+            return _answer({"workers": [plain(dict(r)) for r in await q.http_workers(conn)]})
 
     app.include_router(api)
 

@@ -27,7 +27,9 @@ from ..errors import (
     SchemaError,
     ValidationError,
 )
+from ..models import PRIORITY_LABELS
 from .app import WebConfig, token_ok
+from .bounds import RETRY_AFTER, Unanswered
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -52,6 +54,11 @@ def problem(status: int, error: str, field: str | None = None, **headers: str) -
     if field is not None:
         body["field"] = summary(scrub(field), 200)
     return JSONResponse(body, status_code=status, headers=headers or None)
+
+
+def unavailable(error: str) -> JSONResponse:
+    """A 503: the database did not answer (in time); the client may try again later."""
+    return problem(503, error, **{"Retry-After": str(RETRY_AFTER)})
 
 
 class TooLarge(HTTPException):
@@ -170,6 +177,17 @@ def _field(loc: tuple[Any, ...]) -> str:
     return parts[0] if parts else "body"
 
 
+def _priority_problem(value: Any) -> str:
+    """What is wrong with a priority, as enqueue() says it but without the value: a label sent
+    by mistake may be a secret pasted in the wrong field."""
+    labels = ", ".join(PRIORITY_LABELS)
+    if isinstance(value, str):
+        return f"priority: unknown label; use an int or one of {labels}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"priority: must be an int from {limits.MIN_INT} to {limits.MAX_INT}, or a label"
+    return f"priority: must be an int or a label ({labels})"
+
+
 def install(app: FastAPI, config: WebConfig) -> None:
     """The middleware and the error handlers."""
     app.add_middleware(Guard, config=config)
@@ -182,12 +200,12 @@ def install(app: FastAPI, config: WebConfig) -> None:
             return problem(422, "the body is not valid JSON", "body")
         if first.get("type") == "extra_forbidden":
             return problem(422, f"{field} is not a field of this request; remove it", field)
-        if field == "priority":  # a union (int or label): say both, as enqueue() does
-            try:
-                limits.priority(field, first.get("input"))
-            except ValidationError as refused:
-                return problem(422, str(refused), field)
-        return problem(422, f"{field}: {first.get('msg', 'invalid')}", field)
+        if field == "priority":  # a union (int or label): say both, never what was sent
+            return problem(422, _priority_problem(first.get("input")), field)
+        # pydantic's `msg` says what is allowed; its `input` (what was sent, maybe a secret) is
+        # never part of the answer.
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        return problem(422, f"{field}: {message}", field)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -203,15 +221,20 @@ def install(app: FastAPI, config: WebConfig) -> None:
         if isinstance(exc, IdempotencyConflict):
             return problem(409, str(exc), "idempotency_key")
         if isinstance(exc, DatabaseUnavailable | SchemaError):
-            return problem(503, str(exc))
+            return unavailable(str(exc))
         return problem(409, str(exc))
+
+    @app.exception_handler(Unanswered)
+    async def gave_up(request: Request, exc: Unanswered) -> JSONResponse:
+        _log.warning("request given up", path=request.url.path, error=str(exc))
+        return unavailable(str(exc))
 
     @app.exception_handler(asyncpg.PostgresError)
     async def database_refused(request: Request, exc: asyncpg.PostgresError) -> JSONResponse:
         if isinstance(exc, asyncpg.DataError):
             return problem(422, f"the database refused a value: {describe(exc)}", "body")
         _log.warning("request failed in the database", path=request.url.path, error=describe(exc))
-        return problem(503, "the database could not answer; try again")
+        return unavailable("the database could not answer; nothing was changed: try again")
 
     @app.exception_handler(ClientDisconnect)
     async def gone(request: Request, exc: ClientDisconnect) -> Response:
@@ -219,18 +242,18 @@ def install(app: FastAPI, config: WebConfig) -> None:
         logged (any client, without a token, could otherwise fill the log with tracebacks)."""
         return Response(status_code=400)
 
-    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
-        return problem(503, "the database is unavailable; try again")
+    async def lost(request: Request, exc: Exception) -> JSONResponse:
+        return unavailable("the database is unavailable; try again")
 
     # Each by its class, not under Exception: Starlette re-raises what the Exception handler
     # answers, and uvicorn then logs a traceback and closes the client's connection.
     for kind in CONNECTION_ERRORS:
         if issubclass(kind, Exception) and not issubclass(kind, asyncpg.PostgresError):
-            app.add_exception_handler(kind, unavailable)
+            app.add_exception_handler(kind, lost)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, CONNECTION_ERRORS):
-            return problem(503, "the database is unavailable; try again")
+            return unavailable("the database is unavailable; try again")
         _log.error("request failed unexpectedly", path=request.url.path, exc_info=exc)
         return problem(500, "the server failed; its log says why")

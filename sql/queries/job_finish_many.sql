@@ -2,8 +2,10 @@
 -- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
 -- number), and its attempt row is closed in the same statement. A job whose cancellation was
--- asked for is never requeued: its attempt is closed as `cancelled`, not counted as a retry. An
--- outcome missing from the result was dropped. A completed job's error is cleared (the errors of
+-- asked for and that did not complete ends `cancelled`, whatever else its attempt reported
+-- (failed, retried, timed out, snoozed, interrupted): never requeued, never counted as a retry,
+-- never replayed with the failed ones, its attempt closed as `cancelled`. A completion stays
+-- completed: the work was done. An outcome missing from the result was dropped. A completed job's error is cleared (the errors of
 -- its earlier attempts stay in job_attempts); an outcome without an error (a snooze, a stop)
 -- leaves the job's as it was. The attempt row gets the error's redacted traceback
 -- (error_detail): every error text arrives redacted (see pgworker/_redact.py).
@@ -13,7 +15,7 @@
 -- fell behind writes batches of hundreds.
 WITH done AS (
     UPDATE {schema}.jobs AS j
-    SET status = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NOT NULL
+    SET status = CASE WHEN o.status <> 'completed' AND j.cancel_requested_at IS NOT NULL
                       THEN 'cancelled' ELSE o.status END,
         result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
         error = CASE WHEN o.status = 'completed' THEN NULL
@@ -34,8 +36,7 @@ WITH done AS (
     WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
       AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts,
-              CASE WHEN o.status = 'pending' AND j.status = 'cancelled' THEN 'cancelled'
-                   ELSE o.outcome END AS outcome,
+              CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE o.outcome END AS outcome,
               o.error_type, o.error_message, o.error_detail
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
