@@ -224,7 +224,7 @@ class Completer:
                 recorded = await self._q.attempt_outcomes(
                     self._pool, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )
-                written |= {r.job_id for r in missing if recorded.get(r.job_id) == r.outcome}
+                written |= {r.job_id for r in missing if _kept(r, recorded.get(r.job_id))}
         self.written += len(written)
         for r in batch:
             if r.job_id in written:
@@ -235,6 +235,14 @@ class Completer:
                 self._log.warning(
                     "outcome dropped: this attempt no longer holds the job", **_keys(r)
                 )
+
+
+def _kept(result: AttemptResult, recorded: str | None) -> bool:
+    """Whether the attempt row holds this outcome: as sent, or `cancelled` for one that did not
+    complete a job whose cancellation was asked for (job_finish_many.sql ends it so)."""
+    if recorded == result.outcome:
+        return True
+    return recorded == Outcome.CANCELLED and result.status is not JobStatus.COMPLETED
 
 
 def _keys(result: AttemptResult) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from .helpers import (
     fake_claim,
     logged,
     spawn_worker,
+    status_of,
     wait_for,
 )
 from .test_chaos import Workers, reconcile
@@ -275,6 +276,43 @@ async def test_an_outcome_committed_whose_reply_was_lost_counts_as_written(dsn, 
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, runs) == ("completed", {"ok": True}, [1])
     assert await outcomes(conn, r.job.id) == ["completed"]
+    assert not logged(logs, "outcome dropped")
+    [stopped] = logged(logs, "worker stopped")
+    assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
+
+
+async def test_a_failure_ended_cancelled_whose_reply_was_lost_counts_as_written(dsn, conn):
+    """As above, for a handler that fails after an operator asked to cancel its job: the database
+    records the attempt `cancelled`, not `failed` as sent (job_finish_many.sql); the completer
+    that lost the reply must still find it recorded."""
+    registry = pgworker.Registry()
+    asked = anyio.Event()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        await conn.execute(
+            "UPDATE pgworker.jobs SET cancel_requested_at = now() WHERE id = $1", ctx.job_id
+        )
+        asked.set()
+        raise pgworker.PermanentError("gave up")
+
+    await conn.execute("SELECT setval(pg_get_serial_sequence('pgworker.jobs', 'id'), 7340033)")
+    r = await pgworker.enqueue(conn, "t", {})
+    async with PgProxy(dsn) as proxy:
+        proxy.cut_after(
+            lambda link, text: (
+                "maintenance" not in link.application_name and bool(UPDATES_ATTEMPTS.search(text))
+            ),
+            struct.pack("!q", r.job.id),
+        )
+        with capture_logs() as logs:
+            async with pgworker.Worker(registry, proxy.dsn, lease=60.0, poll_interval=0.05):
+                with anyio.fail_after(30):
+                    await asked.wait()
+                    await proxy.cut_done.wait()
+                await wait_for(lambda: all_finished(conn), timeout=30)
+    assert await status_of(conn, r.job.id) == "cancelled"
+    assert await outcomes(conn, r.job.id) == ["cancelled"]
     assert not logged(logs, "outcome dropped")
     [stopped] = logged(logs, "worker stopped")
     assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
