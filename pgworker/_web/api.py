@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import anyio
+from annotated_types import Interval
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
@@ -47,11 +48,16 @@ from .app import WebConfig
 from .schemas import (
     ClaimBody,
     CompleteBody,
+    Correlation,
+    Decimal,
     EnqueueBody,
     FailBody,
     HeartbeatBody,
     Problem,
+    QueueName,
     ReplayBody,
+    TypeName,
+    UrlId,
 )
 
 HEALTH_TIMEOUT = 5.0
@@ -68,11 +74,15 @@ page ends early with a `next_before` (a page holds at least one job, whatever it
 
 _log = get_logger()
 
-JobId = Annotated[int, Path(ge=1, le=limits.MAX_BIGINT, description="the job's id")]
+JobId = Annotated[UrlId, Path(description="the job's id")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
-    405: {"model": Problem, "description": "a write to a --read-only server"},
+    405: {
+        "model": Problem,
+        "description": "a method the path does not take, or a write to a "
+        "--read-only server: `Allow` lists the methods it takes",
+    },
     413: {"model": Problem, "description": "the body is over the limit"},
     422: {"model": Problem, "description": "bad input: `field` names it"},
 }
@@ -435,11 +445,11 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @api.get("/jobs", tags=["jobs"])
     async def list_jobs(
         status: Annotated[JobStatus | None, Query()] = None,
-        type: Annotated[str | None, Query()] = None,
-        queue: Annotated[str | None, Query()] = None,
-        correlation_id: Annotated[str | None, Query()] = None,
-        limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 100,
-        before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
+        type: Annotated[TypeName | None, Query()] = None,
+        queue: Annotated[QueueName | None, Query()] = None,
+        correlation_id: Annotated[Correlation | None, Query()] = None,
+        limit: Annotated[int, Interval(ge=1, le=PAGE_LIMIT), Decimal, Query()] = 100,
+        before: Annotated[UrlId | None, Query()] = None,
     ) -> dict[str, Any]:
         """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
         the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""
