@@ -144,3 +144,16 @@ def test_the_payload_byte_limit_variable_is_ascii_digits() -> None:
         assert (done.returncode == 0) == ok, (raw, done.stderr)
         if ok:
             assert done.stdout.strip() == "2048"
+
+
+def test_a_cancel_notification_is_a_job_id_in_ascii_digits_or_nothing() -> None:
+    """Anyone may NOTIFY the cancel channel: `²` raised in the listener's callback (isdigit then
+    int), and an Arabic-Indic one stopped job 1."""
+    from pgworker._notifier import Notifier
+
+    asked: list[int] = []
+    notifier = Notifier("postgresql://u@h/d", "pgworker", ("default",), None, asked.append, "w")  # type: ignore[arg-type]
+    for payload in ["²", "\u0661", "\uff11", "1_0", " 7", "", None]:
+        notifier._on_cancel_request(None, 0, "pgworker_cancel", payload)
+    notifier._on_cancel_request(None, 0, "pgworker_cancel", "42")
+    assert asked == [42]
