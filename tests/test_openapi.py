@@ -22,7 +22,7 @@ from pgworker import _limits as limits
 from pgworker._web.app import WebConfig, create_app
 from pgworker._web.schemas import NO_NUL
 
-from .webserver import Served, server
+from .webserver import Served, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 __all__ = ["server"]  # the fixture, used by name
@@ -157,6 +157,21 @@ async def test_the_server_keeps_what_the_document_says(server: Served, conn: Any
         assert (await c.request("OPTIONS", "/nowhere")).status_code == 404
         assert (await c.get("/jobs/claim", headers={"Authorization": ""})).status_code == 401
     assert "Traceback" not in server.stderr()
+
+
+async def test_a_read_only_server_allows_the_reads_a_path_takes(dsn: str) -> None:
+    async with serving(dsn, "--read-only") as served, served.client() as c:
+        for method, path, allowed in [
+            ("POST", "/jobs", "GET"),
+            ("POST", "/jobs/claim", ""),
+            ("GET", "/jobs/claim", ""),
+            ("POST", "/jobs/1/cancel", ""),
+            ("DELETE", "/jobs/1", "GET"),
+        ]:
+            answer = await c.request(method, path)
+            assert answer.status_code == 405, (method, path, answer.text)
+            assert answer.headers["allow"] == allowed, (method, path)
+        assert (await c.get("/jobs")).status_code == 200
 
 
 async def test_schemathesis_with_every_check_and_the_stateful_phase_finds_nothing(

@@ -164,17 +164,19 @@ class Guard:
                     headers={"WWW-Authenticate": challenge},
                 )
         taken = methods_of(self.routes, scope["path"])
-        if taken is not None and scope["method"] not in taken:
+        read_only = config.read_only and guarded(scope["path"])
+        here = (taken or frozenset()) & SAFE_METHODS if read_only else taken
+        if taken is not None and here is not None and scope["method"] not in taken:
             return problem(
                 405,
                 f"this path does not take {scope['method']}; it takes {allow(taken)}",
-                Allow=allow(taken),
+                Allow=allow(here),
             )
-        if guarded(scope["path"]) and config.read_only and scope["method"] not in SAFE_METHODS:
+        if read_only and scope["method"] not in SAFE_METHODS:
             return problem(
                 405,
                 "this server is read-only (pgworker serve --read-only): writes are refused",
-                Allow=allow((taken or frozenset()) & SAFE_METHODS),
+                Allow=allow(here or frozenset()),
             )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
