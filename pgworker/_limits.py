@@ -18,13 +18,34 @@ from typing import Any, Literal, overload
 from .errors import ConfigError, ValidationError
 from .models import PRIORITY_LABELS
 
+_WHOLE = re.compile(r"-?[0-9]+")
+_REAL = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def whole(text: Any) -> int:
+    """An integer written in ASCII digits, with an optional leading `-`: how every number
+    typed by a person (a URL, a form, an argument, a variable) is read. `int()` also takes
+    Arabic-Indic or fullwidth digits, `1_0` and spaces around, and `str.isdigit()` says yes to
+    `²`, which `int()` then refuses. ValueError for anything else."""
+    if not isinstance(text, str) or len(text) > 40 or not _WHOLE.fullmatch(text):
+        raise ValueError(f"not a whole number in ASCII digits: {text!r}")
+    return int(text)
+
+
+def real(text: Any) -> float:
+    """A decimal number in ASCII (`1`, `-0.5`, `2.5e3`), as `whole` reads integers: no `nan`,
+    `inf`, `1_0` or non-ASCII digits. ValueError for anything else."""
+    if not isinstance(text, str) or len(text) > 100 or not _REAL.fullmatch(text):
+        raise ValueError(f"not a decimal number in ASCII digits: {text!r}")
+    return float(text)
+
 
 def _bytes_from_env(name: str, default: int) -> int:
     raw = os.environ.get(name) or ""
     if not raw:
         return default
     try:
-        value = int(raw)
+        value = whole(raw.strip())
     except ValueError:
         value = 0
     if not 1024 <= value <= 255 * 1024 * 1024:

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import asyncpg
 
+from . import _limits as limits
 from ._db.connection import connect
 from ._db.queries import queries
 from ._logs import get_logger
@@ -77,8 +78,11 @@ class Notifier:
             self._wakeup.set()
 
     def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: object) -> None:
-        if isinstance(job_id, str) and job_id.isdigit():
-            self._on_cancel(int(job_id))
+        try:
+            found = limits.whole(job_id)
+        except ValueError:
+            return  # anyone may NOTIFY the channel: what is not a job id is no request
+        self._on_cancel(found)
 
     def _on_ping(self, *_args: Any) -> None:
         self._pong.set()

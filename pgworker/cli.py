@@ -71,16 +71,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def integer(raw: str) -> int:
-    return int(raw)
+    return limits.whole(raw)
 
 
 def number(raw: str) -> float:
-    return float(raw)
+    return limits.real(raw)
 
 
 def _job_id(raw: str) -> int:
     try:
-        return limits.count("ID", int(raw), minimum=1, maximum=limits.MAX_BIGINT)
+        return limits.count("ID", limits.whole(raw), minimum=1, maximum=limits.MAX_BIGINT)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"a job id is a whole number from 1 to {limits.MAX_BIGINT}, got {raw!r}"
@@ -98,7 +98,7 @@ def _priority(raw: str) -> int:
     """--priority: an int, or a label limits.priority knows."""
     value: int | str
     try:
-        value = int(raw)
+        value = limits.whole(raw)
     except ValueError:
         value = raw
     try:

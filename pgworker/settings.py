@@ -22,7 +22,7 @@ def dsn_from_env(env: Mapping[str, str] | None = None) -> str | None:
     return env.get("PGWORKER_DSN") or env.get("DATABASE_URL") or None
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 KEEP_FOREVER = ("0", "none")
 """What `--retain-completed`, `--retain-failed` and their variables take to keep jobs forever."""
@@ -197,9 +197,9 @@ class Settings:
 def _parse(name: str, raw: str) -> Any:
     try:
         if name in ("concurrency", "metrics_port"):
-            return int(raw)
+            return limits.whole(raw.strip())
         if name in ("poll_interval", "shutdown_timeout", "lease"):
-            return float(raw)
+            return limits.real(raw.strip())
     except ValueError as exc:
         raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
     if name == "queues":

@@ -783,3 +783,29 @@ def _wheel_and_web_files(tmp_path: Path) -> tuple[set[str], set[str]]:
         for p in (web / folder).iterdir()
     }
     return shipped, wanted
+
+
+async def test_unicode_digits_in_filters_get_the_bad_filter_page(dsn, conn):
+    """`str.isdigit` says yes to `²` and `⁹`, which `int()` then refuses (a JSON 500 and a
+    traceback), and `int()` takes fullwidth and Arabic-Indic digits: every number in a URL is
+    ASCII digits, else the "Bad filter" page, as for `limit=abc`. Plain HTTP, no browser."""
+    job = await pgworker.enqueue(conn, "charge-card", {})
+    async with serving(dsn) as served, http(served) as client:
+        plain = await client.get("/ui/jobs?limit=abc")
+        assert plain.status_code == 400 and "Bad filter" in plain.text
+        for bad in [
+            "limit=²",
+            "before=⁹",
+            "limit=\uff11",
+            "before=\u0663",
+            "limit=1_0",
+            "limit=%2B5",
+            "before=1.0",
+        ]:
+            answer = await client.get(f"/ui/jobs?{bad}")
+            assert answer.status_code == plain.status_code, (bad, answer.text[:300])
+            assert "Bad filter" in answer.text and bad.split("=")[0] in answer.text, bad
+        for bad in ["\u0661", "\uff11", "²"]:
+            assert (await client.get(f"/ui/jobs/{bad}")).status_code == 404, bad
+        assert (await client.get(f"/ui/jobs?before={job.job.id + 1}&limit=5")).status_code == 200
+        assert "Traceback" not in served.stderr()

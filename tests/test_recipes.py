@@ -4,8 +4,10 @@ its code is the recipes' code and its references resolve inside the repository."
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from examples.recipes import cancel, drain, fastapi_lifespan, retry
 from examples.recipes.tasks import registry
 
 from .helpers import wait_for
+from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -380,3 +383,37 @@ async def test_an_embedded_worker_logs_through_the_pgworker_logger(dsn, tmp_path
         assert f"INFO job completed {ok} 1 req-ok w1" in lines
         assert f"INFO job failed {bad} 1 req-bad w1" in lines
         assert "job started" not in err and "Traceback" not in err
+
+
+# examples/recipes/http_worker.sh
+
+
+async def _run_http_worker(url: str, token: str) -> Any:
+    env = {"PGWORKER_URL": url, "PGWORKER_API_TOKEN": token, "PATH": os.environ["PATH"]}
+    with anyio.fail_after(60):
+        return await anyio.run_process(
+            ["bash", str(RECIPES / "http_worker.sh")], env=env, check=False
+        )
+
+
+async def test_the_http_worker_works_one_job_then_stops_cleanly_when_nothing_is_due(dsn, conn):
+    """With one job: claimed, renewed, completed and read. Run again, its job (the same
+    idempotency key) is done and the claim answers 204: the script says so and exits 0, where it
+    posted to /jobs//heartbeat and failed."""
+    if not (shutil.which("curl") and shutil.which("jq")):
+        pytest.skip("needs curl (7.82+, for --json) and jq")
+    async with serving(dsn) as served:
+        first = await _run_http_worker(served.url, served.token)
+        assert first.returncode == 0, first.stderr.decode()
+        job = await conn.fetchrow("SELECT id, status, attempts, result::text FROM pgworker.jobs")
+        assert (job["status"], job["attempts"]) == ("completed", 1)
+        assert json.loads(job["result"]) == {"sent": True}
+        assert b'"attempt_history"' in first.stdout and b'"queues"' in first.stdout
+
+        again = await _run_http_worker(served.url, served.token)
+        assert again.returncode == 0, again.stderr.decode()
+        assert "nothing to claim" in again.stderr.decode()
+        assert b'"attempt_history"' not in again.stdout  # it stopped after the claim
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 1
+        assert await conn.fetchval("SELECT attempts FROM pgworker.jobs") == 1
+        assert "Traceback" not in served.stderr()

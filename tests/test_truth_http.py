@@ -332,7 +332,7 @@ async def test_a_python_handler_that_fails_for_good_after_a_cancel_request_ends_
 
 # --- J: strict ids in paths; no secret echoed in a 422 -----------------------------------------
 
-NOT_IDS = ["1.0", "%201", "%20 1", "1%20", "+1", "%2B1", "1e0", "%EF%BC%90%EF%BC%91", "01", "1_0"]
+NOT_IDS = ["1.0", "%201", "%20 1", "1%20", "+1", "%2B1", "1e0", "%EF%BC%90%EF%BC%91", "1_0"]
 
 
 async def test_a_job_id_in_a_path_is_plain_ascii_decimal(server: Served) -> None:

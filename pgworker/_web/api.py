@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import anyio
+from annotated_types import Interval
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
-from pydantic import BeforeValidator
 
 from .. import _limits as limits
 from .._db.connection import create_pool
@@ -57,11 +56,16 @@ from .bounds import bounded
 from .schemas import (
     ClaimBody,
     CompleteBody,
+    Correlation,
+    Decimal,
     EnqueueBody,
     FailBody,
     HeartbeatBody,
     Problem,
+    QueueName,
     ReplayBody,
+    TypeName,
+    UrlId,
 )
 
 HEALTH_TIMEOUT = 5.0
@@ -78,29 +82,15 @@ page ends early with a `next_before` (a page holds at least one job, whatever it
 
 _log = get_logger()
 
-_DIGITS = re.compile(r"[1-9][0-9]*")
-
-
-def _strict_id(value: Any) -> Any:
-    """A job id in a path is written in ASCII digits only: `1.0`, ` 1`, `+1`, `1e0`, `01`, `1_0`
-    or fullwidth digits, which int() would read as 1, name no job (422 naming `id`)."""
-    if isinstance(value, str) and not _DIGITS.fullmatch(value):
-        raise ValueError(
-            "a job id is written in ASCII digits 0-9 only, without a sign, spaces, a decimal "
-            "point, an exponent or leading zeros"
-        )
-    return value
-
-
-JobId = Annotated[
-    int,
-    BeforeValidator(_strict_id),
-    Path(ge=1, le=limits.MAX_BIGINT, description="the job's id, in ASCII digits"),
-]
+JobId = Annotated[UrlId, Path(description="the job's id, in ASCII digits")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
-    405: {"model": Problem, "description": "a write to a --read-only server"},
+    405: {
+        "model": Problem,
+        "description": "a method the path does not take, or a write to a "
+        "--read-only server: `Allow` lists the methods it takes",
+    },
     413: {"model": Problem, "description": "the body is over the limit"},
     422: {"model": Problem, "description": "bad input: `field` names it"},
 }
@@ -519,11 +509,11 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @api.get("/jobs", response_model=Json, tags=["jobs"])
     async def list_jobs(
         status: Annotated[JobStatus | None, Query()] = None,
-        type: Annotated[str | None, Query()] = None,
-        queue: Annotated[str | None, Query()] = None,
-        correlation_id: Annotated[str | None, Query()] = None,
-        limit: Annotated[int, Query(ge=1, le=PAGE_LIMIT)] = 100,
-        before: Annotated[int | None, Query(ge=1, le=limits.MAX_BIGINT)] = None,
+        type: Annotated[TypeName | None, Query()] = None,
+        queue: Annotated[QueueName | None, Query()] = None,
+        correlation_id: Annotated[Correlation | None, Query()] = None,
+        limit: Annotated[int, Interval(ge=1, le=PAGE_LIMIT), Decimal, Query()] = 100,
+        before: Annotated[UrlId | None, Query()] = None,
     ) -> Response:
         """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
         the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""

@@ -10,6 +10,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -52,7 +53,7 @@ def token_ok(config: WebConfig, token: str | None) -> bool:
 
 def create_app(config: WebConfig) -> FastAPI:
     """The application: the API under /jobs, /queues, /workers, /healthz, the dashboard at /."""
-    from . import api, dashboard
+    from . import api, dashboard, schemas
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -63,4 +64,11 @@ def create_app(config: WebConfig) -> FastAPI:
     app.state.config = config
     api.install(app, config)
     dashboard.install(app, config)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = schemas.complete(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

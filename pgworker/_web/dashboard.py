@@ -559,10 +559,10 @@ def _safe_next(value: object) -> str:
 
 def _job_id(value: object) -> int:
     try:
-        job_id = int(str(value))
+        job_id = limits.whole(value)
     except ValueError:
         raise _NotFound(value) from None
-    if not 1 <= job_id <= limits.MAX_BIGINT or str(job_id) != str(value):
+    if not 1 <= job_id <= limits.MAX_BIGINT or str(job_id) != value:
         raise _NotFound(value)
     return job_id
 
@@ -573,11 +573,15 @@ def _whole(
     text = params.get(field, "").strip()
     if not text:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    try:
+        number = limits.whole(text)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
         raise _Refused(
             400, "Bad filter", f"{field}: must be a whole number from {low} to {high}, got {text!r}"
         )
-    return int(text)
+    return number
 
 
 def _filters(params: Mapping[str, str]) -> dict[str, str | None]:

@@ -4,7 +4,7 @@ echoed at length, or a secret (_redact.scrub)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Mount, Route
 
 from .. import _limits as limits
 from .._db.connection import CONNECTION_ERRORS
@@ -30,6 +31,7 @@ from ..errors import (
 from ..models import PRIORITY_LABELS
 from .app import WebConfig, token_ok
 from .bounds import RETRY_AFTER, Unanswered
+from .schemas import NO_NUL
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -81,13 +83,47 @@ def bearer(scope: Scope) -> str | None:
     return None
 
 
-class Guard:
-    """ASGI middleware, in this order: the token (401), --read-only (405), the body limit (413,
-    by Content-Length before reading anything, else while reading)."""
+def methods_of(routes: Sequence[BaseRoute], path: str) -> frozenset[str] | None:
+    """The methods `path` takes: those of the most literal route template that matches it
+    (`/jobs/claim` rather than `/jobs/{id}`, whatever the order of the routes); None when no
+    route matches it (404), or a mount does (the mount answers)."""
+    best: tuple[int, str] | None = None
+    methods: dict[str, set[str]] = {}
+    for route in _flat(routes):
+        if isinstance(route, Mount) and route.path_regex.match(path):
+            return None
+        if not isinstance(route, Route) or not route.path_regex.match(path):
+            continue
+        rank = (len(route.param_convertors), route.path)
+        best = rank if best is None or rank < best else best
+        methods.setdefault(route.path, set()).update(route.methods or ())
+    return None if best is None else frozenset(methods[best[1]])
 
-    def __init__(self, app: ASGIApp, config: WebConfig) -> None:
+
+def _flat(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    """The routes, with those of an included router in its place (FastAPI keeps an included
+    router whole, as one route; pgworker includes its API router without a prefix)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _flat(included.routes)
+        else:
+            yield route
+
+
+def allow(methods: frozenset[str]) -> str:
+    return ", ".join(sorted(methods))
+
+
+class Guard:
+    """ASGI middleware, in this order: the token (401), a method the path does not take (405,
+    with `Allow`), --read-only (405), the body limit (413, by Content-Length before reading
+    anything, else while reading)."""
+
+    def __init__(self, app: ASGIApp, config: WebConfig, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
         self.config = config
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -134,16 +170,25 @@ class Guard:
                     status_code=401,
                     headers={"WWW-Authenticate": challenge},
                 )
-            if config.read_only and scope["method"] not in SAFE_METHODS:
-                return problem(
-                    405,
-                    "this server is read-only (pgworker serve --read-only): writes are refused",
-                    Allow="GET, HEAD",
-                )
+        taken = methods_of(self.routes, scope["path"])
+        read_only = config.read_only and guarded(scope["path"])
+        here = (taken or frozenset()) & SAFE_METHODS if read_only else taken
+        if taken is not None and here is not None and scope["method"] not in taken:
+            return problem(
+                405,
+                f"this path does not take {scope['method']}; it takes {allow(taken)}",
+                Allow=allow(here),
+            )
+        if read_only and scope["method"] not in SAFE_METHODS:
+            return problem(
+                405,
+                "this server is read-only (pgworker serve --read-only): writes are refused",
+                Allow=allow(here or frozenset()),
+            )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    length = int(value)
+                    length = limits.whole(value.decode("latin-1"))
                 except ValueError:
                     return problem(400, "Content-Length is not a number", "Content-Length")
                 if length > config.body_limit:
@@ -190,7 +235,7 @@ def _priority_problem(value: Any) -> str:
 
 def install(app: FastAPI, config: WebConfig) -> None:
     """The middleware and the error handlers."""
-    app.add_middleware(Guard, config=config)
+    app.add_middleware(Guard, config=config, routes=app.router.routes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -200,6 +245,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
             return problem(422, "the body is not valid JSON", "body")
         if first.get("type") == "extra_forbidden":
             return problem(422, f"{field} is not a field of this request; remove it", field)
+        context: Any = first.get("ctx") or {}
+        if context.get("pattern") == NO_NUL:
+            return problem(422, f"{field}: must not contain NUL characters", field)
         if field == "priority":  # a union (int or label): say both, never what was sent
             return problem(422, _priority_problem(first.get("input")), field)
         # pydantic's `msg` says what is allowed; its `input` (what was sent, maybe a secret) is

@@ -1,35 +1,158 @@
-"""The request bodies of the HTTP API: one set of typed models behind both the validation and the
-OpenAPI document. The bounds written here are those of _limits.py, so that the document says what
-the server accepts; pgworker's own validators (the ones the Python API and the CLI use) then check
-what a schema cannot say (NUL characters, lone surrogates, JSON that jsonb cannot store)."""
+"""The request bodies and URL numbers of the HTTP API: one set of typed models behind both the
+validation and the OpenAPI document, so that the document is the contract the server keeps. The
+bounds written here are those of _limits.py (and operations.py); pgworker's own validators (the
+ones the Python API and the CLI use) then check what a schema cannot say: lone surrogates, JSON
+nested more than MAX_DEPTH deep or past MAX_PAYLOAD_BYTES, a `run_at` that overflows once in UTC.
+
+Integers: a JSON number without a fraction is an integer (JSON Schema counts `3.0` as the
+integer 3, and so does JSON's number model), so an integer field takes `3` and `3.0` alike and
+refuses `3.5`, `"3"` and `true`. A number in a URL (a job id, `limit`, `before`) is ASCII digits
+only (_limits.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
+from annotated_types import Interval, MinLen
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
+    StringConstraints,
+    TypeAdapter,
+    WithJsonSchema,
 )
+from pydantic_core import PydanticCustomError
 
 from .. import _limits as limits
+from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
 
-Seconds = Annotated[StrictInt | StrictFloat, Field(ge=0, le=limits.MAX_DELAY)]
+NO_NUL = r"^[^\x00]*$"
+"""Text PostgreSQL can store: no NUL character."""
+
+
+def _integral(value: Any) -> Any:
+    """`3.0` read as 3: the same integer to JSON Schema and to JSON's number model."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _decimal(value: Any) -> Any:
+    """A number from a URL: ASCII digits only, as the dashboard and the CLI read them."""
+    if isinstance(value, str):
+        try:
+            return limits.whole(value)
+        except ValueError:
+            raise PydanticCustomError(
+                "whole_number", "must be a whole number in ASCII digits"
+            ) from None
+    return value
+
+
+RUN_AT = (
+    r"^(?!0001-01-01[Tt][0-9:.]*\+(?!00:?00)|9999-12-31[Tt][0-9:.]*-(?!00:?00))"
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt]"
+)
+"""A `run_at` as text: an RFC 3339 date and time (a `T` between them; not a number of seconds),
+and one that stays within years 1 to 9999 once in UTC (what Python and jsonb's readers hold),
+said as a pattern: on the calendar's first day no positive offset, on its last day no negative
+one. The server checks the text with this same pattern, then the exact instant."""
+_RUN_AT = re.compile(RUN_AT)
+
+
+def _run_at(value: Any) -> Any:
+    if not isinstance(value, str) or not _RUN_AT.match(value):
+        raise PydanticCustomError(
+            "run_at",
+            "must be an RFC 3339 date and time within years 1 to 9999 in UTC, e.g. "
+            "2030-01-01T09:00:00Z (on 0001-01-01 or 9999-12-31, write it in UTC)",
+        )
+    return value
+
+
+Integral = BeforeValidator(_integral)
+Decimal = BeforeValidator(_decimal)
+
+Seconds = Annotated[StrictFloat, Interval(ge=0, le=limits.MAX_DELAY)]
 """Seconds: a JSON number (not a string, not a boolean)."""
-Lease = Annotated[StrictInt | StrictFloat, Field(gt=0, le=limits.MAX_LEASE)]
-Int = Annotated[StrictInt, Field(ge=0, le=limits.MAX_INT)]
-Positive = Annotated[StrictInt, Field(ge=1, le=limits.MAX_INT)]
-TypeName = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TYPE_LENGTH)]
-QueueName = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_QUEUE_LENGTH)]
-WorkerId = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_WORKER_ID_LENGTH)]
-Key = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_IDEMPOTENCY_KEY_LENGTH)]
-Correlation = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_CORRELATION_ID_LENGTH)]
+Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
+Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
+Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
+PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
+UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), Decimal]
+"""A job's id in a URL."""
+TypeName = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_TYPE_LENGTH, pattern=NO_NUL)
+]
+QueueName = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_QUEUE_LENGTH, pattern=NO_NUL)
+]
+WorkerId = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_WORKER_ID_LENGTH, pattern=NO_NUL),
+]
+Key = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_IDEMPOTENCY_KEY_LENGTH, pattern=NO_NUL),
+]
+Correlation = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_CORRELATION_ID_LENGTH, pattern=NO_NUL),
+]
+Actor = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
+]
+Reason = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=MAX_REASON_LENGTH, pattern=NO_NUL)
+]
+RunAt = Annotated[
+    AwareDatetime,
+    BeforeValidator(_run_at),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": RUN_AT}),
+]
+Label = Annotated[StrictStr, StringConstraints(pattern="^(low|medium|high|critical)$")]
+JSON_VALUE = "JsonValue"
+_JSON_MARK = "x-pgworker-json-value"
+JsonValue = Annotated[Any, WithJsonSchema({_JSON_MARK: True})]
+"""Any JSON value jsonb stores: validated by enqueue's own checks (any depth, without a recursive
+model), described by JSON_SCHEMA (a reference that `complete` puts in place of the mark)."""
+
+JSON_SCHEMA: dict[str, Any] = {
+    "description": "any JSON value without a NUL character in its strings or keys (jsonb cannot "
+    f"store one), nested at most {limits.MAX_DEPTH} deep",
+    "anyOf": [
+        {"type": ["null", "boolean", "number"]},
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "array", "items": {"$ref": f"#/components/schemas/{JSON_VALUE}"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": f"#/components/schemas/{JSON_VALUE}"},
+        },
+    ],
+}
+
+
+VersionList = Annotated[list[Positive], MinLen(1)]
+Versions = Annotated[
+    dict[TypeName, VersionList],
+    # pydantic writes a key's pattern as patternProperties, which lets other keys through.
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": TypeAdapter(TypeName).json_schema(),
+            "additionalProperties": TypeAdapter(VersionList).json_schema(),
+        }
+    ),
+]
 
 
 class _Body(BaseModel):
@@ -39,18 +162,28 @@ class _Body(BaseModel):
 
 
 class EnqueueBody(_Body):
+    # enqueue() refuses run_at and delay together: said here too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "required": ["run_at", "delay"],
+                "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
+            }
+        }
+    )
+
     type: TypeName = Field(description="the job type")
-    payload: Any = Field(description="any JSON value")
+    payload: JsonValue = Field(description="any JSON value")
     queue: QueueName | None = Field(None, description="default: default")
     priority: (
-        Annotated[StrictInt, Field(ge=limits.MIN_INT, le=limits.MAX_INT)]
-        | Annotated[StrictStr, Field(pattern="^(low|medium|high|critical)$")]
+        PriorityInt
+        | Annotated[StrictStr, StringConstraints(pattern="^(low|medium|high|critical)$")]
         | None
     ) = Field(None, description="an int or one of low, medium, high, critical; higher runs first")
     max_retries: Int | None = Field(None, description="retries after the first attempt (3)")
     idempotency_key: Key | None = None
     correlation_id: Correlation | None = Field(None, description="default: a new UUID")
-    run_at: AwareDatetime | None = Field(None, description="ISO 8601 with a time zone")
+    run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone; not with delay")
     delay: Seconds | None = Field(None, description="seconds from now; not with run_at")
     version: Positive | None = Field(None, description="the payload's version (default 1)")
 
@@ -60,7 +193,7 @@ class ClaimBody(_Body):
     types: list[TypeName] | None = Field(None, min_length=1, description="default: any type")
     queues: list[QueueName] | None = Field(None, min_length=1, description="default: any queue")
     lease: Lease | None = Field(None, description="seconds held without a heartbeat (30)")
-    versions: dict[TypeName, list[Positive]] | None = Field(
+    versions: Versions | None = Field(
         None, description='payload versions claimed by type, e.g. {"resize": [1, 2]}'
     )
 
@@ -75,7 +208,7 @@ class HeartbeatBody(AttemptBody):
 
 
 class CompleteBody(AttemptBody):
-    result: Any = Field(None, description="any JSON value, stored as the job's result")
+    result: JsonValue = Field(None, description="any JSON value, stored as the job's result")
 
 
 class FailBody(AttemptBody):
@@ -85,8 +218,8 @@ class FailBody(AttemptBody):
 
 
 class ReplayBody(_Body):
-    by: WorkerId | None = Field(None, description="who replays (default: api)")
-    reason: StrictStr | None = None
+    by: Actor | None = Field(None, description="who replays (default: api)")
+    reason: Reason | None = None
 
 
 class Problem(BaseModel):
@@ -94,3 +227,66 @@ class Problem(BaseModel):
 
     error: str
     field: str | None = None
+
+
+def _operation(method: str, path: str) -> str:
+    return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+
+
+def _held(attempt: str) -> dict[str, Any]:
+    """The link parameters of an attempt's writes: the job's id, worker and attempt number."""
+    return {
+        "parameters": {"path.id": "$response.body#/id"},
+        "requestBody": {
+            "worker_id": "$response.body#/worker_id",
+            "attempt": f"$response.body#/{attempt}",
+        },
+    }
+
+
+def _links(*targets: tuple[str, str, str], attempt: str = "attempt") -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name, method, path in targets:
+        found[name] = {"operationRef": _operation(method, path)}
+        if path.endswith(("/heartbeat", "/complete", "/fail")):
+            found[name].update(_held(attempt))
+        else:
+            found[name]["parameters"] = {"path.id": "$response.body#/id"}
+    return found
+
+
+_GET = ("GetJob", "get", "/jobs/{id}")
+_CANCEL = ("CancelJob", "post", "/jobs/{id}/cancel")
+_REPLAY = ("ReplayJob", "post", "/jobs/{id}/replay")
+_HEARTBEAT = ("Heartbeat", "post", "/jobs/{id}/heartbeat")
+_COMPLETE = ("Complete", "post", "/jobs/{id}/complete")
+_FAIL = ("Fail", "post", "/jobs/{id}/fail")
+LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("post", "/jobs", "201"): _links(_GET, _CANCEL, _REPLAY),
+    ("post", "/jobs", "200"): _links(_GET, _CANCEL, _REPLAY),
+    ("post", "/jobs/claim", "200"): _links(_HEARTBEAT, _COMPLETE, _FAIL, _GET, _CANCEL),
+    # A heartbeat's answer is the job: its running attempt is `attempts`.
+    ("post", "/jobs/{id}/heartbeat", "200"): _links(_COMPLETE, _FAIL, attempt="attempts"),
+    ("post", "/jobs/{id}/fail", "200"): _links(_REPLAY, _GET),
+    ("post", "/jobs/{id}/cancel", "200"): _links(_REPLAY, _GET),
+    ("post", "/jobs/{id}/replay", "200"): _links(_GET, _CANCEL),
+}
+"""The OpenAPI links between operations: a client (and schemathesis's stateful phase) follows a
+job from its creation or claim to the routes that act on it."""
+
+
+def complete(document: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI's document with what it cannot generate: the JSON value schema and the links."""
+    document.setdefault("components", {}).setdefault("schemas", {})[JSON_VALUE] = JSON_SCHEMA
+    stack: list[Any] = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.pop(_JSON_MARK, False):
+                node["$ref"] = f"#/components/schemas/{JSON_VALUE}"
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    for (method, path, status), links in LINKS.items():
+        document["paths"][path][method]["responses"][status]["links"] = links
+    return document
