@@ -4,8 +4,9 @@ Rows leave as mappings read by column name; callers never see how a statement is
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from .. import _limits as limits
-from ..models import AttemptResult
+from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
 from .connection import Conn, Executor, privilege_error, schema_errors, transaction
 
@@ -49,6 +50,21 @@ def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
 
 
 @cache
+@contextlib.asynccontextmanager
+async def savepoint(conn: Conn) -> AsyncIterator[Conn]:
+    """A savepoint in the caller's own transaction (see connection.transaction): released when
+    the block ends, rolled back to when it raises."""
+    sql = files.queries(DEFAULT_SCHEMA)  # no statement of these names a schema
+    await conn.execute(sql["savepoint"])
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(Exception):  # the connection may be gone: the error says why
+            await conn.execute(sql["savepoint_rollback"])
+        raise
+    await conn.execute(sql["savepoint_release"])
+
+
 def queries(schema: str) -> Queries:
     """The queries of `schema`, made once per schema."""
     return Queries(schema)
