@@ -170,8 +170,9 @@ async def enqueued_jobs(
 ) -> list[Job]:
     """The jobs matching every filter given, oldest first, whatever their status unless `status`
     (one status or several) says. `payload` matches a payload equal to it as JSON (key order does
-    not matter; None matches `{}`, which is how a None payload is stored); `payload_contains` one that contains it (`{"a": 1}` matches `{"a": 1, "b":
-    2}`). `conn` is an asyncpg Connection or Pool."""
+    not matter; None matches `{}`, which is how a None payload is stored); `payload_contains`
+    one that contains it (`{"a": 1}` matches `{"a": 1, "b": 2}`). `conn` is an asyncpg
+    Connection or Pool."""
     found = await queries(schema).testing_jobs(
         conn,
         **_filters(

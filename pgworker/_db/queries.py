@@ -49,7 +49,6 @@ def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
     ]
 
 
-@cache
 @contextlib.asynccontextmanager
 async def savepoint(conn: Conn) -> AsyncIterator[Conn]:
     """A savepoint in the caller's own transaction (see connection.transaction): released when
@@ -65,6 +64,7 @@ async def savepoint(conn: Conn) -> AsyncIterator[Conn]:
     await conn.execute(sql["savepoint_release"])
 
 
+@cache
 def queries(schema: str) -> Queries:
     """The queries of `schema`, made once per schema."""
     return Queries(schema)
