@@ -204,9 +204,9 @@ async def transaction(conn: Executor) -> AsyncIterator[Conn]:
         async with conn.acquire() as c, c.transaction():
             yield c
     elif conn.is_in_transaction() and getattr(conn, "_top_xact", None) is None:
-        from .queries import savepoint  # queries imports this module
+        from .queries import savepointed  # queries imports this module
 
-        async with savepoint(conn):
+        async with savepointed(conn):
             yield conn
     else:
         async with conn.transaction():

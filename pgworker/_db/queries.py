@@ -50,18 +50,18 @@ def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
 
 
 @contextlib.asynccontextmanager
-async def savepoint(conn: Conn) -> AsyncIterator[Conn]:
+async def savepointed(conn: Conn) -> AsyncIterator[Conn]:
     """A savepoint in the caller's own transaction (see connection.transaction): released when
     the block ends, rolled back to when it raises."""
-    sql = files.queries(DEFAULT_SCHEMA)  # no statement of these names a schema
-    await conn.execute(sql["savepoint"])
+    q = queries(DEFAULT_SCHEMA)  # these statements name no schema
+    await q.savepoint(conn)
     try:
         yield conn
     except BaseException:
         with contextlib.suppress(Exception):  # the connection may be gone: the error says why
-            await conn.execute(sql["savepoint_rollback"])
+            await q.savepoint_rollback(conn)
         raise
-    await conn.execute(sql["savepoint_release"])
+    await q.savepoint_release(conn)
 
 
 @cache
@@ -535,6 +535,17 @@ class Queries:
     async def migrations_latest(self, conn: Executor) -> int | None:
         latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
         return latest
+
+    # --- savepoints in a transaction begun with a raw BEGIN (savepointed) -----------------------
+
+    async def savepoint(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint"])
+
+    async def savepoint_release(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint_release"])
+
+    async def savepoint_rollback(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint_rollback"])
 
     # --- the HTTP API (pgworker serve) ---------------------------------------------------------
 
