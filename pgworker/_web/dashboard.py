@@ -171,7 +171,7 @@ class _Dashboard:
                     request,
                     "error.html",
                     {
-                        "title": "Database busy",
+                        "title": "Request given up",
                         "message": _sentence(str(exc)),
                     },
                     status=503,
@@ -187,6 +187,7 @@ class _Dashboard:
                     },
                     status=503,
                 )
+                response.headers["Retry-After"] = str(RETRY_AFTER)
             except SchemaError as exc:
                 response = self.page(
                     request,
