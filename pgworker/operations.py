@@ -8,7 +8,7 @@ import dataclasses
 import getpass
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -18,7 +18,7 @@ import asyncpg
 from . import _limits as limits
 from . import settings
 from ._db import migrations
-from ._db.connection import Executor, transaction
+from ._db.connection import Conn, Executor, transaction
 from ._db.queries import queries
 from ._logs import get_logger
 from ._redact import DEFAULT_KEYS, redact_payload
@@ -287,8 +287,7 @@ async def replay(
     is written. With `dry_run`, nothing is written either: the result says what would be done.
     Runs in its own transactions: pass a connection outside a transaction, or a pool."""
     q = queries(limits.identifier("schema", schema))
-    actor = limits.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
-    reason = limits.name("reason", reason, MAX_REASON_LENGTH, required=False)
+    actor, reason = _replayer(by, reason)
     if not isinstance(dry_run, bool):
         raise ValidationError("dry_run", f"must be True or False, got {dry_run!r}")
     if ids is not None:
@@ -313,9 +312,7 @@ async def replay(
             {i: s for i, s in found.items() if s not in REPLAYABLE},
             dry_run=True,
         )
-    log = get_logger()
-    replayed: list[int] = []
-    skipped: dict[int, str] = {}
+    done: list[Any] = []
     # By ids: one transaction, so that an unknown id leaves everything as it was. By type: a
     # batch per transaction, so that a large replay never holds many locks for long.
     chunks = [wanted] if ids is not None else _chunks(wanted, REPLAY_BATCH)
@@ -324,11 +321,42 @@ async def replay(
             rows = await q.jobs_replay(c, chunk, actor, reason)
             if ids is not None:
                 _no_unknown(chunk, {r["id"]: r["previous"] for r in rows})
-        for r in rows:
-            if not r["replayed"]:
-                skipped[r["id"]] = r["previous"]
-                continue
-            replayed.append(r["id"])
+        _announce(rows, actor, reason)
+        done += rows
+    return _replayed(done)
+
+
+async def replay_uncommitted(
+    conn: Conn, ids: Iterable[int], *, by: str, reason: str | None, schema: str = DEFAULT_SCHEMA
+) -> tuple[ReplayResult, Callable[[], None]]:
+    """`replay(conn, ids)` in the caller's transaction (a request of `serve`): its result, and
+    what logs each replay, to call once that transaction has committed. A request given up is
+    rolled back: it replayed nothing, and no line may say it did."""
+    q = queries(limits.identifier("schema", schema))
+    actor, reason = _replayer(by, reason)
+    wanted = _ids(ids)
+    rows = await q.jobs_replay(conn, wanted, actor, reason)
+    _no_unknown(wanted, {r["id"]: r["previous"] for r in rows})
+    return _replayed(rows), lambda: _announce(rows, actor, reason)
+
+
+def _replayer(by: str | None, reason: str | None) -> tuple[str, str | None]:
+    actor = limits.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
+    return actor, limits.name("reason", reason, MAX_REASON_LENGTH, required=False)
+
+
+def _replayed(rows: Sequence[Any]) -> ReplayResult:
+    return ReplayResult(
+        tuple(r["id"] for r in rows if r["replayed"]),
+        {r["id"]: r["previous"] for r in rows if not r["replayed"]},
+    )
+
+
+def _announce(rows: Iterable[Any], actor: str, reason: str | None) -> None:
+    """One line per job replayed, once the transaction that replayed it has committed."""
+    log = get_logger()
+    for r in rows:
+        if r["replayed"]:
             log.info(
                 "job replayed",
                 job_id=r["id"],
@@ -340,7 +368,6 @@ async def replay(
                 actor=actor,
                 reason=reason,
             )
-    return ReplayResult(tuple(replayed), skipped)
 
 
 def _chunks(ids: list[int], size: int) -> list[list[int]]:

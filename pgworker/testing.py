@@ -138,7 +138,10 @@ def _filters(
         "type_": limits.name("type", type, limits.MAX_TYPE_LENGTH, required=False),
         "queue": limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False),
         "statuses": _statuses(status),
-        "payload": None if payload is _ANY else _json_text("payload", payload),
+        # None is stored {} on every path (README, Enqueue): a job enqueued with None is {}.
+        "payload": None
+        if payload is _ANY
+        else _json_text("payload", {} if payload is None else payload),
         "payload_contains": (
             None if payload_contains is None else _json_text("payload_contains", payload_contains)
         ),
@@ -167,8 +170,9 @@ async def enqueued_jobs(
 ) -> list[Job]:
     """The jobs matching every filter given, oldest first, whatever their status unless `status`
     (one status or several) says. `payload` matches a payload equal to it as JSON (key order does
-    not matter); `payload_contains` one that contains it (`{"a": 1}` matches `{"a": 1, "b":
-    2}`). `conn` is an asyncpg Connection or Pool."""
+    not matter; None matches `{}`, which is how a None payload is stored); `payload_contains`
+    one that contains it (`{"a": 1}` matches `{"a": 1, "b": 2}`). `conn` is an asyncpg
+    Connection or Pool."""
     found = await queries(schema).testing_jobs(
         conn,
         **_filters(
@@ -186,7 +190,11 @@ async def enqueued_jobs(
 
 
 def _wanted(**given: Any) -> str:
-    shown = [f"{k}={v!r}" for k, v in given.items() if v is not None and v is not _ANY]
+    shown = [
+        f"{k}={v!r}"
+        for k, v in given.items()
+        if (v is not None or k == "payload") and v is not _ANY
+    ]
     return ", ".join(shown) or "any job"
 
 

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 from typing import Any
 
@@ -419,24 +418,6 @@ async def _nothing(ctx: pgworker.JobContext, payload: Any) -> None:
 
 async def _rescued(conn: Any, job_id: int) -> bool:
     return await status_of(conn, job_id) == "pending"
-
-
-async def test_the_readme_curl_worker_works(server: Served, conn: Any) -> None:
-    """examples/recipes/http_worker.sh, the README's curl examples, against a live server."""
-    if not (shutil.which("curl") and shutil.which("jq")):
-        pytest.skip("needs curl and jq")
-    env = {
-        "PGWORKER_URL": server.url,
-        "PGWORKER_API_TOKEN": server.token,
-        "PATH": os.environ["PATH"],
-    }
-    done = await anyio.run_process(
-        ["bash", str(ROOT / "examples" / "recipes" / "http_worker.sh")], env=env, check=False
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    job = await conn.fetchrow("SELECT status, result::text FROM pgworker.jobs")
-    assert (job["status"], json.loads(job["result"])) == ("completed", {"sent": True})
-    assert b'"queues"' in done.stdout and b'"attempt_history"' in done.stdout
 
 
 async def test_serve_without_a_schema_exits_saying_what_to_run(empty_dsn: str) -> None:

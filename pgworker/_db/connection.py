@@ -196,10 +196,18 @@ class HeldConnection:
 
 @contextlib.asynccontextmanager
 async def transaction(conn: Executor) -> AsyncIterator[Conn]:
-    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool."""
+    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool.
+    In a transaction the caller began with a raw `BEGIN`, which asyncpg does not know of and
+    refuses to nest in (InterfaceError), a savepoint of pgworker's own: what runs in the block
+    is still undone together when it fails, and kept only if the caller's transaction commits."""
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as c, c.transaction():
             yield c
+    elif conn.is_in_transaction() and getattr(conn, "_top_xact", None) is None:
+        from .queries import savepointed  # queries imports this module
+
+        async with savepointed(conn):
+            yield conn
     else:
         async with conn.transaction():
             yield conn

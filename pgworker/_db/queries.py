@@ -4,8 +4,9 @@ Rows leave as mappings read by column name; callers never see how a statement is
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from .. import _limits as limits
-from ..models import AttemptResult
+from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
 from .connection import Conn, Executor, privilege_error, schema_errors, transaction
 
@@ -46,6 +47,21 @@ def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
         [attempt for _, attempt, _ in attempts],
         [claimed_at for _, _, claimed_at in attempts],
     ]
+
+
+@contextlib.asynccontextmanager
+async def savepointed(conn: Conn) -> AsyncIterator[Conn]:
+    """A savepoint in the caller's own transaction (see connection.transaction): released when
+    the block ends, rolled back to when it raises."""
+    q = queries(DEFAULT_SCHEMA)  # these statements name no schema
+    await q.savepoint(conn)
+    try:
+        yield conn
+    except BaseException:
+        with contextlib.suppress(Exception):  # the connection may be gone: the error says why
+            await q.savepoint_rollback(conn)
+        raise
+    await q.savepoint_release(conn)
 
 
 @cache
@@ -519,6 +535,17 @@ class Queries:
     async def migrations_latest(self, conn: Executor) -> int | None:
         latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
         return latest
+
+    # --- savepoints in a transaction begun with a raw BEGIN (savepointed) -----------------------
+
+    async def savepoint(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint"])
+
+    async def savepoint_release(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint_release"])
+
+    async def savepoint_rollback(self, conn: Conn) -> None:
+        await conn.execute(self._sql["savepoint_rollback"])
 
     # --- the HTTP API (pgworker serve) ---------------------------------------------------------
 

@@ -47,9 +47,10 @@ from ..models import (
     JobStatus,
     Outcome,
 )
-from ..operations import cancel, replay
+from ..operations import cancel, replay_uncommitted
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
+from ..worker import LOCK_TIMEOUT
 from . import guard
 from .app import WebConfig
 from .bounds import bounded
@@ -103,15 +104,28 @@ _FENCED: dict[int | str, dict[str, Any]] = {
 @contextlib.asynccontextmanager
 async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     """The pool and queries every route uses, and the maintenance service (unless
-    --no-maintenance), for the server's lifetime."""
-    pool = await create_pool(config.dsn, size=POOL_SIZE, application_name="pgworker:serve")
+    --no-maintenance), for the server's lifetime.
+
+    Maintenance waits on a lock as the worker's does: at most a third of the lease, 5 s at most
+    (lock_timeout on the pool's sessions, set when they connect, as the worker's pool sets it
+    and plan_cache_mode), then retries and says so in the log; a request sets its own, shorter
+    or not, with SET LOCAL (bounds.py). A startup parameter rather than SET LOCAL because
+    maintenance sends its statements on the pool outside any transaction of its own: SET LOCAL
+    would cost it a transaction and a round trip per statement. A transaction pooler put in
+    front must pass these parameters on (as it must already for plan_cache_mode)."""
+    settings = maintenance_settings(config) if config.maintenance else None
+    pool = await create_pool(
+        config.dsn,
+        size=POOL_SIZE,
+        application_name="pgworker:serve",
+        lock_timeout=None if settings is None else min(settings.lease / 3, LOCK_TIMEOUT),
+    )
     app.state.pool = pool
     app.state.queries = queries(config.schema)
     maintenance: Maintenance | None = None
     try:
         async with anyio.create_task_group() as tg:
-            if config.maintenance:
-                settings = maintenance_settings(config)
+            if settings is not None:
                 maintenance = Maintenance(pool, settings)
                 log = get_logger(worker_id=settings.worker_id)
                 tg.start_soon(supervise, maintenance, Health(), log)
@@ -554,7 +568,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
         body = body or ReplayBody.model_validate({})
         async with database() as conn:
             row = await _job(conn, id)
-            done = await replay(
+            done, announce = await replay_uncommitted(
                 conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
             )
             if done.skipped:
@@ -562,7 +576,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
                     409,
                     f"job {id} is {row['status']}: only failed or cancelled jobs are replayed",
                 )
-            return _answer(job_json(await _job(conn, id)))
+            answer = _answer(job_json(await _job(conn, id)))
+        announce()
+        return answer
 
     @api.get("/queues", response_model=Json, tags=["operators"])
     async def list_queues() -> Response:

@@ -3,7 +3,9 @@
 Jinja2 templates (autoescaped: a payload, type or error holding markup is shown as text) and plain
 HTML forms; no script, no build step. The pages read the database through `operations` and the
 `dashboard_*` queries (which read the views of migration 7); the buttons call `operations.replay`
-and `operations.cancel`.
+and `operations.cancel`. Each request's database work is one transaction bounded as the API's
+(bounds.bounded), its page or redirect made inside it: a request given up is rolled back (a
+button's change never applied later) and answered with the error page, 503 and Retry-After.
 
 A browser logs in once with an API token (checked like a bearer token, in constant time) and gets
 an HttpOnly, SameSite=Strict session cookie signed by this server (dashboard_session.py). Every
@@ -16,6 +18,7 @@ document."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -29,12 +32,21 @@ from starlette.staticfiles import StaticFiles
 
 from .. import _limits as limits
 from .._db.queries import queries
+from .._logs import get_logger
 from ..errors import DatabaseUnavailable, PgWorkerError, SchemaError, ValidationError
 from ..models import JobStatus
-from ..operations import CancelResult, cancel, list_failed, replay, show_job, status
+from ..operations import (
+    CancelResult,
+    cancel,
+    list_failed,
+    replay_uncommitted,
+    show_job,
+    status,
+)
 from ..settings import Settings
 from . import dashboard_words as words
 from .app import token_ok
+from .bounds import RETRY_AFTER, Unanswered, bounded
 from .dashboard_session import (
     FLASH_COOKIE,
     FLASH_LIFETIME,
@@ -70,6 +82,8 @@ SECURITY_HEADERS = {
 }
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+_log = get_logger()
 
 
 class _Refused(Exception):
@@ -151,6 +165,18 @@ class _Dashboard:
                     {"title": refused.title, "message": refused.message},
                     status=refused.status,
                 )
+            except Unanswered as exc:
+                _log.warning("request given up", path=request.url.path, error=str(exc))
+                response = self.page(
+                    request,
+                    "error.html",
+                    {
+                        "title": "Request given up",
+                        "message": _sentence(str(exc)),
+                    },
+                    status=503,
+                )
+                response.headers["Retry-After"] = str(RETRY_AFTER)
             except (DatabaseUnavailable, OSError, asyncpg.PostgresError, TimeoutError):
                 response = self.page(
                     request,
@@ -161,6 +187,7 @@ class _Dashboard:
                     },
                     status=503,
                 )
+                response.headers["Retry-After"] = str(RETRY_AFTER)
             except SchemaError as exc:
                 response = self.page(
                     request,
@@ -177,6 +204,10 @@ class _Dashboard:
     def pool(self) -> Any:
         """The server's pool, opened by the lifespan (api.resources)."""
         return self.app.state.pool
+
+    def database(self) -> AbstractAsyncContextManager[Any]:
+        """The request's one transaction, bounded (bounds.bounded)."""
+        return bounded(self.pool, self.q)
 
     def session(self, request: Request) -> Session | None:
         return self.signer.session(request.cookies.get(SESSION_COOKIE))
@@ -274,30 +305,33 @@ class _Dashboard:
 
     async def queues(self, request: Request) -> Response:
         async def render(session: Session) -> Response:
-            found = await status(self.pool, schema=self.config.schema, live_within=LIVE_WITHIN)
-            oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
-            queues: dict[str, dict[str, int]] = {}
-            for r in found["counts"]:
-                queues.setdefault(r["queue"], dict.fromkeys(words.STATUS_WORDS, 0))[r["status"]] = (
-                    r["jobs"]
+            async with self.database() as conn:
+                found = await status(conn, schema=self.config.schema, live_within=LIVE_WITHIN)
+                oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
+                queues: dict[str, dict[str, int]] = {}
+                for r in found["counts"]:
+                    queues.setdefault(r["queue"], dict.fromkeys(words.STATUS_WORDS, 0))[
+                        r["status"]
+                    ] = r["jobs"]
+                failures = await list_failed(conn, limit=SHOWN_FAILURES, schema=self.config.schema)
+                overdue = await self.q.dashboard_overdue(conn, SHOWN_OVERDUE)
+                return self.page(
+                    request,
+                    "queues.html",
+                    {
+                        "title": "Queues",
+                        "queues": sorted(queues.items()),
+                        "oldest": oldest,
+                        "totals": {
+                            s: sum(c[s] for c in queues.values()) for s in words.STATUS_WORDS
+                        },
+                        "workers": found["workers"],
+                        "unserved": found["unserved"],
+                        "failures": failures,
+                        "overdue": overdue,
+                    },
+                    session=session,
                 )
-            failures = await list_failed(self.pool, limit=SHOWN_FAILURES, schema=self.config.schema)
-            overdue = await self.q.dashboard_overdue(self.pool, SHOWN_OVERDUE)
-            return self.page(
-                request,
-                "queues.html",
-                {
-                    "title": "Queues",
-                    "queues": sorted(queues.items()),
-                    "oldest": oldest,
-                    "totals": {s: sum(c[s] for c in queues.values()) for s in words.STATUS_WORDS},
-                    "workers": found["workers"],
-                    "unserved": found["unserved"],
-                    "failures": failures,
-                    "overdue": overdue,
-                },
-                session=session,
-            )
 
         return await self._with_session(request, render)
 
@@ -306,31 +340,32 @@ class _Dashboard:
             filters = _filters(request.query_params)
             limit = _whole(request.query_params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE) or PAGE_SIZE
             before = _whole(request.query_params, "before", None, 1, limits.MAX_BIGINT)
-            rows = await self.q.dashboard_jobs(self.pool, **filters, before=before, limit=limit + 1)
-            more = len(rows) > limit
-            rows = rows[:limit]
-            now = datetime.now(UTC)
-            shown = [{**r, "state": words.state(r, now)} for r in map(dict, rows)]
-            kept = {k: v for k, v in filters.items() if v is not None}
-            if limit != PAGE_SIZE:
-                kept["limit"] = str(limit)
-            older = None
-            if more and rows:
-                older = f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
-            return self.page(
-                request,
-                "jobs.html",
-                {
-                    "title": "Jobs",
-                    "jobs": shown,
-                    "filters": filters,
-                    "statuses": [s.value for s in JobStatus],
-                    "older": older,
-                    "newest": f"{PREFIX}/jobs?{urlencode(kept)}" if before else None,
-                    "now": now,
-                },
-                session=session,
-            )
+            async with self.database() as conn:
+                rows = await self.q.dashboard_jobs(conn, **filters, before=before, limit=limit + 1)
+                more = len(rows) > limit
+                rows = rows[:limit]
+                now = datetime.now(UTC)
+                shown = [{**r, "state": words.state(r, now)} for r in map(dict, rows)]
+                kept = {k: v for k, v in filters.items() if v is not None}
+                if limit != PAGE_SIZE:
+                    kept["limit"] = str(limit)
+                older = None
+                if more and rows:
+                    older = f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
+                return self.page(
+                    request,
+                    "jobs.html",
+                    {
+                        "title": "Jobs",
+                        "jobs": shown,
+                        "filters": filters,
+                        "statuses": [s.value for s in JobStatus],
+                        "older": older,
+                        "newest": f"{PREFIX}/jobs?{urlencode(kept)}" if before else None,
+                        "now": now,
+                    },
+                    session=session,
+                )
 
         return await self._with_session(request, render)
 
@@ -338,59 +373,61 @@ class _Dashboard:
 
         async def render(session: Session) -> Response:
             job_id = _job_id(request.path_params["job_id"])
-            try:
-                found = await show_job(
-                    self.pool, job_id, redact_keys=self.redact_keys, schema=self.config.schema
+            async with self.database() as conn:
+                try:
+                    found = await show_job(
+                        conn, job_id, redact_keys=self.redact_keys, schema=self.config.schema
+                    )
+                except PgWorkerError as exc:  # a payload written around pgworker's checks
+                    raise _Refused(500, "This job cannot be shown", str(exc)) from None
+                if found is None:
+                    raise _NotFound(job_id)
+                job = found["job"]
+                row = {
+                    "status": job.status.value,
+                    "error": job.error,
+                    "run_at": job.run_at,
+                    "milestone": words.milestone_of(job.progress),
+                }
+                return self.page(
+                    request,
+                    "job.html",
+                    {
+                        "title": f"Job {job.id}",
+                        "job": job,
+                        "state": words.state(row),
+                        "payload": found["payload"],
+                        "milestones": _latest(found["milestones"]),
+                        "steps": _latest(found["steps"]),
+                        "timeline": _latest(_timeline(found["attempts"], found["events"])),
+                        "replayable": job.status.value in ("failed", "cancelled"),
+                        "cancellable": job.status.value in ("pending", "running"),
+                        "refresh": job.status.value in ("pending", "running"),
+                        "now": datetime.now(UTC),
+                    },
+                    session=session,
                 )
-            except PgWorkerError as exc:  # a payload written around pgworker's checks
-                raise _Refused(500, "This job cannot be shown", str(exc)) from None
-            if found is None:
-                raise _NotFound(job_id)
-            job = found["job"]
-            row = {
-                "status": job.status.value,
-                "error": job.error,
-                "run_at": job.run_at,
-                "milestone": words.milestone_of(job.progress),
-            }
-            return self.page(
-                request,
-                "job.html",
-                {
-                    "title": f"Job {job.id}",
-                    "job": job,
-                    "state": words.state(row),
-                    "payload": found["payload"],
-                    "milestones": _latest(found["milestones"]),
-                    "steps": _latest(found["steps"]),
-                    "timeline": _latest(_timeline(found["attempts"], found["events"])),
-                    "replayable": job.status.value in ("failed", "cancelled"),
-                    "cancellable": job.status.value in ("pending", "running"),
-                    "refresh": job.status.value in ("pending", "running"),
-                    "now": datetime.now(UTC),
-                },
-                session=session,
-            )
 
         return await self._with_session(request, render)
 
     async def workers(self, request: Request) -> Response:
 
         async def render(session: Session) -> Response:
-            rows = await self.q.dashboard_workers(self.pool, SHOWN_WORKERS)
-            overdue = await self.q.dashboard_overdue(self.pool, SHOWN_OVERDUE)
-            return self.page(
-                request,
-                "workers.html",
-                {
-                    "title": "Workers",
-                    "workers": rows,
-                    "overdue": overdue,
-                    "live_within": LIVE_WITHIN,
-                    "now": datetime.now(UTC),
-                },
-                session=session,
-            )
+            async with self.database() as conn:
+                rows = await self.q.dashboard_workers(conn, SHOWN_WORKERS)
+                overdue = await self.q.dashboard_overdue(conn, SHOWN_OVERDUE)
+                return self.page(
+                    request,
+                    "workers.html",
+                    {
+                        "title": "Workers",
+                        "workers": rows,
+                        "overdue": overdue,
+                        "live_within": LIVE_WITHIN,
+                        "now": datetime.now(UTC),
+                    },
+                    session=session,
+                )
 
         return await self._with_session(request, render)
 
@@ -442,11 +479,11 @@ class _Dashboard:
     # --- buttons ---------------------------------------------------------------------------------
 
     async def _button(
-        self, request: Request, act: Callable[[int], Awaitable[tuple[str, str]]]
+        self, request: Request, act: Callable[[Any, int], Awaitable[tuple[str, str]]]
     ) -> Response:
         """A button's POST: refused in read-only mode (405), without a login (to the login
-        form), or without the right CSRF token (403); else `act`, then back to the job's page,
-        which shows what `act` says happened."""
+        form), or without the right CSRF token (403); else `act` in the request's transaction,
+        then back to the job's page, which shows what `act` says happened."""
         if self.config.read_only:
             raise _Refused(
                 405,
@@ -457,23 +494,29 @@ class _Dashboard:
         if session is None or not (session.authenticated or self.config.insecure_no_auth):
             return self._redirect(f"{PREFIX}/login")
         job_id = _job_id(request.path_params["job_id"])
-        kind, text = await act(job_id)
-        response = self._redirect(f"{PREFIX}/jobs/{job_id}")
-        response.set_cookie(
-            FLASH_COOKIE,
-            self.signer.flash(session, kind, text),
-            max_age=FLASH_LIFETIME,
-            path="/",
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https",
-        )
+        async with self.database() as conn:
+            kind, text = await act(conn, job_id)
+            response = self._redirect(f"{PREFIX}/jobs/{job_id}")
+            response.set_cookie(
+                FLASH_COOKIE,
+                self.signer.flash(session, kind, text),
+                max_age=FLASH_LIFETIME,
+                path="/",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
         return response
 
     async def replay(self, request: Request) -> Response:
-        async def act(job_id: int) -> tuple[str, str]:
+        announce: Callable[[], None] = lambda: None  # noqa: E731
+
+        async def act(conn: Any, job_id: int) -> tuple[str, str]:
+            nonlocal announce
             try:
-                done = await replay(self.pool, [job_id], by=ACTOR, schema=self.config.schema)
+                done, announce = await replay_uncommitted(
+                    conn, [job_id], by=ACTOR, reason=None, schema=self.config.schema
+                )
             except ValidationError:
                 raise _NotFound(job_id) from None
             if job_id in done.replayed:
@@ -485,12 +528,14 @@ class _Dashboard:
                 "or was cancelled can be replayed.",
             )
 
-        return await self._button(request, act)
+        response = await self._button(request, act)
+        announce()
+        return response
 
     async def cancel(self, request: Request) -> Response:
-        async def act(job_id: int) -> tuple[str, str]:
+        async def act(conn: Any, job_id: int) -> tuple[str, str]:
             try:
-                outcome = await cancel(self.pool, job_id, schema=self.config.schema)
+                outcome = await cancel(conn, job_id, schema=self.config.schema)
             except ValidationError:
                 raise _NotFound(job_id) from None
             if outcome is CancelResult.CANCELLED:
@@ -509,6 +554,10 @@ class _Dashboard:
             )
 
         return await self._button(request, act)
+
+
+def _sentence(text: str) -> str:
+    return f"{text[:1].upper()}{text[1:]}."
 
 
 class _NotFound(_Refused):
