@@ -91,6 +91,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "a method the path does not take, or a write to a "
         "--read-only server: `Allow` lists the methods it takes",
     },
+    408: {"model": Problem, "description": "the body did not arrive whole within 30 s"},
     413: {"model": Problem, "description": "the body is over the limit"},
     422: {"model": Problem, "description": "bad input: `field` names it"},
 }
