@@ -157,9 +157,12 @@ class Queries:
         """Number the job's next attempt after its last recorded one."""
         await conn.execute(self._sql["job_attempts_repair"], job_id)
 
-    async def job_finish_many(self, conn: Executor, results: Sequence[AttemptResult]) -> set[int]:
+    async def job_finish_many(
+        self, conn: Executor, results: Sequence[AttemptResult]
+    ) -> dict[int, str]:
         """Write outcomes in one statement; returns the job ids written (the others were
-        fenced)."""
+        fenced), each with the outcome its attempt row got (`cancelled` for one that did not
+        complete a job whose cancellation was asked for)."""
         rows = await conn.fetch(
             self._sql["job_finish_many"],
             [r.job_id for r in results],
@@ -174,7 +177,7 @@ class Queries:
             [r.claimed_at for r in results],
             [r.error_detail for r in results],
         )
-        return {r["id"] for r in rows}
+        return {r["id"]: r["outcome"] for r in rows}
 
     async def attempt_outcomes(
         self, conn: Executor, attempts: Sequence[AttemptKey]
