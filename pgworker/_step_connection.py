@@ -59,6 +59,7 @@ _IDENTIFIER = re.compile(r'"(?:[^"]|"")*(?:"|\Z)')
 _DOLLAR = re.compile(rf"\$(?:[{_START}][{_TAG_PART}]*)?\$")
 _IDENTIFIER_CHAR = re.compile(rf"[{_PART}]")
 _COMMENT_EDGE = re.compile(r"/\*|\*/")
+_LINE_END = re.compile(r"[\n\r]")
 _TOKEN = re.compile(rf"""[;()]|[{_START}][{_PART}]*|[^;()'"$\-/{_START}]+|.""", re.DOTALL)
 
 
@@ -127,8 +128,7 @@ def _blank_end(sql: str, pos: int) -> int:
     while True:
         pos = _SPACE.match(sql, pos).end()  # type: ignore[union-attr]  # matches ""
         if sql.startswith("--", pos):
-            newline = sql.find("\n", pos)
-            pos = len(sql) if newline < 0 else newline + 1
+            pos = _line_end(sql, pos)
         elif sql.startswith("/*", pos):
             pos = _comment_end(sql, pos + 2)
         else:
@@ -168,8 +168,7 @@ def _quoted_end(sql: str, pos: int, standard: bool) -> int:
         close = sql.find(m.group(), m.end())
         return len(sql) if close < 0 else close + len(m.group())
     elif sql.startswith("--", pos):
-        newline = sql.find("\n", pos)
-        return len(sql) if newline < 0 else newline + 1
+        return _line_end(sql, pos)
     else:
         return _comment_end(sql, pos + 2)
     assert m is not None  # each pattern matches from its quote to the end
@@ -242,6 +241,12 @@ def _body(sql: str, pos: int, standard: bool) -> tuple[int, str | None]:
             return pos, found
         pos = _statement_end(sql, first.end(), standard)
     return end, None
+
+
+def _line_end(sql: str, pos: int) -> int:
+    """Past the -- comment at `pos`: PostgreSQL ends it at a carriage return as at a newline."""
+    m = _LINE_END.search(sql, pos)
+    return len(sql) if m is None else m.end()
 
 
 def _comment_end(sql: str, pos: int) -> int:

@@ -3,7 +3,8 @@
 - A transactional step's guard counted CASEs and ENDs to find the end of a `BEGIN ATOMIC` body
   (psql's rule), and took `begin, atomic` for one: `x.case`, `1 AS case`, a bare `case` label or
   `SET search_path = begin, atomic` let a COMMIT (or END) after the CREATE FUNCTION pass for part
-  of it, and the step's effect committed alone.
+  of it, and the step's effect committed alone. So did a COMMIT after a -- comment ended by a
+  carriage return (PostgreSQL ends it there; the guard read on to the next newline).
 - `pgworker serve` waited without end for a request's body: one byte a second held a connection
   and a task for as long as the client liked (also the 413's drain of a refused body).
 """
@@ -35,20 +36,24 @@ BODY_BOUND = 30.0
 """The README's promise: a body arrives whole within 30 s, or its request is answered 408."""
 ROUTINE = "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql "
 
-# --- a BEGIN ATOMIC body ends at its END, whatever CASE and END words it holds ---------------
+# --- a BEGIN ATOMIC body ends at its END, whatever CASE and END words it holds; a -- comment at
+# a carriage return ------------------------------------------------------------------------
 
-ESCAPED_BODY = {
+ESCAPES = {
     "attribute named case": ROUTINE + "BEGIN ATOMIC SELECT x.case FROM (SELECT 1 AS case) x; "
     "END; COMMIT",
     "label after AS": ROUTINE + "BEGIN ATOMIC SELECT 1 AS case; END; COMMIT",
     "bare label": ROUTINE + "BEGIN ATOMIC SELECT 1 case; END; COMMIT",
     "end as a label": ROUTINE + "BEGIN ATOMIC SELECT 1 AS end; END; COMMIT",
     "begin, atomic is no body": ROUTINE + "SET search_path = begin, atomic AS 'select 1'; END",
+    # PostgreSQL ends a -- comment at a carriage return as at a newline
+    "comment ended by CR": "SELECT 1 -- c\r; COMMIT",
+    "comment ended by CR in a body": ROUTINE + "BEGIN ATOMIC SELECT 1; -- c\rEND; COMMIT",
 }
 
 
-@pytest.mark.parametrize("sql", list(ESCAPED_BODY.values()), ids=list(ESCAPED_BODY))
-async def test_a_commit_after_a_begin_atomic_body_is_found(sql: str) -> None:
+@pytest.mark.parametrize("sql", list(ESCAPES.values()), ids=list(ESCAPES))
+async def test_a_commit_after_a_body_or_a_comment_is_found(sql: str) -> None:
     assert transaction_control(sql) in ("COMMIT", "END")
 
 
@@ -60,14 +65,15 @@ async def test_a_commit_after_a_begin_atomic_body_is_found(sql: str) -> None:
         ROUTINE + "BEGIN ATOMIC SELECT CASE WHEN true THEN 1 END; "
         "SELECT (CASE WHEN true THEN 2 END); END; SELECT 1",
         ROUTINE + "BEGIN ATOMIC END",
+        "SELECT 1 -- c; COMMIT\r\nSELECT 2",
     ],
 )
 async def test_a_begin_atomic_body_with_case_and_end_words_is_sent(sql: str) -> None:
     assert transaction_control(sql) is None
 
 
-@pytest.mark.parametrize("sql", list(ESCAPED_BODY.values()), ids=list(ESCAPED_BODY))
-async def test_a_step_cannot_commit_after_a_routine_it_creates(
+@pytest.mark.parametrize("sql", list(ESCAPES.values()), ids=list(ESCAPES))
+async def test_a_step_cannot_commit_after_a_routine_or_a_comment(
     contexts: Any,  # noqa: F811
     conn: Any,
     sql: str,
