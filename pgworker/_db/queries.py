@@ -214,6 +214,15 @@ class Queries:
         rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
         return {(r["id"], r["attempts"]): r["cancel_requested"] for r in rows}
 
+    async def http_heartbeat(
+        self, conn: Executor, attempt: AttemptKey, lease: float
+    ) -> tuple[bool, bool] | None:
+        """worker_heartbeat for one attempt of an HTTP worker: None when it no longer holds its
+        job, else whether an operator asked to cancel it and whether its lease was extended
+        (not when another session holds the row locked)."""
+        row = await conn.fetchrow(self._sql["worker_heartbeat"], *_attempt_arrays([attempt]), lease)
+        return None if row is None else (row["cancel_requested"], row["extended"])
+
     async def worker_unregister(self, conn: Executor, worker_id: str) -> None:
         await conn.execute(self._sql["worker_unregister"], worker_id)
 

@@ -52,7 +52,7 @@ from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from . import guard
 from .app import WebConfig
-from .bounds import bounded
+from .bounds import Unanswered, bounded
 from .schemas import (
     ClaimBody,
     CompleteBody,
@@ -402,7 +402,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> Response:
         """Extend the attempt's lease (by `lease` seconds, default 30): 200 with the job and
         `cancel_requested` (an operator asked to stop it), 409 when the attempt no longer holds
-        the job."""
+        the job, 503 when its row is locked by another session (the lease was not extended)."""
         lease = limits.seconds(
             "lease",
             DEFAULT_LEASE if body.lease is None else body.lease,
@@ -411,11 +411,17 @@ def install(app: FastAPI, config: WebConfig) -> None:
         )
         async with database() as conn:
             row = await held(conn, id, body, request)
-            still = await q.worker_heartbeat(conn, [(id, body.attempt, row["claimed_at"])], lease)
-            if (id, body.attempt) not in still:
+            beat = await q.http_heartbeat(conn, (id, body.attempt, row["claimed_at"]), lease)
+            if beat is None:
                 raise _Fenced(id, body.attempt, await q.job_get(conn, id))
+            cancel_requested, extended = beat
+            if not extended:  # rolled back and answered 503, as a lock waited on too long
+                raise Unanswered(
+                    f"job {id}'s row is locked by another session: its lease was not extended "
+                    "and nothing was changed; send the heartbeat again"
+                )
             job = await _job(conn, id)
-            return _answer(job_json(job, cancel_requested=still[(id, body.attempt)]))
+            return _answer(job_json(job, cancel_requested=cancel_requested))
 
     @api.post(
         "/jobs/{id}/complete",
