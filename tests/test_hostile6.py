@@ -168,8 +168,9 @@ async def test_metrics_count_a_cancelled_attempt_as_its_row_says(
 
     r = await pgworker.enqueue(conn, "slow", {})
     port = free_port()
-    # A lease of 10 minutes: no heartbeat tells the handler of the cancel before it ends.
-    async with pgworker.Worker(registry, dsn, metrics_port=port, lease=600):
+    # A lease of 10 minutes and no LISTEN: neither a heartbeat nor a notification tells the
+    # handler of the cancel before it ends.
+    async with pgworker.Worker(registry, dsn, metrics_port=port, lease=600, listen=False):
         await asyncio.wait_for(started.wait(), 30)
         assert await pgworker.cancel(conn, r.job.id) == "cancelling"
         go.set()
