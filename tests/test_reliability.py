@@ -134,7 +134,8 @@ async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
     assert await Q.worker_heartbeat(conn, [(r.job.id, 1, lost)], 30.0) == {}
     assert set(await Q.job_finish_many(conn, [late])) == set()
     assert await Q.attempt_outcomes(conn, [(r.job.id, 1, lost)]) == {}
-    assert await Q.worker_heartbeat(conn, [(r.job.id, 1, current)], 30.0) == {(r.job.id, 1): False}
+    beat = await Q.worker_heartbeat(conn, [(r.job.id, 1, current)], 30.0)
+    assert beat == {(r.job.id, 1): (False, True)}
     owner = AttemptResult(r.job.id, 1, current, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"')
     assert set(await Q.job_finish_many(conn, [owner])) == {r.job.id}
     job = await pgworker.get_job(conn, r.job.id)

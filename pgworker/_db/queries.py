@@ -8,7 +8,7 @@ import re
 from collections.abc import AsyncIterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -38,6 +38,13 @@ def attempt_conflict(exc: BaseException) -> int | None:
 def _with_database(sql: str, database: str) -> str:
     """`sql` with its `{database}` placeholder set to `database`, checked as a plain identifier."""
     return sql.replace("{database}", f'"{limits.identifier("database", database)}"')
+
+
+class Beat(NamedTuple):
+    """What a heartbeat found of one attempt that still holds its job."""
+
+    cancel_requested: bool
+    extended: bool
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -208,20 +215,12 @@ class Queries:
 
     async def worker_heartbeat(
         self, conn: Executor, running: Sequence[AttemptKey], lease: float
-    ) -> dict[tuple[int, int], bool]:
+    ) -> dict[tuple[int, int], Beat]:
         """Extend the leases of `running` attempts in one statement. Returns the (job id,
-        attempt) still held, each with whether an operator asked to cancel it."""
+        attempt) still held, each with whether an operator asked to cancel it and whether its
+        lease was extended (not when another session holds its row locked)."""
         rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
-        return {(r["id"], r["attempts"]): r["cancel_requested"] for r in rows}
-
-    async def http_heartbeat(
-        self, conn: Executor, attempt: AttemptKey, lease: float
-    ) -> tuple[bool, bool] | None:
-        """worker_heartbeat for one attempt of an HTTP worker: None when it no longer holds its
-        job, else whether an operator asked to cancel it and whether its lease was extended
-        (not when another session holds the row locked)."""
-        row = await conn.fetchrow(self._sql["worker_heartbeat"], *_attempt_arrays([attempt]), lease)
-        return None if row is None else (row["cancel_requested"], row["extended"])
+        return {(r["id"], r["attempts"]): Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
     async def worker_unregister(self, conn: Executor, worker_id: str) -> None:
         await conn.execute(self._sql["worker_unregister"], worker_id)

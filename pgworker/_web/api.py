@@ -411,17 +411,17 @@ def install(app: FastAPI, config: WebConfig) -> None:
         )
         async with database() as conn:
             row = await held(conn, id, body, request)
-            beat = await q.http_heartbeat(conn, (id, body.attempt, row["claimed_at"]), lease)
+            attempt = (id, body.attempt, row["claimed_at"])
+            beat = (await q.worker_heartbeat(conn, [attempt], lease)).get((id, body.attempt))
             if beat is None:
                 raise _Fenced(id, body.attempt, await q.job_get(conn, id))
-            cancel_requested, extended = beat
-            if not extended:  # rolled back and answered 503, as a lock waited on too long
+            if not beat.extended:  # rolled back and answered 503, as a lock waited on too long
                 raise Unanswered(
                     f"job {id}'s row is locked by another session: its lease was not extended "
                     "and nothing was changed; send the heartbeat again"
                 )
             job = await _job(conn, id)
-            return _answer(job_json(job, cancel_requested=cancel_requested))
+            return _answer(job_json(job, cancel_requested=beat.cancel_requested))
 
     @api.post(
         "/jobs/{id}/complete",
