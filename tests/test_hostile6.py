@@ -7,6 +7,10 @@
   carriage return (PostgreSQL ends it there; the guard read on to the next newline).
 - `pgworker serve` waited without end for a request's body: one byte a second held a connection
   and a task for as long as the client liked (also the 413's drain of a refused body).
+- `GET /jobs/01` answered job 1 and `POST /jobs/01/cancel` cancelled it; the README refuses `01`.
+- pgworker_jobs_total counted `retried` for an attempt its row says `cancelled` (a job cancelled
+  while its handler failed).
+- An HTTP heartbeat skipped by a row lock answered 200 as if it had extended the lease.
 """
 
 from __future__ import annotations

@@ -94,6 +94,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     408: {"model": Problem, "description": "the body did not arrive whole within 30 s"},
     413: {"model": Problem, "description": "the body is over the limit"},
     422: {"model": Problem, "description": "bad input: `field` names it"},
+    503: {
+        "model": Problem,
+        "description": "given up (a row locked by another session, a database that does not "
+        "answer): nothing was changed, unless `error` says the commit was in flight; try again "
+        "after `Retry-After` seconds",
+    },
 }
 _UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "no such job"}}
 _FENCED: dict[int | str, dict[str, Any]] = {
