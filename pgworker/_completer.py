@@ -37,6 +37,7 @@ class Completer:
         schema: str,
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
+        on_settled: Callable[[AttemptResult, str | None], None] = lambda result, outcome: None,
         max_batch: int = 500,
         give_up_after: float = 30.0,
     ) -> None:
@@ -45,6 +46,7 @@ class Completer:
         self._conn = HeldConnection(pool)
         self._q = queries(schema)
         self._on_requeued = on_requeued
+        self._on_settled = on_settled
         self._schema = schema
         self._max_batch = max_batch
         self._buffer: list[AttemptResult] = []
@@ -127,6 +129,8 @@ class Completer:
             jobs=jobs,
         )
         self.dropped += jobs
+        for r in (*self._batch, *self._buffer):
+            self._on_settled(r, None)
         self._batch, self._buffer = [], []
 
     async def _write(self) -> None:
@@ -190,6 +194,7 @@ class Completer:
                     error=describe(again),
                 )
                 self.dropped += 1
+                self._on_settled(result, None)
                 return
         await self._settle([result], written, uncertain=self._uncertain)
 
@@ -213,22 +218,27 @@ class Completer:
         )
 
     async def _settle(
-        self, batch: list[AttemptResult], written: set[int], *, uncertain: bool = False
+        self, batch: list[AttemptResult], written: dict[int, str], *, uncertain: bool = False
     ) -> None:
         """Account for a written batch: requeued jobs wake the producer at their time; outcomes
         not written were fenced, unless a try lost with its connection (`uncertain`) had
-        committed them."""
+        committed them. `on_settled` learns each attempt's outcome as its row holds it (None:
+        not written), which the metrics count."""
         missing = [r for r in batch if r.job_id not in written]
         if missing and uncertain:
             with contextlib.suppress(Exception):
                 recorded = await self._q.attempt_outcomes(
                     self._pool, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )
-                written |= {r.job_id for r in missing if _kept(r, recorded.get(r.job_id))}
+                for r in missing:
+                    outcome = recorded.get(r.job_id)
+                    if outcome is not None and _kept(r, outcome):
+                        written[r.job_id] = outcome
         self.written += len(written)
         for r in batch:
+            self._on_settled(r, written.get(r.job_id))
             if r.job_id in written:
-                if r.status is JobStatus.PENDING:
+                if r.status is JobStatus.PENDING and written[r.job_id] != Outcome.CANCELLED:
                     self._on_requeued(r.delay)
             else:
                 self.dropped += 1

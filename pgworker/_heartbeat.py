@@ -10,7 +10,7 @@ import socket
 import anyio
 
 from ._db.connection import classify, recover
-from ._db.queries import AttemptKey, queries
+from ._db.queries import AttemptKey, Beat, queries
 from ._logs import get_logger
 from ._producer import Producer
 from ._service import describe
@@ -77,29 +77,29 @@ class Heartbeat:
         for attempt in attempts:
             if attempt not in producer.running or attempt.stopped_as is not None:
                 continue
-            cancel_requested = held.get((attempt.id, attempt.number))
-            if cancel_requested is None:
+            beat = held.get((attempt.id, attempt.number))
+            if beat is None:
                 attempt.log.warning("lease lost: stopping the attempt")
                 attempt.stop(Outcome.LOST)
-            elif cancel_requested:
+            elif beat.cancel_requested:
                 producer.cancel(attempt.id)
 
     async def _one_by_one(
         self, sent: list[AttemptKey], refusal: Exception
-    ) -> dict[tuple[int, int], bool]:
+    ) -> dict[tuple[int, int], Beat]:
         """The database refused the batch (a trigger of the user's own, say): extend each lease
         alone, so that one refused row does not cost every other job its lease. A row refused
         alone is reported held: its lease runs out, the job is rescued, and the next heartbeat
         stops the attempt."""
         s = self._settings
-        held: dict[tuple[int, int], bool] = {}
+        held: dict[tuple[int, int], Beat] = {}
         for attempt in sent:
             try:
                 held |= await self._q.worker_heartbeat(self._producer.pool, [attempt], s.lease)
             except Exception as exc:
                 if classify(exc) != "rejected":
                     raise
-                held[attempt[:2]] = False
+                held[attempt[:2]] = Beat(cancel_requested=False, extended=False)
                 self._log.error(
                     "lease not extended: the database refuses it",
                     job_id=attempt[0],

@@ -112,6 +112,8 @@ class Metrics:
     def __init__(self, settings: Settings) -> None:
         self._s = settings
         self._series: dict[tuple[str, str], _Series] = {}
+        self._unsettled: dict[tuple[int, int], tuple[str, str]] = {}
+        """The (queue, type) of attempts ended here whose outcome is not yet written."""
         self.claims = 0
         self.slots = settings.concurrency
         self.busy: Callable[[], int] = lambda: 0
@@ -136,15 +138,25 @@ class Metrics:
             series.wait.observe(waited if waited > 0.0 else 0.0)
 
     def finished(self, attempt: Attempt, result: AttemptResult, now: float) -> None:
-        """An attempt ended here with `result`; `now` is time.monotonic()."""
-        outcome = result.outcome
-        if outcome is Outcome.LOST:
+        """An attempt ended here with `result`; `now` is time.monotonic(). Its outcome is
+        counted once written (`settled`)."""
+        if result.outcome is Outcome.LOST:
             return
         key = (attempt.queue, attempt.type)
         series = self._series.get(key) or self._add(key)
-        series.outcomes[outcome] += 1
+        self._unsettled[(result.job_id, result.attempt)] = key
         if attempt.started is not None:
             series.run.observe(now - attempt.started)
+
+    def settled(self, result: AttemptResult, outcome: str | None) -> None:
+        """The completer wrote `result`, and its attempt row holds `outcome` (which the database
+        may have made `cancelled`); None: it was not written (fenced: the job runs elsewhere, or
+        was rescued and counted `lost`)."""
+        key = self._unsettled.pop((result.job_id, result.attempt), None)
+        if key is None or outcome is None or outcome not in OUTCOMES or outcome == Outcome.LOST:
+            return
+        series = self._series.get(key) or self._add(key)
+        series.outcomes[outcome] += 1
 
     def lost(self, rescued: Iterable[tuple[str, str]]) -> None:
         """The (queue, type) of jobs the elected worker's rescue found with an expired lease."""

@@ -11,7 +11,7 @@ letter case, after comments, or anywhere in a multi-statement string. `transacti
 a small lexer that knows where PostgreSQL does not split a text: '…' strings (E'', doubled
 quotes, and backslash escapes when read as standard_conforming_strings = off), "…" identifiers,
 $tag$…$tag$ dollar quotes, -- and nested /* */ comments, and the `BEGIN ATOMIC … END` body of CREATE
-FUNCTION/PROCEDURE (the rule psql follows).
+FUNCTION/PROCEDURE (whose statements are read as any others, see `_routine`).
 
 Why a proxy and not a pool `connection_class`: a transactional step also runs on connections
 pgworker did not open (`pgworker.testing.run_job(conn=...)`, `drain(conn)`), and a proxy guards
@@ -59,6 +59,7 @@ _IDENTIFIER = re.compile(r'"(?:[^"]|"")*(?:"|\Z)')
 _DOLLAR = re.compile(rf"\$(?:[{_START}][{_TAG_PART}]*)?\$")
 _IDENTIFIER_CHAR = re.compile(rf"[{_PART}]")
 _COMMENT_EDGE = re.compile(r"/\*|\*/")
+_LINE_END = re.compile(r"[\n\r]")
 _TOKEN = re.compile(rf"""[;()]|[{_START}][{_PART}]*|[^;()'"$\-/{_START}]+|.""", re.DOTALL)
 
 
@@ -98,17 +99,27 @@ def _scan(sql: str, *, standard: bool) -> str | None:
         if first is None:
             pos = _statement_end(sql, pos, standard)
             continue
-        word = first.group().lower()
-        if word in _CONTROL:
-            return word.upper()
-        if word == "prepare":
-            second = _WORD.match(sql, _blank_end(sql, first.end()))
-            if second is not None and second.group().lower() == "transaction":
-                return "PREPARE TRANSACTION"
-        if word == "create" and _creates_a_routine(sql, first.end()):
-            pos = _routine_end(sql, first.end(), standard)
+        found = _control(sql, first)
+        if found is not None:
+            return found
+        if first.group().lower() == "create" and _creates_a_routine(sql, first.end()):
+            pos, found = _routine(sql, first.end(), standard)
+            if found is not None:
+                return found
         else:
             pos = _statement_end(sql, first.end(), standard)
+    return None
+
+
+def _control(sql: str, first: re.Match[str]) -> str | None:
+    """The transaction control a statement whose first word is `first` is, or None."""
+    word = first.group().lower()
+    if word in _CONTROL:
+        return word.upper()
+    if word == "prepare":
+        second = _WORD.match(sql, _blank_end(sql, first.end()))
+        if second is not None and second.group().lower() == "transaction":
+            return "PREPARE TRANSACTION"
     return None
 
 
@@ -117,8 +128,7 @@ def _blank_end(sql: str, pos: int) -> int:
     while True:
         pos = _SPACE.match(sql, pos).end()  # type: ignore[union-attr]  # matches ""
         if sql.startswith("--", pos):
-            newline = sql.find("\n", pos)
-            pos = len(sql) if newline < 0 else newline + 1
+            pos = _line_end(sql, pos)
         elif sql.startswith("/*", pos):
             pos = _comment_end(sql, pos + 2)
         else:
@@ -158,8 +168,7 @@ def _quoted_end(sql: str, pos: int, standard: bool) -> int:
         close = sql.find(m.group(), m.end())
         return len(sql) if close < 0 else close + len(m.group())
     elif sql.startswith("--", pos):
-        newline = sql.find("\n", pos)
-        return len(sql) if newline < 0 else newline + 1
+        return _line_end(sql, pos)
     else:
         return _comment_end(sql, pos + 2)
     assert m is not None  # each pattern matches from its quote to the end
@@ -181,10 +190,15 @@ def _creates_a_routine(sql: str, pos: int) -> bool:
     )
 
 
-def _routine_end(sql: str, pos: int, standard: bool) -> int:
-    """Past the `;` that ends a CREATE FUNCTION/PROCEDURE statement: not one inside its
-    `BEGIN ATOMIC … END` body, where CASE … END nests (psql's rule, at parenthesis depth 0)."""
-    depth = parens = 0
+def _routine(sql: str, pos: int, standard: bool) -> tuple[int, str | None]:
+    """The CREATE FUNCTION/PROCEDURE statement whose first word ends at `pos`: past the `;` that
+    ends it, and the first transaction control among the statements of its `BEGIN ATOMIC … END`
+    body. The body opens at BEGIN ATOMIC (two words, nothing but blanks and comments between,
+    outside parentheses) and its statements are read as any others; it closes at the first of
+    them that begins with END, as no statement of a body can (CASE … END and parentheses never
+    span a `;`). psql counts CASEs and ENDs instead, which `x.case`, `1 AS end` or a bare label
+    miscount: then a COMMIT after the body would pass for part of it."""
+    parens = 0
     previous = ""
     end = len(sql)
     while pos < end:
@@ -193,22 +207,46 @@ def _routine_end(sql: str, pos: int, standard: bool) -> int:
         token = m.group()
         if token in ("'", '"', "$", "-", "/") and (token not in "-/" or _NEXT.match(sql, pos)):
             pos = _quoted_end(sql, pos, standard)
+            if token not in "-/":  # a comment separates words as a blank does
+                previous = ""
             continue
         pos = m.end()
-        if token == ";" and depth == 0:
-            return pos
+        if token == ";":
+            return pos, None
         if token == "(":
             parens += 1
         elif token == ")":
             parens = max(parens - 1, 0)
-        elif parens == 0 and _WORD.fullmatch(token):
-            word = token.lower()
-            if (word == "atomic" and previous == "begin") or (depth and word == "case"):
-                depth += 1
-            elif depth and word == "end":
-                depth -= 1
-            previous = word
-    return end
+        elif parens == 0 and previous == "begin" and token.lower() == "atomic":
+            return _body(sql, pos, standard)
+        if not token.isspace():
+            previous = token.lower()
+    return end, None
+
+
+def _body(sql: str, pos: int, standard: bool) -> tuple[int, str | None]:
+    """From just after BEGIN ATOMIC: past the `;` that ends the routine's statement, and the
+    first transaction control among the body's statements (None when there is none)."""
+    end = len(sql)
+    while pos < end:
+        pos = _blank_end(sql, pos)
+        first = _WORD.match(sql, pos)
+        if first is None:
+            pos = _statement_end(sql, pos, standard)
+            continue
+        if first.group().lower() == "end":
+            return _statement_end(sql, first.end(), standard), None
+        found = _control(sql, first)
+        if found is not None:
+            return pos, found
+        pos = _statement_end(sql, first.end(), standard)
+    return end, None
+
+
+def _line_end(sql: str, pos: int) -> int:
+    """Past the -- comment at `pos`: PostgreSQL ends it at a carriage return as at a newline."""
+    m = _LINE_END.search(sql, pos)
+    return len(sql) if m is None else m.end()
 
 
 def _comment_end(sql: str, pos: int) -> int:

@@ -58,6 +58,7 @@ class _Services:
             s.schema,
             s.worker_id,
             on_requeued=lambda delay: self.producer.requeued(delay),
+            on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
         self.producer = Producer(

@@ -107,12 +107,12 @@ async def test_a_late_outcome_is_fenced(conn):
     first = await fake_claim(conn, r.job.id)
     second = await fake_claim(conn, r.job.id)  # a second owner took over: attempt 2
     late = AttemptResult(r.job.id, 1, first, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
-    assert await Q.job_finish_many(conn, [late]) == set()
+    assert set(await Q.job_finish_many(conn, [late])) == set()
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, job.attempts) == ("running", None, 2)
     assert await Q.worker_heartbeat(conn, [(r.job.id, 1, first)], 30.0) == {}
     owner = AttemptResult(r.job.id, 2, second, JobStatus.COMPLETED, Outcome.COMPLETED, '"mine"')
-    assert await Q.job_finish_many(conn, [owner]) == {r.job.id}
+    assert set(await Q.job_finish_many(conn, [owner])) == {r.job.id}
     assert (await pgworker.get_job(conn, r.job.id)).result == "mine"
     assert [a["outcome"] for a in await attempts(conn, r.job.id)] == ["running", "completed"]
 
@@ -132,11 +132,12 @@ async def test_an_attempt_whose_claim_was_lost_is_fenced(conn):
     assert lost != current
     late = AttemptResult(r.job.id, 1, lost, JobStatus.COMPLETED, Outcome.COMPLETED, '"late"')
     assert await Q.worker_heartbeat(conn, [(r.job.id, 1, lost)], 30.0) == {}
-    assert await Q.job_finish_many(conn, [late]) == set()
+    assert set(await Q.job_finish_many(conn, [late])) == set()
     assert await Q.attempt_outcomes(conn, [(r.job.id, 1, lost)]) == {}
-    assert await Q.worker_heartbeat(conn, [(r.job.id, 1, current)], 30.0) == {(r.job.id, 1): False}
+    beat = await Q.worker_heartbeat(conn, [(r.job.id, 1, current)], 30.0)
+    assert beat == {(r.job.id, 1): (False, True)}
     owner = AttemptResult(r.job.id, 1, current, JobStatus.COMPLETED, Outcome.COMPLETED, '"ok"')
-    assert await Q.job_finish_many(conn, [owner]) == {r.job.id}
+    assert set(await Q.job_finish_many(conn, [owner])) == {r.job.id}
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.result, job.worker_id) == ("completed", "ok", "alive")
     assert await Q.attempt_outcomes(conn, [(r.job.id, 1, current)]) == {r.job.id: "completed"}
@@ -187,7 +188,7 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         )
         for job_id, claimed_at in claims.items()
     ]
-    assert await Q.job_finish_many(conn, batch) == set(ids) - stale
+    assert set(await Q.job_finish_many(conn, batch)) == set(ids) - stale
     rows = await conn.fetch(
         """SELECT j.status, a.outcome, count(*) FROM pgworker.jobs j
            JOIN pgworker.job_attempts a ON a.job_id = j.id GROUP BY 1, 2 ORDER BY 1"""

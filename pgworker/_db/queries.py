@@ -9,7 +9,7 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -39,6 +39,13 @@ def attempt_conflict(exc: BaseException) -> int | None:
 def _with_database(sql: str, database: str) -> str:
     """`sql` with its `{database}` placeholder set to `database`, checked as a plain identifier."""
     return sql.replace("{database}", f'"{limits.identifier("database", database)}"')
+
+
+class Beat(NamedTuple):
+    """What a heartbeat found of one attempt that still holds its job."""
+
+    cancel_requested: bool
+    extended: bool
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -173,9 +180,12 @@ class Queries:
         """Number the job's next attempt after its last recorded one."""
         await conn.execute(self._sql["job_attempts_repair"], job_id)
 
-    async def job_finish_many(self, conn: Executor, results: Sequence[AttemptResult]) -> set[int]:
+    async def job_finish_many(
+        self, conn: Executor, results: Sequence[AttemptResult]
+    ) -> dict[int, str]:
         """Write outcomes in one statement; returns the job ids written (the others were
-        fenced)."""
+        fenced), each with the outcome its attempt row got (`cancelled` for one that did not
+        complete a job whose cancellation was asked for)."""
         rows = await conn.fetch(
             self._sql["job_finish_many"],
             [r.job_id for r in results],
@@ -190,7 +200,7 @@ class Queries:
             [r.claimed_at for r in results],
             [r.error_detail for r in results],
         )
-        return {r["id"] for r in rows}
+        return {r["id"]: r["outcome"] for r in rows}
 
     async def attempt_outcomes(
         self, conn: Executor, attempts: Sequence[AttemptKey]
@@ -221,11 +231,12 @@ class Queries:
 
     async def worker_heartbeat(
         self, conn: Executor, running: Sequence[AttemptKey], lease: float
-    ) -> dict[tuple[int, int], bool]:
+    ) -> dict[tuple[int, int], Beat]:
         """Extend the leases of `running` attempts in one statement. Returns the (job id,
-        attempt) still held, each with whether an operator asked to cancel it."""
+        attempt) still held, each with whether an operator asked to cancel it and whether its
+        lease was extended (not when another session holds its row locked)."""
         rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
-        return {(r["id"], r["attempts"]): r["cancel_requested"] for r in rows}
+        return {(r["id"], r["attempts"]): Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
     async def worker_unregister(self, conn: Executor, worker_id: str) -> None:
         await conn.execute(self._sql["worker_unregister"], worker_id)

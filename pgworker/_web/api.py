@@ -53,7 +53,7 @@ from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
 from . import guard
 from .app import WebConfig
-from .bounds import bounded
+from .bounds import Unanswered, bounded
 from .schemas import (
     ClaimBody,
     CompleteBody,
@@ -92,8 +92,15 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         "description": "a method the path does not take, or a write to a "
         "--read-only server: `Allow` lists the methods it takes",
     },
+    408: {"model": Problem, "description": "the body did not arrive whole within 30 s"},
     413: {"model": Problem, "description": "the body is over the limit"},
     422: {"model": Problem, "description": "bad input: `field` names it"},
+    503: {
+        "model": Problem,
+        "description": "given up (a row locked by another session, a database that does not "
+        "answer): nothing was changed, unless `error` says the commit was in flight; try again "
+        "after `Retry-After` seconds",
+    },
 }
 _UNKNOWN: dict[int | str, dict[str, Any]] = {404: {"model": Problem, "description": "no such job"}}
 _FENCED: dict[int | str, dict[str, Any]] = {
@@ -415,7 +422,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def heartbeat(id: JobId, body: HeartbeatBody, request: Request) -> Response:
         """Extend the attempt's lease (by `lease` seconds, default 30): 200 with the job and
         `cancel_requested` (an operator asked to stop it), 409 when the attempt no longer holds
-        the job."""
+        the job, 503 when its row is locked by another session (the lease was not extended)."""
         lease = limits.seconds(
             "lease",
             DEFAULT_LEASE if body.lease is None else body.lease,
@@ -424,11 +431,17 @@ def install(app: FastAPI, config: WebConfig) -> None:
         )
         async with database() as conn:
             row = await held(conn, id, body, request)
-            still = await q.worker_heartbeat(conn, [(id, body.attempt, row["claimed_at"])], lease)
-            if (id, body.attempt) not in still:
+            attempt = (id, body.attempt, row["claimed_at"])
+            beat = (await q.worker_heartbeat(conn, [attempt], lease)).get((id, body.attempt))
+            if beat is None:
                 raise _Fenced(id, body.attempt, await q.job_get(conn, id))
+            if not beat.extended:  # rolled back and answered 503, as a lock waited on too long
+                raise Unanswered(
+                    f"job {id}'s row is locked by another session: its lease was not extended "
+                    "and nothing was changed; send the heartbeat again"
+                )
             job = await _job(conn, id)
-            return _answer(job_json(job, cancel_requested=still[(id, body.attempt)]))
+            return _answer(job_json(job, cancel_requested=beat.cancel_requested))
 
     @api.post(
         "/jobs/{id}/complete",

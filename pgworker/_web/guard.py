@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
+import anyio
 import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,6 +47,10 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DRAIN_LIMIT = 64 * 1024 * 1024
 """The most bytes of a refused body read (and dropped) so that its sender can read the 413; a
 sender of more has its connection closed."""
+BODY_SECONDS = 30.0
+"""The longest a request's body may take to arrive, from the first read of it: a client that sends
+it slower, or stops sending, is answered 408 and its connection closed (else it would hold a
+connection and a task for as long as it liked, a byte at a time)."""
 
 _log = get_logger()
 
@@ -61,6 +66,17 @@ def problem(status: int, error: str, field: str | None = None, **headers: str) -
 def unavailable(error: str) -> JSONResponse:
     """A 503: the database did not answer (in time); the client may try again later."""
     return problem(503, error, **{"Retry-After": str(RETRY_AFTER)})
+
+
+class TooSlow(HTTPException):
+    """A body still incomplete BODY_SECONDS after it was first read."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            408,
+            f"the request body did not arrive within {BODY_SECONDS:g} s; send it whole, faster",
+            headers={"Connection": "close"},
+        )
 
 
 class TooLarge(HTTPException):
@@ -118,7 +134,7 @@ def allow(methods: frozenset[str]) -> str:
 class Guard:
     """ASGI middleware, in this order: the token (401), a method the path does not take (405,
     with `Allow`), --read-only (405), the body limit (413, by Content-Length before reading
-    anything, else while reading)."""
+    anything, else while reading), and the time the body takes to arrive (408)."""
 
     def __init__(self, app: ASGIApp, config: WebConfig, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
@@ -138,15 +154,22 @@ class Guard:
         limit = self.config.body_limit
         seen = 0
         ended = False
+        deadline: float | None = None
 
         async def limited() -> Message:
-            nonlocal seen, ended
-            message = await receive()
-            seen += len(message.get("body", b""))
-            ended = not message.get("more_body", False)
-            if seen > limit:
-                raise TooLarge(limit)
-            return message
+            nonlocal seen, ended, deadline
+            if ended:  # the body is whole: what is left to receive is the client leaving
+                return await receive()
+            if deadline is None:
+                deadline = anyio.current_time() + BODY_SECONDS
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                message = await receive()
+                seen += len(message.get("body", b""))
+                ended = not message.get("more_body", False)
+                if seen > limit:
+                    raise TooLarge(limit)
+                return message
+            raise TooSlow()
 
         await self.app(scope, limited, send)
         if seen > limit and not ended:
@@ -202,16 +225,18 @@ class Guard:
 
 
 async def _drain(receive: Receive, most: int) -> None:
-    """Read and drop what is left of a refused body, up to `most` bytes: a client still sending
-    it then reads the 413 instead of a reset connection. Nothing of it is kept."""
+    """Read and drop what is left of a refused body, up to `most` bytes and for BODY_SECONDS at
+    most: a client still sending it then reads the 413 instead of a reset connection. Nothing of
+    it is kept."""
     read = 0
-    while read <= most:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        read += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
+    with anyio.move_on_after(BODY_SECONDS):
+        while read <= most:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            read += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 def _field(loc: tuple[Any, ...]) -> str:

@@ -57,6 +57,16 @@ def _decimal(value: Any) -> Any:
     return value
 
 
+def _id(value: Any) -> Any:
+    """A job's id in a URL: `_decimal`'s digits, without a leading zero (`01` would be a second
+    spelling of job 1, which the README refuses)."""
+    if isinstance(value, str) and value.lstrip("-")[:1] == "0" and value.lstrip("-") != "0":
+        raise PydanticCustomError(
+            "whole_number", "must be a whole number in ASCII digits, without leading zeros"
+        )
+    return _decimal(value)
+
+
 RUN_AT = (
     r"^(?!0001-01-01[Tt][0-9:.]*\+(?!00:?00)|9999-12-31[Tt][0-9:.]*-(?!00:?00))"
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt]"
@@ -87,7 +97,7 @@ Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
 Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
 Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
 PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
-UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), Decimal]
+UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), BeforeValidator(_id)]
 """A job's id in a URL."""
 TypeName = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_TYPE_LENGTH, pattern=NO_NUL)

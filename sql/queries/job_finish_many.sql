@@ -1,5 +1,5 @@
 -- Write a batch of attempt outcomes ($1-$11, one array per field, aligned); returns the ids
--- written. Each is fenced by the attempt it owns: a job is changed only while it is still running
+-- written, each with the outcome its attempt row got. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
 -- number), and its attempt row is closed in the same statement. A job whose cancellation was
 -- asked for and that did not complete ends `cancelled`, whatever else its attempt reported
@@ -45,4 +45,4 @@ WITH done AS (
     FROM done AS d
     WHERE a.job_id = d.id AND a.attempt = d.attempts
 )
-SELECT id FROM done
+SELECT id, outcome FROM done

@@ -1,7 +1,8 @@
 -- Extend the leases of the attempts this worker runs ($1 ids, $2 attempts, $3 their claims' times)
--- for $4 seconds, in one statement. Returns the attempts still held, and whether an operator asked
--- to cancel them. A row another session holds locked (an operator, a user's transaction) is
--- skipped rather than waited for, and still reported held: the next heartbeat extends it.
+-- for $4 seconds, in one statement. Returns the attempts still held, whether an operator asked
+-- to cancel them, and whether their lease was extended. A row another session holds locked (an
+-- operator, a user's transaction) is skipped rather than waited for, and still reported held (not
+-- extended): the next heartbeat extends it.
 WITH held AS (
     SELECT j.id, j.attempts, j.cancel_requested_at IS NOT NULL AS cancel_requested
     FROM {schema}.jobs AS j
@@ -22,4 +23,6 @@ WITH held AS (
     FROM free AS f
     WHERE j.id = f.id
 )
-SELECT id, attempts, cancel_requested FROM held
+SELECT h.id, h.attempts, h.cancel_requested, f.id IS NOT NULL AS extended
+FROM held AS h
+LEFT JOIN free AS f ON f.id = h.id
