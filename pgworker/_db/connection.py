@@ -203,7 +203,11 @@ async def transaction(conn: Executor) -> AsyncIterator[Conn]:
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as c, c.transaction():
             yield c
-    elif conn.is_in_transaction() and getattr(conn, "_top_xact", None) is None:
+    elif (
+        isinstance(conn, asyncpg.Connection | PoolConnectionProxy)
+        and conn.is_in_transaction()
+        and getattr(conn, "_top_xact", None) is None
+    ):
         from .queries import savepointed  # queries imports this module
 
         async with savepointed(conn):
