@@ -6,6 +6,7 @@ transaction begun with a raw BEGIN."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -207,6 +208,49 @@ async def test_a_replay_given_up_at_commit_is_neither_applied_nor_logged(
         await wait_for(logged, timeout=10)
         assert served.stderr().count("job replayed") == 1
     assert await status_of(conn, failed) == "pending"
+
+
+HELD_COMMIT = f"""
+CREATE FUNCTION pgworker.test_held_commit() RETURNS trigger LANGUAGE plpgsql SET lock_timeout = 0
+AS $$ BEGIN PERFORM pg_advisory_xact_lock({GATE}); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER test_held_commit AFTER INSERT ON pgworker.job_events
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pgworker.test_held_commit();
+"""
+"""A deferred trigger that holds a COMMIT until the test opens GATE, whatever the request's
+lock_timeout (the function's own is 0); statement_timeout does not bound a COMMIT."""
+
+
+async def test_a_commit_held_past_the_bound_is_answered_503_and_never_applied(
+    dsn: str, conn: Any
+) -> None:
+    """A COMMIT held by a deferred trigger past the 8 s bound: serve answered 503 and closed its
+    side of the connection, and the backend went on; once the trigger finished, the replay was
+    committed, long after its 503. Now the backend notices the closed connection
+    (client_connection_check_interval) and rolls the request back."""
+    failed = (await pgworker.enqueue(conn, "t", {})).job.id
+    await conn.execute(
+        "UPDATE pgworker.jobs SET status = 'failed', attempts = 1, error = 'E: no' WHERE id = $1",
+        failed,
+    )
+    before = await job_row(conn, failed)
+    await conn.execute(HELD_COMMIT)
+    await conn.execute("SELECT pg_advisory_lock($1)", GATE)
+    try:
+        async with serving(dsn) as served, served.client(timeout=30) as c:
+            r, took = await timed(c, "POST", f"/jobs/{failed}/replay")
+            assert isinstance(r, httpx.Response) and r.status_code == 503, r
+            assert "may or may not have been applied" in r.json()["error"], r.text
+            assert took < BOUND, f"answered after {took:.1f}s"
+            # The trigger finishes once the gate opens: opened once serve's backend is gone,
+            # or after 15 s, for a backend that never goes.
+            with contextlib.suppress(AssertionError):
+                await wait_for(lambda: serve_idle(conn), timeout=15)
+            await conn.execute("SELECT pg_advisory_unlock($1)", GATE)
+            await wait_for(lambda: serve_idle(conn), timeout=30)
+            assert await job_row(conn, failed) == before, "applied after its 503"
+            assert "job replayed" not in served.stderr()
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock_all()")
 
 
 # --- serve's maintenance -------------------------------------------------------------------------

@@ -365,6 +365,53 @@ async def test_a_payload_limit_that_is_no_number_of_bytes_is_a_clear_error(conn,
     assert await count(conn) == 2
 
 
+DIGITS = 4300
+"""The longest whole number Python's json reads (sys.get_int_max_str_digits, by default)."""
+UNREADABLE_NUMBERS = {
+    "1e5000": '{"v": 1e5000}',
+    "-1e5000": '{"v": -1e5000}',
+    "4301 digits": '{"v": 1' + "0" * DIGITS + "}",
+    "-4301 digits": '{"v": -' + "9" * (DIGITS + 1) + "}",
+    "1.0e4300": "[1.0e4300]",
+    "nested": '{"a": [1, {"b": [[2.5, "x", ' + "9" * (DIGITS + 1) + "]]}]}",
+}
+
+
+@pytest.mark.parametrize("text", UNREADABLE_NUMBERS.values(), ids=UNREADABLE_NUMBERS.keys())
+@aio
+async def test_a_whole_number_python_cannot_read_is_refused(conn, text):
+    """jsonb writes 1e5000 out as 5,001 digits: stored, every Python worker failed the job as
+    InvalidPayload (json.loads refuses an int of more than 4,300 digits), and `pgworker show`
+    said the row was written around pgworker's checks. Python's enqueue cannot write such a
+    number (json.dumps refuses it), nor HTTP (its body is read by json.loads)."""
+    with pytest.raises(ValueError, match="4300 digits"):
+        json.loads(await conn.fetchval("SELECT $1::jsonb::text", text))
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await conn.fetch("SELECT * FROM pgworker.enqueue('t', $1::jsonb)", text)
+    assert caught.value.sqlstate == "22023" and caught.value.column_name == "payload"
+    assert str(caught.value).startswith(
+        "payload: must not hold a whole number of more than 4300 digits"
+    )
+    assert await count(conn) == 0
+
+
+@aio
+async def test_numbers_python_reads_are_stored_and_read_back(conn):
+    """At the limit, and decimals of any length (Python reads them as floats): not refused."""
+    readable = {
+        "at_limit": int("9" * DIGITS),
+        "negative": -int("9" * DIGITS),
+        "long_array": [int("1" * DIGITS)] * 3,
+    }
+    tiny = "0." + "0" * 4999 + "1"
+    large = "9" * (DIGITS + 1) + ".5"
+    text = json.dumps(readable)[:-1] + f', "tiny": {tiny}, "large": {large}}}'
+    row = await conn.fetchrow("SELECT * FROM pgworker.enqueue('t', $1::jsonb)", text)
+    job = await pgworker.get_job(conn, row["id"])
+    assert job is not None
+    assert job.payload == {**readable, "tiny": 0.0, "large": float("inf")}
+
+
 # The payloads equal as JSON values that each pair holds (numbers by value, at any depth), and
 # pairs that differ (1 and 2; true is not 1; ints past a float's precision stay apart).
 EQUAL_PAYLOADS = [
@@ -591,6 +638,7 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**62), 2**62)
+    | st.sampled_from([10 ** (DIGITS - 1), 1 - 10**DIGITS])  # the longest ints Python reads
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(storable, max_size=20),
     lambda inner: (

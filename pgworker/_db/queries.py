@@ -560,11 +560,20 @@ class Queries:
 
     # --- the HTTP API (pgworker serve) ---------------------------------------------------------
 
-    async def request_bounds(self, conn: Conn, lock: float, statement: float) -> None:
+    async def request_bounds(
+        self, conn: Conn, lock: float, statement: float, client_check: float | None
+    ) -> None:
         """Bound each later statement of the transaction on `conn`, for that transaction only:
-        `lock` seconds waiting on a lock, `statement` seconds running."""
+        `lock` seconds waiting on a lock, `statement` seconds running; and, unless None, roll it
+        back within `client_check` seconds of its client closing the connection."""
         ms = [str(max(1, round(s * 1000))) for s in (lock, statement)]
-        await conn.execute(self._sql["request_bounds"], *ms)
+        check = None if client_check is None else str(max(1, round(client_check * 1000)))
+        await conn.execute(self._sql["request_bounds"], *ms, check)
+
+    async def request_client_check(self, conn: Conn, seconds: float) -> None:
+        """Set client_connection_check_interval for the transaction on `conn`: raises when the
+        server knows no such setting, or refuses a value on its system."""
+        await conn.execute(self._sql["request_client_check"], str(max(1, round(seconds * 1000))))
 
     async def http_job_claim(
         self,

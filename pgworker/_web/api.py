@@ -53,7 +53,7 @@ from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
 from . import guard
 from .app import WebConfig
-from .bounds import Unanswered, bounded
+from .bounds import Unanswered, bounded, client_check
 from .schemas import (
     ClaimBody,
     CompleteBody,
@@ -131,6 +131,7 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     app.state.queries = queries(config.schema)
     maintenance: Maintenance | None = None
     try:
+        app.state.client_check = await client_check(pool, app.state.queries)
         async with anyio.create_task_group() as tg:
             if settings is not None:
                 maintenance = Maintenance(pool, settings)
@@ -296,7 +297,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def healthz() -> JSONResponse:
         """200 when the database answers and the schema is current, else 503. No token."""
         try:
-            async with bounded(pool(), q, HEALTH_TIMEOUT) as conn:
+            async with bounded(
+                pool(), q, HEALTH_TIMEOUT, client_check=app.state.client_check
+            ) as conn:
                 await check_schema(conn, config.schema)
         except Exception as exc:
             return guard.problem(503, f"unhealthy: {type(exc).__name__}: {exc}")
@@ -311,7 +314,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     def database() -> contextlib.AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""
-        return bounded(pool(), q)
+        return bounded(pool(), q, client_check=app.state.client_check)
 
     async def held(conn: Any, job_id: int, body: Any, request: Request) -> Row:
         """The job, while the attempt `body` names (worker_id, attempt) holds it; else 404/409."""

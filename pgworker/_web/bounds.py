@@ -8,7 +8,14 @@ The timeouts are set with SET LOCAL inside the request's transaction (request_bo
 as startup parameters nor session settings: a transaction pooler (PgBouncer in transaction mode)
 refuses unknown startup parameters and does not keep a session's settings between transactions.
 The overall bound is kept on this side (anyio), so that it also holds when the database, or the
-network to it, stops answering altogether, where no server-side timeout can fire."""
+network to it, stops answering altogether, where no server-side timeout can fire.
+
+PostgreSQL stops statement_timeout before a COMMIT runs its deferred triggers: a slow one there
+outlived the overall bound, serve answered 503 and closed its side of the connection, and the
+backend went on and committed. Each request's transaction therefore also sets
+client_connection_check_interval (CLIENT_CHECK), so that the backend rolls it back soon after
+serve has closed the connection; on a server without that setting (client_check), it is
+skipped."""
 
 from __future__ import annotations
 
@@ -32,6 +39,9 @@ LOCK_TIMEOUT = 4.0
 """lock_timeout of every statement of a request: the longest wait for one lock (a row another
 session holds) before a 503. Each lock waited for starts it anew: STATEMENT_TIMEOUT bounds them
 together."""
+CLIENT_CHECK = 1.0
+"""client_connection_check_interval of every request's transaction: the most seconds its backend
+goes on after serve gave the request up and closed the connection."""
 RETRY_AFTER = 2
 """Seconds a 503 asks the client to wait before it tries again (its Retry-After header)."""
 
@@ -53,15 +63,32 @@ class Unanswered(Exception):
         self.committing = committing
 
 
+async def client_check(pool: asyncpg.Pool, q: Queries) -> bool:
+    """Whether the server takes client_connection_check_interval (PostgreSQL 14 or newer, on a
+    system that can tell a closed connection: not Windows); asked once when serve starts, so
+    that requests on a server without it still run. A database that does not answer then is
+    taken to have none."""
+    try:
+        async with bounded(pool, q, client_check=False) as conn:
+            await q.request_client_check(conn, CLIENT_CHECK)
+    except (
+        asyncpg.exceptions.UndefinedObjectError,  # 13 and older: no such setting
+        asyncpg.exceptions.InvalidParameterValueError,  # a system where it can only be 0
+        Unanswered,
+    ):
+        return False
+    return True
+
+
 @contextlib.asynccontextmanager
 async def bounded(
-    pool: asyncpg.Pool, q: Queries, seconds: float = REQUEST_TIMEOUT
+    pool: asyncpg.Pool, q: Queries, seconds: float = REQUEST_TIMEOUT, *, client_check: bool
 ) -> AsyncIterator[PoolConnectionProxy]:
     """A connection in a transaction of its own, for one request: committed when the block ends,
     rolled back when it raises. Build the answer inside the block, so that it exists (and is
     known to be serialisable) before the write it reports commits. Raises Unanswered when the
     request takes more than `seconds`, or one of its statements waits on a lock or runs for
-    more than STATEMENT_TIMEOUT."""
+    more than STATEMENT_TIMEOUT. `client_check`: the server takes CLIENT_CHECK (client_check)."""
     conn: Any = None
     clean = False
     committing = False
@@ -72,7 +99,10 @@ async def bounded(
             await tx.start()
             try:
                 await q.request_bounds(
-                    conn, min(LOCK_TIMEOUT, seconds), min(STATEMENT_TIMEOUT, seconds)
+                    conn,
+                    min(LOCK_TIMEOUT, seconds),
+                    min(STATEMENT_TIMEOUT, seconds),
+                    CLIENT_CHECK if client_check else None,
                 )
                 yield conn
             except BaseException:

@@ -207,7 +207,7 @@ class _Dashboard:
 
     def database(self) -> AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""
-        return bounded(self.pool, self.q)
+        return bounded(self.pool, self.q, client_check=self.app.state.client_check)
 
     def session(self, request: Request) -> Session | None:
         return self.signer.session(request.cookies.get(SESSION_COOKIE))

@@ -19,8 +19,9 @@ COMMENT ON FUNCTION {schema}.fingerprint(text, jsonb) IS
 -- The SQL function as in migration 9, but: a JSON null payload is stored as {} (as Python's
 -- enqueue(type, None) and HTTP "payload": null store it); the key's job matches by same_work();
 -- a pgworker.max_payload_bytes that is not a whole number of bytes raises SQLSTATE PGW02 naming
--- the setting (a configuration error), rather than a cast error. Its arguments, checks and
--- the SQLSTATEs 22023 and PGW01 are those of migration 9.
+-- the setting (a configuration error), rather than a cast error; a payload holding a whole
+-- number Python cannot read (more than 4,300 digits) is refused, SQLSTATE 22023 naming payload.
+-- Its arguments, other checks and the SQLSTATEs 22023 and PGW01 are those of migration 9.
 CREATE OR REPLACE FUNCTION {schema}.enqueue(
     type            text,
     payload         jsonb         DEFAULT '{}',
@@ -46,6 +47,7 @@ DECLARE
     v_run_at   timestamptz;
     v_seconds  numeric;
     v_bytes    bigint;
+    v_digits   integer;
     v_setting  text := btrim(current_setting('pgworker.max_payload_bytes', true));
     v_limit    bigint := 67108864;
     v_fp       text;
@@ -169,6 +171,22 @@ BEGIN
                 v_problem := format(
                     'is %s bytes as JSON, over the limit of %s (pgworker.max_payload_bytes)',
                     to_char(v_bytes, 'FM999,999,999,999'), to_char(v_limit, 'FM999,999,999,999'));
+            -- A whole number of more than 4,300 digits (jsonb writes 1e5000 out in digits) is
+            -- one Python's json cannot read (sys.get_int_max_str_digits): its text needs more
+            -- than 4,300 bytes, so a smaller payload is not searched. A number with a decimal
+            -- point is read as a float, whatever its size.
+            ELSIF v_bytes > 4300 THEN
+                SELECT length(ltrim(n::text, '-')) INTO v_digits
+                FROM jsonb_path_query(v_payload, 'strict $.** ? (@.type() == "number" && '
+                                                 '(@ >= 1e4300 || @ <= -1e4300))') AS n
+                WHERE strpos(n::text, '.') = 0
+                LIMIT 1;
+                IF v_digits IS NOT NULL THEN
+                    v_field := 'payload';
+                    v_problem := format(
+                        'must not hold a whole number of more than 4300 digits (Python cannot '
+                        'read it back; send it as a string), got one of %s digits', v_digits);
+                END IF;
             END IF;
         END IF;
     END IF;
