@@ -202,9 +202,9 @@ class Producer:
                 waited_s=ABANDON_AFTER,
             )
             result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
-            self._completer.submit(result)
             if self._metrics is not None:
                 self._metrics.finished(attempt, result, time.monotonic())
+            self._completer.submit(result)
             self._forget(attempt)
 
     # The claim service: one claim per step, as many jobs as there are free slots.
@@ -331,9 +331,9 @@ class Producer:
                 result = failed_by_worker(attempt, task, exc, self._redact)
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
-            self._completer.submit(result)
-            if self._metrics is not None:
+            if self._metrics is not None:  # before the completer can settle it
                 self._metrics.finished(attempt, result, time.monotonic())
+            self._completer.submit(result)
         finally:
             if span is not None:
                 span.end(result)

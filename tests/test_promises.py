@@ -246,18 +246,10 @@ async def test_a_listener_that_stops_receiving_is_replaced(dsn, conn, monkeypatc
                 await wait_for(lambda: done == [1], timeout=5)
 
 
-async def test_an_outcome_committed_whose_reply_was_lost_counts_as_written(dsn, conn):
-    """The completer's write commits on the server, then its connection dies before the reply
-    arrives. Written again on a new connection, the outcome is refused (the job is no longer
-    running): the completer must find it recorded, not call it dropped."""
-    registry = pgworker.Registry()
-    runs: list[int] = []
-
-    @registry.task("t")
-    async def handle(ctx, payload):
-        runs.append(ctx.attempt)
-        return {"ok": True}
-
+async def _run_with_the_outcome_reply_lost(dsn, conn, registry) -> tuple[int, list]:
+    """Enqueue one job of type "t" and serve it through a proxy that cuts the completer's
+    connection once the job's outcome statement has committed, before its reply arrives; the
+    job's id and the logs of the worker."""
     # An id whose 8 bytes appear in no other statement's parameters by chance.
     await conn.execute("SELECT setval(pg_get_serial_sequence('pgworker.jobs', 'id'), 7340033)")
     r = await pgworker.enqueue(conn, "t", {})
@@ -270,12 +262,28 @@ async def test_an_outcome_committed_whose_reply_was_lost_counts_as_written(dsn, 
         )
         with capture_logs() as logs:
             async with pgworker.Worker(registry, proxy.dsn, lease=60.0, poll_interval=0.05):
-                with anyio.fail_after(10):
+                with anyio.fail_after(30):
                     await proxy.cut_done.wait()
-                await wait_for(lambda: all_finished(conn))
-    job = await pgworker.get_job(conn, r.job.id)
+                await wait_for(lambda: all_finished(conn), timeout=30)
+    return r.job.id, logs
+
+
+async def test_an_outcome_committed_whose_reply_was_lost_counts_as_written(dsn, conn):
+    """The completer's write commits on the server, then its connection dies before the reply
+    arrives. Written again on a new connection, the outcome is refused (the job is no longer
+    running): the completer must find it recorded, not call it dropped."""
+    registry = pgworker.Registry()
+    runs: list[int] = []
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        runs.append(ctx.attempt)
+        return {"ok": True}
+
+    job_id, logs = await _run_with_the_outcome_reply_lost(dsn, conn, registry)
+    job = await pgworker.get_job(conn, job_id)
     assert (job.status, job.result, runs) == ("completed", {"ok": True}, [1])
-    assert await outcomes(conn, r.job.id) == ["completed"]
+    assert await outcomes(conn, job_id) == ["completed"]
     assert not logged(logs, "outcome dropped")
     [stopped] = logged(logs, "worker stopped")
     assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
@@ -296,23 +304,10 @@ async def test_a_failure_ended_cancelled_whose_reply_was_lost_counts_as_written(
         asked.set()
         raise pgworker.PermanentError("gave up")
 
-    await conn.execute("SELECT setval(pg_get_serial_sequence('pgworker.jobs', 'id'), 7340033)")
-    r = await pgworker.enqueue(conn, "t", {})
-    async with PgProxy(dsn) as proxy:
-        proxy.cut_after(
-            lambda link, text: (
-                "maintenance" not in link.application_name and bool(UPDATES_ATTEMPTS.search(text))
-            ),
-            struct.pack("!q", r.job.id),
-        )
-        with capture_logs() as logs:
-            async with pgworker.Worker(registry, proxy.dsn, lease=60.0, poll_interval=0.05):
-                with anyio.fail_after(30):
-                    await asked.wait()
-                    await proxy.cut_done.wait()
-                await wait_for(lambda: all_finished(conn), timeout=30)
-    assert await status_of(conn, r.job.id) == "cancelled"
-    assert await outcomes(conn, r.job.id) == ["cancelled"]
+    job_id, logs = await _run_with_the_outcome_reply_lost(dsn, conn, registry)
+    assert asked.is_set()
+    assert await status_of(conn, job_id) == "cancelled"
+    assert await outcomes(conn, job_id) == ["cancelled"]
     assert not logged(logs, "outcome dropped")
     [stopped] = logged(logs, "worker stopped")
     assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
