@@ -423,7 +423,9 @@ async def test_log_level_warning_hides_the_info_lines(dsn, conn, tmp_path, by):
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
-    [sub] = [a for a in cli_module._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    [sub] = [
+        a for a in cli_module.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
     return dict(sub.choices)
 
 

@@ -352,7 +352,9 @@ async def test_since_parses_durations_and_iso_times():
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
-    [sub] = [a for a in cli_module._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    [sub] = [
+        a for a in cli_module.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
     found = dict(sub.choices)
     [failed_sub] = [
         a for a in found["failed"]._actions if isinstance(a, argparse._SubParsersAction)

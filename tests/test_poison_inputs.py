@@ -307,7 +307,7 @@ async def test_M_handler_module_raising_at_import_shows_its_traceback_then_one_l
         "pgworker run: error: module: importing 'tests.apps.raises_at_import' raised "
         "RuntimeError: the handlers need SETTINGS_URL"
     )
-    assert "pgworker/cli.py" not in out.stderr and "importlib" not in out.stderr
+    assert "pgworker/cli/" not in out.stderr and "importlib" not in out.stderr
 
 
 @pytest.mark.asyncio

@@ -86,7 +86,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_the_top_level_help_names_the_only_commands_without_dsn():
-    parser = cli_module._parser()
+    parser = cli_module.build_parser()
     without = {
         name
         for name, sub in subcommands(parser).items()

@@ -236,11 +236,14 @@ async def test_the_console_log_of_run_shows_a_handlers_error_escaped(dsn, conn, 
 
 def test_the_cli_prints_only_through_say():
     """One place escapes what the CLI prints: `say`; no other print or stream write."""
-    tree = ast.parse((ROOT / "pgworker" / "cli.py").read_text())
-    say = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "say")
+    trees = [ast.parse(p.read_text()) for p in sorted((ROOT / "pgworker" / "cli").glob("*.py"))]
+    [say] = [
+        n for tree in trees for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "say"
+    ]
     inside = {id(n) for n in ast.walk(say)}
     writes = [
         ast.unparse(n)
+        for tree in trees
         for n in ast.walk(tree)
         if isinstance(n, ast.Call)
         and id(n) not in inside

@@ -1,0 +1,216 @@
+"""enqueue, cancel, show: one job at a time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+
+from .. import _limits as limits
+from .. import _render
+from .._db.connection import connect
+from ..enqueue import enqueue
+from ..errors import PgWorkerError, ValidationError
+from ..models import PRIORITY_LABELS
+from ..operations import CancelResult, cancel, show_job
+from ..settings import Settings
+from ._common import _command, _dsn, _job_id, _Parser, _schema, integer, number, say
+
+
+def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    enq = _command(
+        sub,
+        "enqueue",
+        [common],
+        "enqueue one job",
+        "Enqueue one job and print it as JSON: id, type, queue, status, created (false when "
+        "--idempotency-key found an earlier job) and correlation_id.",
+        [
+            "pgworker enqueue send-invoice --payload '{\"invoice_id\": 42}'",
+            "pgworker enqueue send-invoice --priority high --queue mail --max-retries 5",
+            "pgworker enqueue report --run-at 2030-01-01T09:00:00+00:00",
+            "pgworker enqueue charge --idempotency-key order-42 --correlation-id req-9",
+        ],
+    )
+    enq.add_argument(
+        "type",
+        metavar="TYPE",
+        help=f"the job type, a task of the registry, at most {limits.MAX_TYPE_LENGTH} "
+        "characters (required)",
+    )
+    enq.add_argument(
+        "--payload",
+        default="{}",
+        help=f"the payload as JSON, nested at most {limits.MAX_DEPTH} deep (default: {{}})",
+    )
+    enq.add_argument(
+        "--queue",
+        help=f"the job's queue, at most {limits.MAX_QUEUE_LENGTH} characters (default: default)",
+    )
+    enq.add_argument(
+        "--priority",
+        type=_priority,
+        help=f"an int or one of {', '.join(PRIORITY_LABELS)} "
+        f"({', '.join(str(v) for v in PRIORITY_LABELS.values())}); higher runs first "
+        "(default: 0)",
+    )
+    enq.add_argument(
+        "--max-retries",
+        type=integer,
+        help="retries after the first attempt (default: the task's, else 3)",
+    )
+    enq.add_argument(
+        "--idempotency-key",
+        help="a later enqueue with this key returns this job instead (default: none)",
+    )
+    enq.add_argument(
+        "--correlation-id",
+        help="carried by the job's log lines (default: a new UUID)",
+    )
+    enq.add_argument(
+        "--delay",
+        type=number,
+        help=f"run no sooner than this many seconds from now, at most {limits.MAX_DELAY:,.0f} "
+        "(ten years) (default: now)",
+    )
+    enq.add_argument(
+        "--run-at",
+        help="run no sooner than this ISO 8601 time with a timezone, e.g. "
+        "2030-01-01T09:00:00+00:00; not with --delay (default: now)",
+    )
+    enq.set_defaults(perform=_enqueue)
+
+
+def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    can = _command(
+        sub,
+        "cancel",
+        [common],
+        "cancel a job",
+        "Cancel a pending job, or ask the worker of a running job to stop it; a finished job "
+        "is left as it is. Prints what happened.",
+        [
+            "pgworker cancel 42",
+            "pgworker cancel 42 --schema jobs",
+        ],
+    )
+    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    can.set_defaults(perform=_cancel)
+
+
+def add_show(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    show = _command(
+        sub,
+        "show",
+        [common],
+        "one job in full: milestones, steps, attempts",
+        "Show one job: its fields and payload (the values of sensitive keys, PGWORKER_REDACT_KEYS, "
+        "replaced by [REDACTED]), its milestones, its steps, every attempt with its outcome, "
+        "worker, times and error, and its replays.",
+        [
+            "pgworker show 42",
+            "pgworker show 42 --json | jq '.attempts[-1].error_detail'",
+        ],
+    )
+    show.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    show.add_argument(
+        "--json", action="store_true", help="print JSON instead of text (default: text)"
+    )
+    show.set_defaults(perform=_show)
+
+
+def _priority(raw: str) -> int:
+    """--priority: an int, or a label limits.priority knows."""
+    value: int | str
+    try:
+        value = limits.whole(raw)
+    except ValueError:
+        value = raw
+    try:
+        return limits.priority("priority", value)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("priority: ")) from None
+
+
+async def _enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except RecursionError:
+        raise ValidationError(
+            "payload", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        ) from None
+    except ValueError as exc:
+        raise PgWorkerError(f"--payload is not valid JSON: {exc}") from None
+    run_at = None
+    if args.run_at:
+        try:
+            run_at = datetime.fromisoformat(args.run_at)
+        except ValueError as exc:
+            raise PgWorkerError(f"--run-at {args.run_at!r} is not an ISO 8601 time") from exc
+        if run_at.tzinfo is None:
+            raise ValidationError(
+                "--run-at", f"{args.run_at!r} has no time zone; add one, e.g. {args.run_at}+00:00"
+            )
+        if args.delay is not None:
+            raise ValidationError("--run-at", "give --run-at or --delay, not both")
+    conn = await connect(_dsn(args))
+    try:
+        result = await enqueue(
+            conn,
+            args.type,
+            payload,
+            queue=args.queue,
+            priority=args.priority,
+            max_retries=args.max_retries,
+            idempotency_key=args.idempotency_key,
+            correlation_id=args.correlation_id,
+            run_at=run_at,
+            delay=args.delay,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    job = result.job
+    say(
+        json.dumps(
+            {
+                "id": job.id,
+                "type": job.type,
+                "queue": job.queue,
+                "status": job.status.value,
+                "created": result.created,
+                "correlation_id": job.correlation_id,
+            }
+        )
+    )
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    conn = await connect(_dsn(args))
+    try:
+        outcome = await cancel(conn, args.job_id, schema=_schema(args))
+    finally:
+        await conn.close()
+    match outcome:
+        case CancelResult.CANCELLED:
+            say(f"job {args.job_id} cancelled (it was pending)")
+        case CancelResult.CANCELLING:
+            say(f"job {args.job_id} is running: its worker was asked to stop it")
+        case _:  # CancelResult.ALREADY_COMPLETED, ALREADY_FAILED, ALREADY_CANCELLED
+            say(f"job {args.job_id} is {outcome.value}: nothing to cancel")
+    return 0
+
+
+async def _show(args: argparse.Namespace) -> int:
+    dsn = _dsn(args)
+    keys = Settings.from_env(dsn=dsn).redact_keys
+    conn = await connect(dsn)
+    try:
+        found = await show_job(conn, args.job_id, redact_keys=keys, schema=_schema(args))
+    finally:
+        await conn.close()
+    if found is None:
+        raise ValidationError("ID", f"there is no job {args.job_id}")
+    say(_render.show_json(found) if args.json else _render.show_text(found))
+    return 0

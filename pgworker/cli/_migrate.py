@@ -1,0 +1,35 @@
+"""migrate: create or upgrade the schema."""
+
+from __future__ import annotations
+
+import argparse
+
+from .._db.connection import connect
+from ..operations import migrate
+from ._common import _command, _dsn, _Parser, _schema, say
+
+
+def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    cmd = _command(
+        sub,
+        "migrate",
+        [common],
+        "create or upgrade the schema",
+        "Create or upgrade pgworker's schema (the numbered migrations in sql/migrations, each "
+        "once); safe to run concurrently, e.g. from every container at start-up.",
+        [
+            "pgworker migrate --dsn postgresql://app@localhost/app",
+            "PGWORKER_SCHEMA=jobs pgworker migrate     # in schema `jobs`",
+        ],
+    )
+    cmd.set_defaults(perform=_migrate)
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    conn = await connect(_dsn(args))
+    try:
+        applied = await migrate(conn, schema=_schema(args))
+    finally:
+        await conn.close()
+    say(f"applied migrations {applied}" if applied else "schema is up to date")
+    return 0
