@@ -32,6 +32,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples bench
 	$(VENV)/bin/ruff format --check pgworker tests examples bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format pgworker tests examples bench

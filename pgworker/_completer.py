@@ -22,7 +22,7 @@ import asyncpg
 from ._db.connection import HeldConnection, classify, recover
 from ._db.queries import queries
 from ._logs import get_logger
-from ._service import describe
+from ._redact import describe
 from .models import AttemptResult, JobStatus, Outcome
 
 LINGER = 0.003

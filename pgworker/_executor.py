@@ -5,30 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import inspect
 import json
 import logging
-import os
-import queue
-import threading
 import time
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 import anyio
 
+from . import _threads
+from ._attempt import Attempt, current_correlation_id
 from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
-from ._logs import base_logger, enabled, get_logger
-from ._redact import MESSAGE_LIMIT, Redactor, error_texts, redactor
-from ._service import describe, error_parts
-from ._steps import StepStore
+from ._logs import base_logger, enabled
+from ._redact import MESSAGE_LIMIT, Redactor, describe, error_parts, error_texts, redactor
 from ._task import Task
-from .context import JobContext, current_correlation_id
+from .context import JobContext
 from .errors import PermanentError, Retry, Snooze
-from .models import AttemptResult, Job, JobStatus, Outcome
+from .models import AttemptResult, JobStatus, Outcome
 from .retry import budget_spent, next_retry, why_final
 
 _SCANNED_MESSAGE = 64 * 1024
@@ -37,147 +31,6 @@ STRAY_CANCELS = 10
 """How many times a job whose task was cancelled by something other than the worker is handed
 back uncounted before such a cancellation counts as its failure."""
 _TOO_DEEP = f"must not nest lists and objects more than {MAX_DEPTH} deep"
-
-
-class Attempt:
-    """A running attempt as the worker sees it; `stop(outcome)` cancels just this job. It reads
-    the few fields the worker needs from the claimed row; the full Job is built when first asked
-    for, which most handlers never do."""
-
-    __slots__ = (
-        "_job",
-        "_log",
-        "_record",
-        "claimed_at",
-        "correlation_id",
-        "id",
-        "keys",
-        "max_retries",
-        "number",
-        "payload",
-        "payload_error",
-        "queue",
-        "retry_count",
-        "scope",
-        "started",
-        "stopped_as",
-        "store",
-        "task_cancelled",
-        "type",
-    )
-
-    def __init__(self, record: Any, store: StepStore | None = None) -> None:
-        """`record` is a row of job_claim.sql: the job as its claim left it; `store` is where its
-        steps and milestones go (see _steps.py)."""
-        self._record = record
-        self.store = store
-        self._job: Job | None = None
-        self.id: int = record["id"]
-        self.number: int = record["attempts"]
-        self.claimed_at: datetime = record["claimed_at"]
-        self.type: str = record["type"]
-        self.queue: str = record["queue"]
-        self.payload: Any = None
-        self.payload_error: str | None = None
-        try:
-            self.payload = json.loads(record["payload"])
-        except Exception as exc:  # a row written around enqueue's checks, e.g. nested too deep
-            self.payload_error = describe(exc)
-        self.retry_count: int = record["retry_count"]
-        self.max_retries: int | None = record["max_retries"]
-        self.correlation_id: str = record["correlation_id"]
-        self.keys = {
-            "job_id": self.id,
-            "attempt": self.number,
-            "correlation_id": self.correlation_id,
-            "worker_id": record["worker_id"],
-        }
-        self.scope = anyio.CancelScope()
-        self.started: float | None = None  # time.monotonic() when the handler was called
-        self.stopped_as: Outcome | None = None
-        self.task_cancelled = False
-        self._log: Any = None
-
-    @property
-    def job(self) -> Job:
-        """The job as the claim left it."""
-        if self._job is None:
-            self._job = Job.from_record(self._record, payload=self.payload)
-        return self._job
-
-    @property
-    def progress(self) -> str | None:
-        """The job's progress (JSON text) as the claim found it: the last milestone before this
-        attempt."""
-        progress: str | None = self._record["progress"]
-        return progress
-
-    @property
-    def traceparent(self) -> str | None:
-        """The W3C traceparent stored at enqueue, that the attempt's span links to."""
-        traceparent: str | None = self._record["traceparent"]
-        return traceparent
-
-    @property
-    def log(self) -> Any:
-        """The logger bound to the job's keys, made when first needed."""
-        if self._log is None:
-            self._log = get_logger(**self.keys)
-        return self._log
-
-    def ends(
-        self,
-        status: JobStatus,
-        outcome: Outcome,
-        result: str | None = None,
-        error_type: str | None = None,
-        error_message: str | None = None,
-        delay: float = 0.0,
-        retried: int = 0,
-        error_detail: str | None = None,
-    ) -> AttemptResult:
-        """This attempt's result: the job's next status, the attempt's outcome, and the other
-        fields of AttemptResult (built positionally: one is made per job)."""
-        return AttemptResult(
-            self.id,
-            self.number,
-            self.claimed_at,
-            status,
-            outcome,
-            result,
-            error_type,
-            error_message,
-            delay,
-            retried,
-            self.correlation_id,
-            error_detail,
-        )
-
-    def budget_elapsed(self) -> float | None:
-        """Seconds since the job's retry budget started (its first claim, or first since a
-        replay), on the database's clock up to this claim and on this process's since; None when
-        the row has no start."""
-        started_at: datetime | None = self._record["budget_started_at"]
-        if started_at is None:
-            return None
-        running = 0.0 if self.started is None else time.monotonic() - self.started
-        return (self.claimed_at - started_at).total_seconds() + running
-
-    def upgrade(self, task: Task) -> None:
-        """Bring the payload from the job's version to the task's through its upgraders (the
-        claim took only versions they lead from); `ctx.payload` is then the upgraded one, and
-        `ctx.job` keeps the row as stored (its payload decoded apart: an upgrader may change
-        the one it is given)."""
-        version = self._record["version"]
-        if version < task.version:
-            if self._job is None:
-                self._job = Job.from_record(self._record)
-            self.payload = task.upgraded(self.payload, version)
-
-    def stop(self, outcome: Outcome) -> None:
-        if self.stopped_as is None:
-            self.stopped_as = outcome
-        self.scope.cancel()
 
 
 Error = tuple[str, str, str | None]
@@ -270,84 +123,6 @@ def _completed(attempt: Attempt, value: Any) -> AttemptResult:
     )
 
 
-class _DaemonThreads:
-    """Threads for plain `def` handlers. Daemon threads, unlike anyio's: a handler that never
-    returns is abandoned at shutdown (Python cannot stop a thread) and must not keep the process
-    alive. Idle threads wait for the next handler."""
-
-    def __init__(self) -> None:
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
-        self._lock = threading.Lock()
-
-    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
-        while True:
-            inbox.get()()
-            with self._lock:
-                self._idle.append(inbox)
-
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        """`fn()` in a thread, with the caller's context variables; raises what it raised. A
-        cancelled caller stops waiting; the thread finishes on its own."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[bool, Any]] = loop.create_future()
-        context = contextvars.copy_context()
-
-        def report(outcome: tuple[bool, Any]) -> None:
-            if not done.done():
-                done.set_result(outcome)
-
-        def work() -> None:
-            try:
-                outcome = (True, context.run(fn))
-            except BaseException as exc:
-                outcome = (False, exc)
-            if _forked:
-                _leave_forked_child()
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(report, outcome)
-
-        with self._lock:
-            inbox = self._idle.pop() if self._idle else None
-        if inbox is None:
-            inbox = queue.SimpleQueue()
-            threading.Thread(
-                target=self._serve, args=(inbox,), name="pgworker-handler", daemon=True
-            ).start()
-        inbox.put(work)
-        ok, value = await done
-        if not ok:
-            raise value
-        return value
-
-
-_threads = _DaemonThreads()
-
-
-_forked = False
-"""Set in a child process made by fork(); a worker starting there clears it (see `serving`). A
-flag rather than os.getpid() around each handler: that is a system call per job."""
-
-
-def _in_forked_child() -> None:
-    global _forked
-    _forked = True
-
-
-os.register_at_fork(after_in_child=_in_forked_child)
-
-
-def serving() -> None:
-    """A worker starts in this process: handlers that return here run in it, not in a child."""
-    global _forked
-    _forked = False
-
-
-def _leave_forked_child() -> None:
-    """A handler forked and its child came back here (returned, or raised: `sys.exit()`): the
-    child must not go on as a second worker on the parent's connections."""
-    os._exit(0)
-
-
 def _task_cancelled() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
@@ -406,8 +181,8 @@ async def execute(
                     raise
                 failure = exc
             finally:
-                if _forked:
-                    _leave_forked_child()
+                if _threads.forked:
+                    _threads.leave_forked_child()
         result = _decide(attempt, task, value, failure, redact or redactor())
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)

@@ -13,7 +13,7 @@ from ._db.connection import classify, recover
 from ._db.queries import AttemptKey, Beat, queries
 from ._logs import get_logger
 from ._producer import Producer
-from ._service import describe
+from ._redact import describe
 from .models import Outcome
 from .settings import Settings
 

@@ -9,13 +9,14 @@ what is accepted.
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal, overload
 
+from .errors import MAX_DELAY as MAX_DELAY
 from .errors import ConfigError, ValidationError
+from .errors import seconds as seconds
 from .models import PRIORITY_LABELS
 
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -64,9 +65,6 @@ MAX_DEPTH = 500
 MAX_PAYLOAD_BYTES = _bytes_from_env("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024)
 """UTF-8 size of a payload's or result's JSON text; PGWORKER_MAX_PAYLOAD_BYTES changes it (jsonb
 itself refuses values near 256 MB)."""
-MAX_DELAY = 10 * 365 * 86400.0
-"""Ten years, in seconds: the longest delay, `Retry(after=)`, backoff or timeout accepted; every
-delay the worker computes is capped at it."""
 MAX_LEASE = 86400.0
 """One day: the longest lease, and the longest shutdown grace."""
 MAX_POLL_INTERVAL = 3600.0
@@ -160,37 +158,6 @@ def identifier(field: str, value: Any, *, error: type[Exception] = ValidationErr
             f"{MAX_SCHEMA_LENGTH} in all), got {value!r}",
         )
     return value
-
-
-def _span(number: float) -> str:
-    for unit, size in (("year", 365 * 86400), ("day", 86400), ("hour", 3600)):
-        if number >= size and number % size == 0:
-            n = number / size
-            return f"{number:,.0f} seconds ({n:g} {unit}{'s' if n != 1 else ''})"
-    return f"{number:g} seconds"
-
-
-def seconds(
-    field: str,
-    value: Any,
-    *,
-    maximum: float = MAX_DELAY,
-    zero: bool = True,
-    error: type[Exception] = ValidationError,
-) -> float:
-    """A finite number of seconds (or a timedelta) in [0, maximum] (or (0, maximum])."""
-    if isinstance(value, timedelta):
-        number = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        raise _bad(error, field, f"must be a number of seconds or a timedelta, got {value!r}")
-    low = ">= 0" if zero else "> 0"
-    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
-        raise _bad(error, field, f"must be a finite number of seconds {low}, got {value!r}")
-    if number > maximum:
-        raise _bad(error, field, f"must be at most {_span(maximum)}, got {value!r}")
-    return number
 
 
 def count(

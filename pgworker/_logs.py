@@ -39,7 +39,7 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
-from ._render import cell, terminal
+from ._terminal import cell, terminal
 from .errors import ConfigError
 
 LogFormat = Literal["json", "console"]
@@ -110,7 +110,7 @@ class _Terminal:
     line (its newlines shown as `\\n`; the renderer quotes other fields with whitespace as
     repr does), and nothing in the line is obeyed by the terminal: a handler's error text, a
     job's type or a traceback's message has its control characters shown escaped (see
-    `_render.terminal`; a traceback keeps its own lines). The JSON format needs none of it:
+    `_terminal.terminal`; a traceback keeps its own lines). The JSON format needs none of it:
     JSON escapes every control character."""
 
     def __init__(self, renderer: Any) -> None:

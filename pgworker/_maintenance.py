@@ -21,7 +21,7 @@ from ._db.connection import classify, recover
 from ._db.queries import AttemptKey, Row, queries
 from ._leadership import Leadership
 from ._logs import get_logger
-from ._service import describe
+from ._redact import describe
 from .registry import Registry
 from .retry import RetryPolicy, next_retry
 from .settings import Settings

@@ -27,7 +27,7 @@ from .settings import Settings
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from ._executor import Attempt
+    from ._attempt import Attempt
 
 BUCKETS: tuple[float, ...] = (
     0.005,

@@ -18,15 +18,16 @@ import asyncpg
 import structlog
 
 from . import _tracing
+from ._attempt import Attempt
 from ._completer import Completer
 from ._db.connection import HeldConnection, recover
 from ._db.queries import attempt_conflict, queries
-from ._executor import Attempt, execute, failed_by_worker
+from ._executor import execute, failed_by_worker
 from ._logs import get_logger
 from ._notifier import Wakeup
 from ._redact import redactor
 from ._service import Health, supervise
-from ._steps import StepStore
+from ._step_store import StepStore
 from .models import JobStatus, Outcome
 from .registry import Registry, served_key
 from .settings import Settings

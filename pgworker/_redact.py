@@ -232,6 +232,29 @@ def _cut_bytes(text: str, limit: int) -> str:
     return text.encode()[:limit].decode(errors="ignore")
 
 
+def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:
+    """An exception's type name and message as stored, whatever the exception does: a `__str__`
+    that raises gives a note instead, NUL is shown as `\\x00` and lone surrogates as U+FFFD (a
+    text column holds neither), and the message is cut at `limit` characters."""
+    try:
+        name = str(type(exc).__name__)
+    except BaseException:  # a hostile class: any method of it may raise anything
+        name = "Exception"
+    try:
+        message = str(exc)
+    except BaseException as inner:
+        message = f"<its message could not be read: str() raised {type(inner).__name__}>"
+    return clean_text(name[:200]), clean_text(message[:limit])
+
+
+def describe(exc: BaseException, limit: int = 2000) -> str:
+    """`Type: message`, as `error_parts` makes them, with URL passwords, bearer tokens and the
+    values of `password=...`-like pairs redacted (`scrub`): the runtime's log lines and
+    messages carry this, never an exception's text as it is."""
+    name, message = error_parts(exc, 16 * limit)
+    return scrub(f"{name}: {message}" if message else name)[: len(name) + 2 + limit]
+
+
 def error_texts(
     exc: BaseException, keys: Redactor, payload: Any, message: str
 ) -> tuple[str, str | None]:

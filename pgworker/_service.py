@@ -18,8 +18,7 @@ from typing import Any, Literal, Protocol
 import anyio
 
 from ._db.connection import classify
-from ._limits import clean_text
-from ._redact import scrub
+from ._redact import describe
 
 State = Literal["ok", "retrying", "stopped"]
 
@@ -31,29 +30,6 @@ def backoff(failures: int) -> float:
     """Seconds to wait after the `failures`-th failure in a row: capped exponential, ±50%."""
     base: float = min(BACKOFF_BASE * 2.0 ** min(failures - 1, 16), BACKOFF_CAP)
     return base * random.uniform(0.5, 1.5)
-
-
-def error_parts(exc: BaseException, limit: int = 2000) -> tuple[str, str]:
-    """An exception's type name and message as stored, whatever the exception does: a `__str__`
-    that raises gives a note instead, NUL is shown as `\\x00` and lone surrogates as U+FFFD (a
-    text column holds neither), and the message is cut at `limit` characters."""
-    try:
-        name = str(type(exc).__name__)
-    except BaseException:  # a hostile class: any method of it may raise anything
-        name = "Exception"
-    try:
-        message = str(exc)
-    except BaseException as inner:
-        message = f"<its message could not be read: str() raised {type(inner).__name__}>"
-    return clean_text(name[:200]), clean_text(message[:limit])
-
-
-def describe(exc: BaseException, limit: int = 2000) -> str:
-    """`Type: message`, as `error_parts` makes them, with URL passwords, bearer tokens and the
-    values of `password=...`-like pairs redacted (`_redact.scrub`): the runtime's log lines and
-    messages carry this, never an exception's text as it is."""
-    name, message = error_parts(exc, 16 * limit)
-    return scrub(f"{name}: {message}" if message else name)[: len(name) + 2 + limit]
 
 
 class Health:

@@ -31,21 +31,19 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
-
 from . import _limits as limits
-from ._db.queries import AttemptKey, queries
-from ._service import describe
+from . import _threads
+from ._db.queries import AttemptKey
+from ._redact import describe
 from ._step_connection import StepConnection
+from ._step_store import StepStore
 from .errors import PgWorkerError, ValidationError
 
 if TYPE_CHECKING:
-    from ._executor import Attempt
+    from ._attempt import Attempt
 
 MAX_NAME_LENGTH = 200
 """The longest step name or milestone, in characters."""
-CLOSE_TIMEOUT = 5.0
-"""Seconds a stopping worker waits for steps still holding a connection before closing it."""
 
 _inside: ContextVar[str | None] = ContextVar("pgworker_transactional_step", default=None)
 """The name of the transactional step whose function runs in this context, if any."""
@@ -62,44 +60,6 @@ def not_inside_a_transactional_step(what: str) -> None:
             "before or after that step (its function gets a connection and a transaction; "
             "write there what belongs with the step's effect)"
         )
-
-
-class StepStore:
-    """Where one worker's steps are read and written: a pool of up to `size` connections (one per
-    slot), opened when a step first needs it and closed when the worker stops."""
-
-    def __init__(self, dsn: str, schema: str, size: int, worker_id: str) -> None:
-        self.q = queries(schema)
-        self._dsn = dsn
-        self._size = size
-        self._application_name = f"pgworker:{worker_id}:steps"[:63]
-        self._pool: asyncpg.Pool | None = None
-        self._opening = asyncio.Lock()
-
-    async def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
-            async with self._opening:
-                if self._pool is None:
-                    self._pool = await asyncpg.create_pool(
-                        self._dsn,
-                        min_size=0,
-                        max_size=self._size,
-                        timeout=10,
-                        server_settings={"application_name": self._application_name},
-                    )
-        return self._pool
-
-    async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT)
-        except Exception:  # a step of an abandoned handler still holds its connection
-            pool.terminate()
-        except BaseException:
-            pool.terminate()
-            raise
 
 
 def lost(attempt: Attempt, what: str) -> PgWorkerError:
@@ -136,8 +96,6 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     run), its awaitable result awaited."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    from ._executor import _threads  # the executor imports the context, which imports this
-
     value = await _threads.run(functools.partial(fn, *args, **kwargs))
     if inspect.isawaitable(value):
         value = await value

@@ -25,7 +25,7 @@ from ._version import __version__
 from .models import AttemptResult, Outcome
 
 if TYPE_CHECKING:
-    from ._executor import Attempt
+    from ._attempt import Attempt
 
 SPAN_NAME = "pgworker.job"
 """An attempt's span is named `pgworker.job <type>`."""

@@ -6,19 +6,16 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from ._attempt import current_correlation_id as current_correlation_id
 from ._steps import Steps, step_name
 from .errors import PgWorkerError
 from .models import Job
 
 if TYPE_CHECKING:
-    from ._executor import Attempt
-
-current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlation_id", default=None)
-"""The correlation id of the job running in this context, inherited by jobs it enqueues."""
+    from ._attempt import Attempt
 
 
 def _forward(path: str) -> Any:

@@ -15,11 +15,11 @@ import anyio
 import anyio.lowlevel
 
 from . import _limits as limits
-from ._db.connection import Executor, transaction
-from ._db.queries import Queries, queries
+from ._attempt import current_correlation_id
+from ._db.connection import Executor
+from ._db.queries import Queries, queries, transaction
 from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
 from ._tracing import current_traceparent
-from .context import current_correlation_id
 from .errors import IdempotencyConflict, PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,

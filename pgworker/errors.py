@@ -1,9 +1,14 @@
 """Every error pgworker raises derives from PgWorkerError; handlers signal outcomes with
-PermanentError, Retry and Snooze."""
+PermanentError, Retry and Snooze.
+
+The ground floor: this module imports nothing of pgworker, so the check of a number of seconds
+that Retry and Snooze apply to their delay is defined here (`_limits` hands it on)."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
+from typing import Any
 
 
 class PgWorkerError(Exception):
@@ -63,8 +68,6 @@ class Retry(Exception):
     ValidationError when constructed, which inside a handler is the attempt's ordinary failure."""
 
     def __init__(self, after: float | timedelta = 0.0, reason: str | None = None) -> None:
-        from ._limits import seconds  # _limits imports this module
-
         delay = seconds("after", after)
         super().__init__(reason or f"retry requested in {delay:g}s")
         self.after = delay
@@ -80,8 +83,42 @@ class Snooze(Exception):
     ValidationError when constructed, which inside a handler is the attempt's ordinary failure."""
 
     def __init__(self, after: float | timedelta) -> None:
-        from ._limits import seconds  # _limits imports this module
-
         delay = seconds("after", after)
         super().__init__(f"snoozed for {delay:g}s")
         self.after = delay
+
+
+MAX_DELAY = 10 * 365 * 86400.0
+"""Ten years, in seconds: the longest delay, `Retry(after=)`, backoff or timeout accepted; every
+delay the worker computes is capped at it."""
+
+
+def _span(number: float) -> str:
+    for unit, size in (("year", 365 * 86400), ("day", 86400), ("hour", 3600)):
+        if number >= size and number % size == 0:
+            n = number / size
+            return f"{number:,.0f} seconds ({n:g} {unit}{'s' if n != 1 else ''})"
+    return f"{number:g} seconds"
+
+
+def seconds(
+    field: str,
+    value: Any,
+    *,
+    maximum: float = MAX_DELAY,
+    zero: bool = True,
+    error: type[Exception] = ValidationError,
+) -> float:
+    """A finite number of seconds (or a timedelta) in [0, maximum] (or (0, maximum])."""
+    if isinstance(value, timedelta):
+        number = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise error(field, f"must be a number of seconds or a timedelta, got {value!r}")
+    low = ">= 0" if zero else "> 0"
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        raise error(field, f"must be a finite number of seconds {low}, got {value!r}")
+    if number > maximum:
+        raise error(field, f"must be at most {_span(maximum)}, got {value!r}")
+    return number

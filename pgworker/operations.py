@@ -18,8 +18,8 @@ import asyncpg
 from . import _limits as limits
 from . import settings
 from ._db import migrations
-from ._db.connection import Conn, Executor, transaction
-from ._db.queries import queries
+from ._db.connection import Conn, Executor
+from ._db.queries import queries, transaction
 from ._logs import get_logger
 from ._redact import DEFAULT_KEYS, redact_payload
 from .errors import PgWorkerError, ValidationError

@@ -34,10 +34,12 @@ import pytest
 import structlog
 
 from . import _limits as limits
+from ._attempt import Attempt
 from ._db.queries import AttemptKey, Queries, queries
-from ._executor import Attempt, execute
+from ._executor import execute
 from ._redact import DEFAULT_KEYS, redactor
-from ._steps import MAX_NAME_LENGTH, StepStore
+from ._step_store import StepStore
+from ._steps import MAX_NAME_LENGTH
 from .enqueue import _payload
 from .errors import PgWorkerError, ValidationError
 from .models import (

@@ -18,7 +18,7 @@ import anyio.abc
 import anyio.to_thread
 import asyncpg
 
-from . import _executor, _health_file
+from . import _health_file, _threads
 from ._completer import Completer
 from ._db.connection import (
     create_pool,
@@ -32,7 +32,8 @@ from ._logs import get_logger
 from ._maintenance import Maintenance
 from ._notifier import Notifier, Wakeup
 from ._producer import Producer
-from ._service import Health, describe, supervise
+from ._redact import describe
+from ._service import Health, supervise
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
 from .registry import Registry
@@ -204,7 +205,7 @@ class Worker:
         if self._running:
             raise ConfigError("worker", "is already running: a Worker serves once at a time")
         self._running = True
-        _executor.serving()
+        _threads.serving()
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(self._ended)
             self._healths = {}

@@ -1,5 +1,5 @@
 """The real CLI in subprocesses: migrate, run, enqueue, status, signals, logs, user errors; the
-help of every option; the status rendering (pgworker/_render.py) as pure functions."""
+help of every option; the status rendering (pgworker/cli/_render.py) as pure functions."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import pgworker
-from pgworker import _render
 from pgworker import cli as cli_module
 from pgworker._db import files
+from pgworker.cli import _render
 
 from .helpers import ROOT, all_finished, attempts, database_of, spawn_worker, wait_for
 

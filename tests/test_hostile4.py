@@ -14,9 +14,9 @@ import pytest
 import pytest_asyncio
 
 import pgworker
+from pgworker._attempt import Attempt
 from pgworker._db.queries import queries
-from pgworker._executor import Attempt
-from pgworker._steps import StepStore
+from pgworker._step_store import StepStore
 from pgworker.context import JobContext
 
 from .helpers import fake_claim, has_status, serving_guarded, wait_for

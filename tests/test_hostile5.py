@@ -193,7 +193,8 @@ async def test_clients_that_leave_mid_body_leave_no_traceback_in_the_log(dsn, ca
     serve's log with them. The application is called as uvicorn calls it, so that the test knows
     when the request has been dealt with (the call returns): uvicorn logs its traceback ("Exception
     in ASGI application") exactly when that call raises."""
-    from pgworker._web.app import WebConfig, create_app
+    from pgworker._web.app import create_app
+    from pgworker._web.config import WebConfig
 
     app = create_app(WebConfig(dsn=dsn, tokens=("token",)))
     for path, kind in [

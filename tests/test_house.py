@@ -1,5 +1,6 @@
-"""The shape of the package: its public names, one definition of each piece of knowledge (the job
-row, the retry rule, the fingerprint, the statements), and the SQL files found from a wheel."""
+"""The shape of the package: its public names, its layers and no import circle, one definition of
+each piece of knowledge (the job row, the retry rule, the fingerprint, the statements), and the SQL
+files found from a wheel."""
 
 from __future__ import annotations
 
@@ -117,6 +118,21 @@ async def test_cancel_returns_a_str_enum_equal_to_the_old_strings(conn):
     assert outcome == "cancelled" and outcome is pgworker.CancelResult.CANCELLED
     again = await pgworker.cancel(conn, r.job.id)
     assert again == "already cancelled" and f"{again}" == "already cancelled"
+
+
+def test_the_layers_hold_and_no_import_runs_in_a_circle():
+    """The contracts of pyproject's [tool.importlinter] (`make lint` runs the same): each module in
+    its layer, importing only what lies below it, and no circle, function-level imports and
+    imports for type checking counted."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout, done.stdout
 
 
 # --- one definition of each piece of knowledge ------------------------------------------------

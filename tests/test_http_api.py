@@ -672,7 +672,7 @@ async def test_database_gone_is_503_never_500(server_dsn: str, dsn: str) -> None
 
 
 async def test_token_ok_accepts_each_token_and_nothing_else() -> None:
-    from pgworker._web.app import WebConfig, token_ok
+    from pgworker._web.config import WebConfig, token_ok
 
     config = WebConfig(dsn="postgresql://x/y", tokens=("old-token", "new-token"))
     assert token_ok(config, "old-token") and token_ok(config, "new-token")

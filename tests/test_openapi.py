@@ -19,7 +19,8 @@ import pytest
 
 import pgworker
 from pgworker import _limits as limits
-from pgworker._web.app import WebConfig, create_app
+from pgworker._web.app import create_app
+from pgworker._web.config import WebConfig
 from pgworker._web.schemas import NO_NUL
 
 from .webserver import Served, server, serving

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import pgworker
-from pgworker import _render
+from pgworker import _terminal
 
 from .apps.terminal import HOSTILE
 from .helpers import ROOT, spawn_worker, wait_for
@@ -131,12 +131,12 @@ async def hostile_rows(conn) -> dict[str, int]:
 
 
 def test_terminal_escapes_every_control_but_the_newline_and_cell_the_newline_too():
-    shown = _render.terminal(f"a\n{HOSTILE}\t\x00\u2066\u2069\u2028é…€")
+    shown = _terminal.terminal(f"a\n{HOSTILE}\t\x00\u2066\u2069\u2028é…€")
     assert not OBEYED.findall(shown.replace("\n", ""))
     assert shown.startswith("a\n\\x1b[2J\\x1b[H\\x1b]0;owned\\x07\\x1b]8;;https://evil.example/")
     assert "\\x9b2J\\rroot@prod:~# \\u202edesrever\\x7f" in shown
     assert shown.endswith("\\t\\x00\\u2066\\u2069\\u2028é…€")
-    assert _render.cell("a\nb\x1b") == "a\\nb\\x1b"
+    assert _terminal.cell("a\nb\x1b") == "a\\nb\\x1b"
 
 
 @asyncio

@@ -9,10 +9,11 @@ import json
 import pytest
 
 import pgworker
-from pgworker import _render, operations
+from pgworker import operations
 from pgworker._db import files
 from pgworker._db.connection import create_pool
 from pgworker._db.queries import queries
+from pgworker.cli import _render
 from pgworker.registry import served_key
 
 from .helpers import attempts, has_status, serving_guarded, wait_for

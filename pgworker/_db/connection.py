@@ -4,7 +4,7 @@ the service that met it (reconnect, back off, or handle the row alone)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -192,29 +192,6 @@ class HeldConnection:
             # A connection that died was already handed back by the pool: nothing left to do.
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._pool.release(conn)
-
-
-@contextlib.asynccontextmanager
-async def transaction(conn: Executor) -> AsyncIterator[Conn]:
-    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool.
-    In a transaction the caller began with a raw `BEGIN`, which asyncpg does not know of and
-    refuses to nest in (InterfaceError), a savepoint of pgworker's own: what runs in the block
-    is still undone together when it fails, and kept only if the caller's transaction commits."""
-    if isinstance(conn, asyncpg.Pool):
-        async with conn.acquire() as c, c.transaction():
-            yield c
-    elif (
-        isinstance(conn, asyncpg.Connection | PoolConnectionProxy)
-        and conn.is_in_transaction()
-        and getattr(conn, "_top_xact", None) is None
-    ):
-        from .queries import savepointed  # queries imports this module
-
-        async with savepointed(conn):
-            yield conn
-    else:
-        async with conn.transaction():
-            yield conn
 
 
 def migrate_command(schema: str) -> str:

@@ -12,11 +12,12 @@ from functools import cache
 from typing import Any, NamedTuple
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from .. import _limits as limits
 from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
-from .connection import Conn, Executor, privilege_error, schema_errors, transaction
+from .connection import Conn, Executor, privilege_error, schema_errors
 
 Row = asyncpg.Record
 """A row, read by column name."""
@@ -58,7 +59,7 @@ def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
 
 @contextlib.asynccontextmanager
 async def savepointed(conn: Conn) -> AsyncIterator[Conn]:
-    """A savepoint in the caller's own transaction (see connection.transaction): released when
+    """A savepoint in the caller's own transaction (see `transaction`): released when
     the block ends, rolled back to when it raises."""
     q = queries(DEFAULT_SCHEMA)  # these statements name no schema
     await q.savepoint(conn)
@@ -69,6 +70,27 @@ async def savepointed(conn: Conn) -> AsyncIterator[Conn]:
             await q.savepoint_rollback(conn)
         raise
     await q.savepoint_release(conn)
+
+
+@contextlib.asynccontextmanager
+async def transaction(conn: Executor) -> AsyncIterator[Conn]:
+    """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool.
+    In a transaction the caller began with a raw `BEGIN`, which asyncpg does not know of and
+    refuses to nest in (InterfaceError), a savepoint of pgworker's own: what runs in the block
+    is still undone together when it fails, and kept only if the caller's transaction commits."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as c, c.transaction():
+            yield c
+    elif (
+        isinstance(conn, asyncpg.Connection | PoolConnectionProxy)
+        and conn.is_in_transaction()
+        and getattr(conn, "_top_xact", None) is None
+    ):
+        async with savepointed(conn):
+            yield conn
+    else:
+        async with conn.transaction():
+            yield conn
 
 
 @cache

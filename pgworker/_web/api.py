@@ -52,8 +52,8 @@ from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
 from . import guard
-from .app import WebConfig
 from .bounds import Unanswered, bounded, client_check
+from .config import WebConfig
 from .schemas import (
     ClaimBody,
     CompleteBody,

@@ -7,48 +7,13 @@ the same application with Jinja2 templates. Both share one asyncpg pool, opened 
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
 
 from .._version import __version__
-
-BODY_LIMIT = 1024 * 1024
-"""The largest request body accepted by default, in bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class WebConfig:
-    """How `pgworker serve` runs: validated by the CLI before the server starts."""
-
-    dsn: str
-    schema: str = "pgworker"
-    tokens: tuple[str, ...] = ()
-    """Bearer tokens accepted; empty only with `insecure_no_auth`."""
-    insecure_no_auth: bool = False
-    read_only: bool = False
-    body_limit: int = BODY_LIMIT
-    maintenance: bool = True
-    worker_id: str = ""
-    """The id this server leads maintenance under."""
-
-
-def token_ok(config: WebConfig, token: str | None) -> bool:
-    """Whether `token` is one of the configured tokens (always true with `insecure_no_auth`).
-    Compared in constant time against every token, so that neither the match nor its position
-    shows in the time taken."""
-    if config.insecure_no_auth:
-        return True
-    if not token:
-        return False
-    given = token.encode("utf-8", "surrogatepass")
-    found = False
-    for known in config.tokens:
-        found |= hmac.compare_digest(given, known.encode("utf-8", "surrogatepass"))
-    return found
+from .config import WebConfig
 
 
 def create_app(config: WebConfig) -> FastAPI:

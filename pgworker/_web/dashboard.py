@@ -45,8 +45,8 @@ from ..operations import (
 )
 from ..settings import Settings
 from . import dashboard_words as words
-from .app import token_ok
 from .bounds import RETRY_AFTER, Unanswered, bounded
+from .config import token_ok
 from .dashboard_session import (
     FLASH_COOKIE,
     FLASH_LIFETIME,

@@ -19,8 +19,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from .. import _limits as limits
 from .._db.connection import CONNECTION_ERRORS
 from .._logs import get_logger
-from .._redact import scrub, summary
-from .._service import describe
+from .._redact import describe, scrub, summary
 from ..errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -30,8 +29,8 @@ from ..errors import (
     ValidationError,
 )
 from ..models import PRIORITY_LABELS
-from .app import WebConfig, token_ok
 from .bounds import RETRY_AFTER, Unanswered
+from .config import WebConfig, token_ok
 from .schemas import NO_NUL
 
 Scope = MutableMapping[str, Any]

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from .app import WebConfig, create_app
+from .app import create_app
+from .config import WebConfig
 
 
 class _Server(uvicorn.Server):

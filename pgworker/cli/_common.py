@@ -14,8 +14,8 @@ from typing import NoReturn
 import asyncpg
 
 from .. import _limits as limits
-from .. import _render
-from .._service import describe
+from .. import _terminal
+from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
 from ..settings import dsn_from_env
@@ -24,8 +24,8 @@ from ..settings import dsn_from_env
 def say(text: str, *, err: bool = False) -> None:
     """Print one message (lines joined by newlines) on stdout, or stderr: the only way the CLI
     prints. Text from the database is anybody's, so every control character in it (ESC, CR, C1,
-    bidi overrides: see `_render.terminal`) is shown escaped, never obeyed by the terminal."""
-    print(_render.terminal(text), file=sys.stderr if err else sys.stdout)
+    bidi overrides: see `_terminal.terminal`) is shown escaped, never obeyed by the terminal."""
+    print(_terminal.terminal(text), file=sys.stderr if err else sys.stdout)
 
 
 class _Parser(argparse.ArgumentParser):

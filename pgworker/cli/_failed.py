@@ -6,11 +6,11 @@ import argparse
 from typing import cast
 
 from .. import _limits as limits
-from .. import _render
 from .._db.connection import connect
 from .._logs import LogFormat, configure_logging
 from ..errors import ValidationError
 from ..operations import list_failed, replay, since_moment
+from . import _render
 from ._common import LOG_FORMATS, _command, _dsn, _from_env, _job_id, _Parser, _schema, integer, say
 
 SINCE_HELP = (

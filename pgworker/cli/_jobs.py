@@ -7,13 +7,13 @@ import json
 from datetime import datetime
 
 from .. import _limits as limits
-from .. import _render
 from .._db.connection import connect
 from ..enqueue import enqueue
 from ..errors import PgWorkerError, ValidationError
 from ..models import PRIORITY_LABELS
 from ..operations import CancelResult, cancel, show_job
 from ..settings import Settings
+from . import _render
 from ._common import _command, _dsn, _job_id, _Parser, _schema, integer, number, say
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from .. import _render
 from .._db.connection import connect
 from .._db.migrations import check_schema
 from ..errors import ValidationError
 from ..operations import FINISHED, prune, status
 from ..settings import duration
+from . import _render
 from ._common import _command, _dsn, _Parser, _schema, say
 
 LIVE_WITHIN = 60.0

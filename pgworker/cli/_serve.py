@@ -132,7 +132,7 @@ async def _serve(args: argparse.Namespace) -> int:
             "--insecure-no-auth to accept requests without one",
         )
     try:
-        from .._web.app import WebConfig
+        from .._web.config import WebConfig
         from .._web.server import serve
     except ImportError as exc:
         missing = exc.name or "a dependency"

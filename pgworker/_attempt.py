@@ -1,0 +1,166 @@
+"""The attempt's data: what the executor runs, the handler's context reads, its steps fence their
+writes with and its span describes; and the correlation id of the job running in the current
+context, which jobs enqueued from a handler inherit. Below all of them, so that each reads it
+without importing the others."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextvars import ContextVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._logs import get_logger
+from ._redact import describe
+from .models import AttemptResult, Job, JobStatus, Outcome
+
+if TYPE_CHECKING:
+    from ._step_store import StepStore
+    from ._task import Task
+
+current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlation_id", default=None)
+"""The correlation id of the job running in this context, inherited by jobs it enqueues."""
+
+
+class Attempt:
+    """A running attempt as the worker sees it; `stop(outcome)` cancels just this job. It reads
+    the few fields the worker needs from the claimed row; the full Job is built when first asked
+    for, which most handlers never do."""
+
+    __slots__ = (
+        "_job",
+        "_log",
+        "_record",
+        "claimed_at",
+        "correlation_id",
+        "id",
+        "keys",
+        "max_retries",
+        "number",
+        "payload",
+        "payload_error",
+        "queue",
+        "retry_count",
+        "scope",
+        "started",
+        "stopped_as",
+        "store",
+        "task_cancelled",
+        "type",
+    )
+
+    def __init__(self, record: Any, store: StepStore | None = None) -> None:
+        """`record` is a row of job_claim.sql: the job as its claim left it; `store` is where its
+        steps and milestones go (see _steps.py)."""
+        self._record = record
+        self.store = store
+        self._job: Job | None = None
+        self.id: int = record["id"]
+        self.number: int = record["attempts"]
+        self.claimed_at: datetime = record["claimed_at"]
+        self.type: str = record["type"]
+        self.queue: str = record["queue"]
+        self.payload: Any = None
+        self.payload_error: str | None = None
+        try:
+            self.payload = json.loads(record["payload"])
+        except Exception as exc:  # a row written around enqueue's checks, e.g. nested too deep
+            self.payload_error = describe(exc)
+        self.retry_count: int = record["retry_count"]
+        self.max_retries: int | None = record["max_retries"]
+        self.correlation_id: str = record["correlation_id"]
+        self.keys = {
+            "job_id": self.id,
+            "attempt": self.number,
+            "correlation_id": self.correlation_id,
+            "worker_id": record["worker_id"],
+        }
+        self.scope = anyio.CancelScope()
+        self.started: float | None = None  # time.monotonic() when the handler was called
+        self.stopped_as: Outcome | None = None
+        self.task_cancelled = False
+        self._log: Any = None
+
+    @property
+    def job(self) -> Job:
+        """The job as the claim left it."""
+        if self._job is None:
+            self._job = Job.from_record(self._record, payload=self.payload)
+        return self._job
+
+    @property
+    def progress(self) -> str | None:
+        """The job's progress (JSON text) as the claim found it: the last milestone before this
+        attempt."""
+        progress: str | None = self._record["progress"]
+        return progress
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C traceparent stored at enqueue, that the attempt's span links to."""
+        traceparent: str | None = self._record["traceparent"]
+        return traceparent
+
+    @property
+    def log(self) -> Any:
+        """The logger bound to the job's keys, made when first needed."""
+        if self._log is None:
+            self._log = get_logger(**self.keys)
+        return self._log
+
+    def ends(
+        self,
+        status: JobStatus,
+        outcome: Outcome,
+        result: str | None = None,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        delay: float = 0.0,
+        retried: int = 0,
+        error_detail: str | None = None,
+    ) -> AttemptResult:
+        """This attempt's result: the job's next status, the attempt's outcome, and the other
+        fields of AttemptResult (built positionally: one is made per job)."""
+        return AttemptResult(
+            self.id,
+            self.number,
+            self.claimed_at,
+            status,
+            outcome,
+            result,
+            error_type,
+            error_message,
+            delay,
+            retried,
+            self.correlation_id,
+            error_detail,
+        )
+
+    def budget_elapsed(self) -> float | None:
+        """Seconds since the job's retry budget started (its first claim, or first since a
+        replay), on the database's clock up to this claim and on this process's since; None when
+        the row has no start."""
+        started_at: datetime | None = self._record["budget_started_at"]
+        if started_at is None:
+            return None
+        running = 0.0 if self.started is None else time.monotonic() - self.started
+        return (self.claimed_at - started_at).total_seconds() + running
+
+    def upgrade(self, task: Task) -> None:
+        """Bring the payload from the job's version to the task's through its upgraders (the
+        claim took only versions they lead from); `ctx.payload` is then the upgraded one, and
+        `ctx.job` keeps the row as stored (its payload decoded apart: an upgrader may change
+        the one it is given)."""
+        version = self._record["version"]
+        if version < task.version:
+            if self._job is None:
+                self._job = Job.from_record(self._record)
+            self.payload = task.upgraded(self.payload, version)
+
+    def stop(self, outcome: Outcome) -> None:
+        if self.stopped_as is None:
+            self.stopped_as = outcome
+        self.scope.cancel()
