@@ -1,6 +1,6 @@
 """What every command shares: `say` (the only way the CLI prints), the parser that turns a
-mistake into one line and exit status 2, the options' types, and the DSN and schema every command
-but health resolves the same way."""
+mistake into one line and exit status 2, the options' types, the DSN and schema every command
+but health resolves the same way, and the loading of a user's registry."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 import textwrap
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -18,6 +19,7 @@ from .. import _terminal
 from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
+from ..registry import Registry, load
 from ..settings import dsn_from_env
 
 
@@ -146,3 +148,29 @@ def _name(args: argparse.Namespace) -> str:
     """The command as typed: `failed list` has a subcommand."""
     sub = getattr(args, "failed_command", None)
     return f"{args.command} {sub}" if sub else str(args.command)
+
+
+def _load(target: str) -> Registry:
+    """The registry of `target`. A module that raises when imported gets its own traceback
+    printed (without pgworker's and importlib's frames), then one line."""
+    try:
+        return load(target)
+    except PgWorkerError:
+        raise
+    except Exception as exc:
+        tb = exc.__traceback__
+        while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        shown = traceback.format_exception(type(exc), exc, tb or exc.__traceback__)
+        say("".join(shown).rstrip("\n"), err=True)
+        module = target.partition(":")[0]
+        raise ConfigError(
+            "module", f"importing {module!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _not_users(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) or "importlib" in filename
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

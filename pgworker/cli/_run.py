@@ -6,15 +6,13 @@ import argparse
 import os
 import signal
 import sys
-import traceback
 from typing import cast
 
 import anyio
 
 from .. import _limits as limits
 from .._logs import LEVELS, LogFormat, configure_logging, get_logger
-from ..errors import ConfigError, PgWorkerError, ValidationError
-from ..registry import Registry, load
+from ..errors import ValidationError
 from ..settings import Settings, retention
 from ..worker import Worker
 from ._common import (
@@ -22,10 +20,10 @@ from ._common import (
     _command,
     _dsn,
     _from_env,
+    _load,
     _Parser,
     integer,
     number,
-    say,
 )
 
 
@@ -173,32 +171,6 @@ _RUN_SETTINGS = (
     "metrics_host",
 )
 """The options of `run` that are Settings fields of the same name (None: not given)."""
-
-
-def _load(target: str) -> Registry:
-    """The registry of `target`. A module that raises when imported gets its own traceback
-    printed (without pgworker's and importlib's frames), then one line."""
-    try:
-        return load(target)
-    except PgWorkerError:
-        raise
-    except Exception as exc:
-        tb = exc.__traceback__
-        while tb is not None and _not_users(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
-        shown = traceback.format_exception(type(exc), exc, tb or exc.__traceback__)
-        say("".join(shown).rstrip("\n"), err=True)
-        module = target.partition(":")[0]
-        raise ConfigError(
-            "module", f"importing {module!r} raised {type(exc).__name__}: {exc}"
-        ) from None
-
-
-def _not_users(filename: str) -> bool:
-    return filename.startswith(_PACKAGE) or "importlib" in filename
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 async def _run(args: argparse.Namespace) -> int:
