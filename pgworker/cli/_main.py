@@ -1,4 +1,6 @@
-"""The parser assembled from each command's module, and `main`, the console script."""
+"""The parser assembled from each command's module, and `main`, the console script. Each
+command's `add` registers its subcommand with its arguments and, as the default `perform`, the
+coroutine that `main` runs for it."""
 
 from __future__ import annotations
 
