@@ -25,10 +25,10 @@ from ._logs import base_logger, enabled, get_logger
 from ._redact import MESSAGE_LIMIT, Redactor, error_texts, redactor
 from ._service import describe, error_parts
 from ._steps import StepStore
+from ._task import Task
 from .context import JobContext, current_correlation_id
 from .errors import PermanentError, Retry, Snooze
 from .models import AttemptResult, Job, JobStatus, Outcome
-from .registry import Task
 from .retry import budget_spent, next_retry, why_final
 
 _SCANNED_MESSAGE = 64 * 1024

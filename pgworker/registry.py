@@ -9,65 +9,20 @@ import inspect
 import math
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import _limits as limits
+from ._task import Handler as Handler
+from ._task import Task as Task
+from ._task import Upgrader as Upgrader
+from ._task import served_key as served_key
 from .errors import ConfigError, ValidationError
 from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from .retry import RetryPolicy
 
 _SHOWN_TASKS = 20
 """The most task names an error about an unknown type lists."""
-
-Handler = Callable[..., Any]
-Upgrader = Callable[[Any], Any]
-"""`fn(payload of version v) -> payload of version v + 1`, a plain function."""
-
-
-def served_key(type: str, version: int) -> str:
-    """How a served (type, version) is written in `workers.types`: the bare type for version 1
-    (what workers wrote before versions existed), `type@N` otherwise. A type whose name holds an
-    `@` is always written with its version (`a@b@1`), so the text after the last `@` is the
-    version whenever there is one. The claim and `status_unserved.sql` build the same text."""
-    if version == 1 and "@" not in type:
-        return type
-    return f"{type}@{version}"
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """A job type and how to run it. `retry.max_retries` is the default a job gets when its
-    enqueuer gave none."""
-
-    name: str
-    fn: Handler
-    queue: str
-    priority: int
-    timeout: float | None
-    retry: RetryPolicy
-    is_async: bool
-    version: int = 1
-    """The payload version the handler takes (`jobs.version`)."""
-    upgrade: Mapping[int, Upgrader] = field(default_factory=dict)
-    """Upgraders by the version they read: `upgrade[v](payload)` is the payload at v + 1."""
-
-    @property
-    def versions(self) -> range:
-        """The payload versions this task runs: its own, and each older one from which the
-        upgraders lead, step by step, to it."""
-        oldest = self.version
-        while oldest - 1 in self.upgrade:
-            oldest -= 1
-        return range(oldest, self.version + 1)
-
-    def upgraded(self, payload: Any, version: int) -> Any:
-        """`payload`, written at `version`, brought to the task's version by the upgraders
-        v -> v+1 -> ... in turn. Whatever an upgrader raises is raised."""
-        for v in range(version, self.version):
-            payload = self.upgrade[v](payload)
-        return payload
 
 
 class Registry:
