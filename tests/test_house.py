@@ -50,6 +50,7 @@ PUBLIC = {
     "Settings",
     "Snooze",
     "Task",
+    "TaskHandle",
     "ValidationError",
     "Worker",
     "__version__",

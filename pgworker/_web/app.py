@@ -10,11 +10,14 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from .._version import __version__
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 BODY_LIMIT = 1024 * 1024
 """The largest request body accepted by default, in bytes."""
@@ -34,6 +37,10 @@ class WebConfig:
     maintenance: bool = True
     worker_id: str = ""
     """The id this server leads maintenance under."""
+    registry: Registry | None = None
+    """The tasks (`serve --app`): POST /jobs of one of their types gets the task's defaults and,
+    for a typed task, its payload checked; the OpenAPI document lists each type's payload
+    schema. Other types are enqueued as without a registry."""
 
 
 def token_ok(config: WebConfig, token: str | None) -> bool:
@@ -67,7 +74,7 @@ def create_app(config: WebConfig) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = schemas.complete(FastAPI.openapi(app))
+            app.openapi_schema = schemas.complete(FastAPI.openapi(app), config.registry)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
