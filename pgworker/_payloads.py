@@ -106,7 +106,8 @@ def payload_type(fn: Any, task: str) -> PayloadType | None:
     annotation (resolved with typing.get_type_hints, so that `from __future__ import
     annotations` works) when that is a pydantic model, a dataclass or a TypedDict; else None.
     Decided once, at registration."""
-    annotation = _annotation(fn, task)
+    who = f"task {task!r} (handler {getattr(fn, '__qualname__', fn)!r})"
+    annotation = _annotation(fn, who)
     if not _typed(annotation):
         return None
     try:
@@ -114,7 +115,7 @@ def payload_type(fn: Any, task: str) -> PayloadType | None:
     except ImportError:
         raise ConfigError(
             "handler",
-            f"task {task!r}: its payload type {annotation.__qualname__} is checked and decoded "
+            f"{who}: its payload type {annotation.__qualname__} is checked and decoded "
             f"by pydantic, which is not installed: pip install '{DISTRIBUTION}[pydantic]' (or "
             "annotate the payload as dict)",
         ) from None
@@ -124,13 +125,13 @@ def payload_type(fn: Any, task: str) -> PayloadType | None:
     except Exception as exc:
         raise ConfigError(
             "handler",
-            f"task {task!r}: pydantic cannot build a schema of its payload type "
+            f"{who}: pydantic cannot build a schema of its payload type "
             f"{annotation.__qualname__}: {exc}",
         ) from None
     return PayloadType(annotation, adapter, schema)
 
 
-def _annotation(fn: Any, task: str) -> Any:
+def _annotation(fn: Any, who: str) -> Any:
     """The annotation of `fn`'s second positional parameter, resolved; None without one."""
     try:
         parameters = list(inspect.signature(fn).parameters.values())
@@ -158,7 +159,7 @@ def _annotation(fn: Any, task: str) -> Any:
     except Exception as exc:
         raise ConfigError(
             "handler",
-            f"task {task!r}: its payload annotation {raw!r} cannot be resolved ({exc}); "
+            f"{who}: its payload annotation {raw!r} cannot be resolved ({exc}); "
             "import the type at module level (not under `if TYPE_CHECKING:`)",
         ) from None
 
