@@ -12,10 +12,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import json
 import sys
 import typing
 from typing import Any
 
+from ._limits import MAX_DEPTH
 from ._version import DISTRIBUTION
 from .errors import ConfigError, InvalidPayload, ValidationError
 
@@ -64,6 +66,21 @@ class PayloadType:
         except pydantic_core.PydanticSerializationError as exc:
             raise ValidationError(field, f"cannot be written as JSON: {exc}") from None
 
+    def check_json(self, payload: Any, field: str) -> None:
+        """ValidationError unless `payload`, a JSON value, fits the type as JSON Schema reads its
+        schema (what the HTTP API's document promises): strictly, as JSON (no `"5"` nor `true`
+        for an integer), a number without a fraction an integer (`5.0` is 5)."""
+        import pydantic
+
+        try:
+            text = json.dumps(_integral(payload, 0), allow_nan=False)
+            self._adapter.validate_json(text, strict=True)
+        except pydantic.ValidationError as exc:
+            path, message = _problem(exc, field)
+            raise ValidationError(path, message) from None
+        except (ValueError, RecursionError) as exc:
+            raise ValidationError(field, f"is not a JSON value it can check ({exc})") from None
+
     def decode(self, payload: Any) -> Any:
         """The stored payload as the handler's type. One that no longer fits it (written
         before the type changed) raises InvalidPayload: no retry can make it fit."""
@@ -92,6 +109,19 @@ def _problem(exc: Any, field: str) -> tuple[str, str]:
     if len(said) > _SHOWN_ERRORS:
         others.append(f"{len(said) - _SHOWN_ERRORS} more")
     return path, message + (f"; also {'; '.join(others)}" if others else "")
+
+
+def _integral(value: Any, depth: int) -> Any:
+    """`value` with each float without a fraction made an int: one number to JSON Schema."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if depth > MAX_DEPTH:  # past what enqueue accepts: refused there
+        return value
+    if isinstance(value, dict):
+        return {k: _integral(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v, depth + 1) for v in value]
+    return value
 
 
 def _path(field: str, loc: tuple[Any, ...]) -> str:

@@ -10,6 +10,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import pydantic
 import pytest
 import typing_extensions
@@ -300,19 +301,62 @@ async def test_http_enqueue_of_a_typed_type_checks_its_payload(dsn, conn) -> Non
     async with serving(dsn, "--app", "tests.apps.typed") as served, served.client() as c:
         document = (await c.get("/openapi.json")).json()
         assert "Payload_send-invoice" in document["components"]["schemas"]
-        wrong = await c.post(
-            "/jobs", json={"type": "send-invoice", "payload": {"invoice_id": 1, "amount": "x"}}
-        )
-        assert wrong.status_code == 422, wrong.text
-        assert wrong.json()["field"] == "payload.amount"
+        # As the document says, read as JSON Schema reads it: no "5" nor true for an integer.
+        for amount in ["x", "5", True, 5.5, None]:
+            wrong = await c.post(
+                "/jobs",
+                json={"type": "send-invoice", "payload": {"invoice_id": 1, "amount": amount}},
+            )
+            assert wrong.status_code == 422, wrong.text
+            assert wrong.json()["field"] == "payload.amount"
         assert await count(conn) == 0
         made = await c.post(
-            "/jobs", json={"type": "send-invoice", "payload": {"invoice_id": 1, "amount": 5}}
+            "/jobs", json={"type": "send-invoice", "payload": {"invoice_id": 1, "amount": 5.0}}
         )
         assert made.status_code == 201, made.text
         assert (made.json()["queue"], made.json()["priority"]) == ("billing", 20)
+        assert made.json()["payload"] == {"invoice_id": 1, "amount": 5, "items": []}
         # A type the registry does not know is enqueued as without one (served elsewhere).
         other = await c.post("/jobs", json={"type": "elsewhere", "payload": {"any": 1}})
         assert other.status_code == 201, other.text
     assert await count(conn) == 2
     assert typed_send_invoice.name == "send-invoice"
+
+
+async def test_schemathesis_finds_nothing_against_the_payload_schemas(dsn, conn, tmp_path) -> None:
+    """An independent client generates enqueue bodies from the document, typed payloads among
+    them, valid and not: the server takes exactly what the document allows."""
+    async with serving(dsn, "--app", "tests.apps.typed") as served:
+        command = [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            f"{served.url}/openapi.json",
+            "--header",
+            f"Authorization: Bearer {served.token}",
+            "--checks",
+            "all",
+            "--phases",
+            "coverage,fuzzing",
+            "--include-path-regex",
+            "^/jobs$",
+            "--include-method",
+            "POST",
+            "--max-examples",
+            "100",
+            "--seed",
+            "20",
+            "--workers",
+            "1",
+            "--generation-database",
+            "none",
+            "--no-color",
+        ]
+        with anyio.fail_after(300):
+            done = await anyio.run_process(command, check=False, cwd=tmp_path)
+        out = done.stdout.decode(errors="replace")
+        assert done.returncode == 0, out[-8000:] + done.stderr.decode(errors="replace")[-2000:]
+        assert "Traceback" not in served.stderr()
+    typed = await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 'send-invoice'")
+    assert typed > 0  # the generated bodies reached the typed payload's schema

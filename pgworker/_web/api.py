@@ -351,6 +351,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
         add: Callable[..., Awaitable[EnqueueResult]] = enqueue
         if config.registry is not None and body.type in config.registry:
             add = config.registry.enqueue  # the task's defaults, its payload checked
+            typed = config.registry[body.type].payload_type
+            if typed is not None:  # as the document says: JSON Schema's reading, strictly
+                typed.check_json(body.payload, "payload")
         async with database() as conn:
             result = await add(
                 conn,
