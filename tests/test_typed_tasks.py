@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,7 @@ from pgworker._web.app import WebConfig, create_app
 from .apps.typed import Invoice, Item
 from .apps.typed import registry as typed_registry
 from .apps.typed import send_invoice as typed_send_invoice
-from .helpers import all_finished, attempts, statuses, wait_for
+from .helpers import ROOT, all_finished, attempts, statuses, wait_for
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -360,3 +361,16 @@ async def test_schemathesis_finds_nothing_against_the_payload_schemas(dsn, conn,
         assert "Traceback" not in served.stderr()
     typed = await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 'send-invoice'")
     assert typed > 0  # the generated bodies reached the typed payload's schema
+
+
+async def test_the_guides_example_runs(conn) -> None:
+    """docs/guide/tasks.md's code, run as written."""
+    text = (ROOT / "docs" / "guide" / "tasks.md").read_text()
+    [code] = re.findall(r"```python\n(.*?)```", text, re.S)
+    namespace: dict[str, Any] = {"__name__": "tasks_guide"}
+    exec(compile(code, "docs/guide/tasks.md", "exec"), namespace)
+    await namespace["checkout"](conn)
+    rows = await conn.fetch("SELECT type, queue, priority, max_retries FROM pgworker.jobs")
+    assert len(rows) == 103
+    assert {tuple(r) for r in rows} == {("send-invoice", "billing", 20, 5)}
+    assert namespace["registry"].schemas()["send-invoice"]["required"] == ["invoice_id", "amount"]
