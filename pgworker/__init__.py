@@ -29,7 +29,7 @@ from .operations import (
     prune,
     replay,
 )
-from .registry import Registry, Task
+from .registry import Registry, Task, TaskHandle
 from .retry import RetryPolicy
 from .settings import Settings
 from .worker import Worker
@@ -57,6 +57,7 @@ __all__ = [
     "Settings",
     "Snooze",
     "Task",
+    "TaskHandle",
     "ValidationError",
     "Worker",
     "__version__",

@@ -168,10 +168,13 @@ async def execute(
             try:
                 if task.upgrade:  # an upgrader's failure is the attempt's, as a handler's is
                     attempt.upgrade(task)
+                payload = attempt.payload
+                if task.payload_type is not None:  # the handler's type; ctx.payload stays JSON
+                    payload = task.payload_type.decode(payload)
                 if task.is_async:
-                    value = await task.fn(ctx, attempt.payload)
+                    value = await task.fn(ctx, payload)
                 else:
-                    value = await _threads.run(functools.partial(task.fn, ctx, attempt.payload))
+                    value = await _threads.run(functools.partial(task.fn, ctx, payload))
                     if inspect.isawaitable(value):
                         value = await value
             except BaseException as exc:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._payloads import PayloadType
 
 Handler = Callable[..., Any]
 Upgrader = Callable[[Any], Any]
@@ -40,6 +43,9 @@ class Task:
     """The payload version the handler takes (`jobs.version`)."""
     upgrade: Mapping[int, Upgrader] = field(default_factory=dict)
     """Upgraders by the version they read: `upgrade[v](payload)` is the payload at v + 1."""
+    payload_type: PayloadType | None = None
+    """The handler's payload type (a pydantic model, a dataclass or a TypedDict), or None: the
+    payload is plain JSON."""
 
     @property
     def versions(self) -> range:

@@ -61,6 +61,11 @@ class PermanentError(Exception):
     """Raised by a handler: the job fails at once, without retries."""
 
 
+class InvalidPayload(PermanentError):
+    """A stored payload that no longer fits its handler's payload type: the attempt fails at
+    once, without retries (no retry makes it fit). Raised by the worker, not by handlers."""
+
+
 class Retry(Exception):
     """Raised by a handler: run the job again `after` seconds from now (counts as a retry).
 

@@ -1,28 +1,128 @@
-"""Handlers and their task options, and loading the registry that `pgworker run` serves."""
+"""Handlers and their task options, the handles `@registry.task` gives to enqueue them by, and
+loading the registry that `pgworker run` serves."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import _limits as limits
+from ._payloads import payload_type
 from ._task import Handler as Handler
 from ._task import Task as Task
 from ._task import Upgrader as Upgrader
 from ._task import served_key as served_key
+from .enqueue import enqueue, enqueue_many
 from .errors import ConfigError, ValidationError
-from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
+from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, DEFAULT_SCHEMA, EnqueueResult, JobSpec
 from .retry import RetryPolicy
 
 _SHOWN_TASKS = 20
 """The most task names an error about an unknown type lists."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _with_defaults(task: Task, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with the task's queue, priority, max_retries and version where the caller
+    gave none (or None)."""
+    if options.get("queue") is None:
+        options["queue"] = task.queue
+    if options.get("priority") is None:
+        options["priority"] = task.priority
+    if options.get("max_retries") is None:
+        options["max_retries"] = task.retry.max_retries
+    if options.get("version") is None:
+        options["version"] = task.version
+    return options
+
+
+def _checked(task: Task, payload: Any, field: str) -> Any:
+    """The payload as stored: checked against the task's payload type and made JSON when it has
+    one (ValidationError naming the path under `field`), else as given."""
+    if task.payload_type is None:
+        return payload
+    return task.payload_type.encode(payload, field)
+
+
+class TaskHandle(Generic[P, R]):
+    """What `@registry.task(...)` gives: the job type to enqueue by, with the task's queue,
+    priority, max_retries and version applied where the caller gives none, and its payload
+    checked against the handler's payload type (when it declares one) before anything is
+    written. Calling it calls the handler, as the function it decorates did (for tests)."""
+
+    def __init__(self, task: Task) -> None:
+        functools.update_wrapper(self, task.fn)
+        self.task = task
+        """The task's definition (pgworker.Task)."""
+
+    @property
+    def name(self) -> str:
+        """The job type."""
+        return self.task.name
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.task.fn(*args, **kwargs)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<pgworker.TaskHandle {self.task.name!r} of {self.task.fn!r}>"
+
+    async def enqueue(self, conn: Any, payload: Any = None, **options: Any) -> EnqueueResult:
+        """`pgworker.enqueue(conn, self.name, payload, **options)` with the task's defaults;
+        `payload` may be an instance of the handler's payload type or a dict of its fields."""
+        return await enqueue(
+            conn,
+            self.task.name,
+            _checked(self.task, payload, "payload"),
+            **_with_defaults(self.task, options),
+        )
+
+    async def enqueue_many(
+        self, conn: Any, payloads: Iterable[Any], *, schema: str = DEFAULT_SCHEMA, **options: Any
+    ) -> list[EnqueueResult]:
+        """One job per payload, in one transaction (`pgworker.enqueue_many`), each with the
+        same `options` (JobSpec's fields) and the task's defaults. A wrong payload raises
+        ValidationError naming it (`payloads[3].amount`) and nothing of the batch is written."""
+        task = self.task
+        defaults = _with_defaults(task, options)
+        specs = [
+            JobSpec(task.name, _checked(task, p, f"payloads[{i}]"), **defaults)
+            for i, p in enumerate(payloads)
+        ]
+        try:
+            return await enqueue_many(conn, specs, schema=schema)
+        except ValidationError as exc:
+            raise _batch_error(exc) from None
+
+    def spec(self, payload: Any = None, **options: Any) -> JobSpec:
+        """A pgworker.JobSpec of this task for `enqueue_many`, its payload checked and the
+        task's defaults applied."""
+        task = self.task
+        return JobSpec(
+            task.name, _checked(task, payload, "payload"), **_with_defaults(task, options)
+        )
+
+
+def _batch_error(exc: ValidationError) -> ValidationError:
+    """enqueue_many's error about `specs[3].payload` or `specs[3].queue`, in the handle's words:
+    `payloads[3]`, or `queue` (an option, the same for every payload)."""
+    at, dot, rest = exc.field.partition("].")
+    if not exc.field.startswith("specs[") or not dot:
+        return exc
+    message = str(exc)[len(exc.field) + 2 :]
+    if rest == "payload" or rest.startswith(("payload.", "payload[")):
+        return ValidationError(f"payloads[{at[6:]}]{rest[7:]}", message)
+    return ValidationError(rest, message)
 
 
 class Registry:
@@ -42,9 +142,17 @@ class Registry:
         retry: RetryPolicy | None = None,
         version: int = 1,
         upgrade: Mapping[int, Upgrader] | None = None,
-    ) -> Callable[[Handler], Handler]:
-        """Register `fn(ctx, payload)` as the handler of job type `name`. `async def` handlers run
-        on the event loop; plain `def` handlers run in a worker thread.
+    ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]:
+        """Register `fn(ctx, payload)` as the handler of job type `name`, and give its
+        TaskHandle (`await send_invoice.enqueue(conn, payload)`; calling it calls `fn`).
+        `async def` handlers run on the event loop; plain `def` handlers run in a worker thread.
+
+        When `payload` is annotated with a pydantic model, a dataclass or a TypedDict, that is
+        the payload's schema, validated by pydantic for all three kinds (the `pydantic` extra;
+        without it such an annotation is a ConfigError): checked when enqueued through the
+        handle or `Registry.enqueue`, and decoded into that type before `fn` runs (after the
+        upgraders); a stored payload that no longer fits fails the attempt at once, without
+        retries, naming the path. Any other annotation, or none, leaves the payload plain JSON.
 
         `version` is the payload version the handler takes; the worker claims jobs of that
         version, and of each older version `v` from which `upgrade` leads to it: `upgrade[v]` is
@@ -78,10 +186,12 @@ class Registry:
         version = limits.count("version", version, minimum=1, error=ConfigError)
         upgraders = _upgraders(upgrade, version)
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: Callable[P, R]) -> TaskHandle[P, R]:
+            if isinstance(fn, TaskHandle):  # stacked: the same handler under a second name
+                fn = fn.task.fn
             if not callable(fn):
                 raise ConfigError("handler", f"{fn!r} is not callable")
-            self._tasks[name] = Task(
+            task = Task(
                 name=name,
                 fn=fn,
                 queue=queue,
@@ -91,8 +201,10 @@ class Registry:
                 is_async=inspect.iscoroutinefunction(fn),
                 version=version,
                 upgrade=upgraders,
+                payload_type=payload_type(fn, name),
             )
-            return fn
+            self._tasks[name] = task
+            return TaskHandle(task)
 
         return register
 
@@ -115,28 +227,29 @@ class Registry:
         """Every (type, payload version) this registry runs, directly or through upgraders."""
         return [(t.name, v) for t in self._tasks.values() for v in t.versions]
 
-    async def enqueue(self, conn: Any, type: str, payload: Any = None, **options: Any) -> Any:
+    async def enqueue(
+        self, conn: Any, type: str, payload: Any = None, **options: Any
+    ) -> EnqueueResult:
         """`pgworker.enqueue` with this registry's task defaults for queue, priority,
-        max_retries and version (the task's payload version) where the caller gives none.
+        max_retries and version (the task's payload version) where the caller gives none, and
+        the payload checked as the task's handle checks it (`TaskHandle.enqueue`).
 
         A type this registry has no task for is refused (ValidationError naming `type`, nothing
         written): it is most often a typo, whose job would wait on `default` for a worker that
         never comes. `pgworker.enqueue(conn, type, ...)` enqueues a type served elsewhere."""
-        from .enqueue import enqueue
-
         task = self._tasks.get(type) if isinstance(type, str) else None
         if task is None:
             raise ValidationError("type", self._unknown(type))
-        defaults = {
-            "queue": task.queue,
-            "priority": task.priority,
-            "max_retries": task.retry.max_retries,
-            "version": task.version,
+        checked = _checked(task, payload, "payload")
+        return await enqueue(conn, type, checked, **_with_defaults(task, options))
+
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        """Each task's payload JSON schema by type: pydantic's for a typed task (nested types
+        under `$defs`), `{}` (any JSON value, JSON Schema's empty schema) for the others."""
+        return {
+            t.name: {} if t.payload_type is None else t.payload_type.json_schema()
+            for t in self._tasks.values()
         }
-        for name, value in defaults.items():
-            if options.get(name) is None:
-                options[name] = value
-        return await enqueue(conn, type, payload, **options)
 
     def _unknown(self, type: object) -> str:
         """Why `type` cannot be enqueued through this registry: its tasks (the first 20, and

@@ -51,6 +51,7 @@ PUBLIC = {
     "Settings",
     "Snooze",
     "Task",
+    "TaskHandle",
     "ValidationError",
     "Worker",
     "__version__",

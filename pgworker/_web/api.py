@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -43,6 +43,7 @@ from ..models import (
     JOB_FIELDS,
     JSON_COLUMNS,
     AttemptResult,
+    EnqueueResult,
     Job,
     JobStatus,
     Outcome,
@@ -347,8 +348,14 @@ def install(app: FastAPI, config: WebConfig) -> None:
         the same type and payload, 409 when it holds another."""
         if body.run_at is not None and body.delay is not None:
             raise ValidationError("run_at", "give run_at or delay, not both")
+        add: Callable[..., Awaitable[EnqueueResult]] = enqueue
+        if config.registry is not None and body.type in config.registry:
+            add = config.registry.enqueue  # the task's defaults, its payload checked
+            typed = config.registry[body.type].payload_type
+            if typed is not None:  # as the document says: JSON Schema's reading, strictly
+                typed.check_json(body.payload, "payload")
         async with database() as conn:
-            result = await enqueue(
+            result = await add(
                 conn,
                 body.type,
                 body.payload,

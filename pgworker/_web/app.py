@@ -32,7 +32,7 @@ def create_app(config: WebConfig) -> FastAPI:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = schemas.complete(FastAPI.openapi(app))
+            app.openapi_schema = schemas.complete(FastAPI.openapi(app), config.registry)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 BODY_LIMIT = 1024 * 1024
 """The largest request body accepted by default, in bytes."""
@@ -24,6 +28,10 @@ class WebConfig:
     maintenance: bool = True
     worker_id: str = ""
     """The id this server leads maintenance under."""
+    registry: Registry | None = None
+    """The tasks (`serve --app`): POST /jobs of one of their types gets the task's defaults and,
+    for a typed task, its payload checked; the OpenAPI document lists each type's payload
+    schema. Other types are enqueued as without a registry."""
 
 
 def token_ok(config: WebConfig, token: str | None) -> bool:

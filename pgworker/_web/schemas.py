@@ -12,7 +12,7 @@ only (_limits.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from annotated_types import Interval, MinLen
 from pydantic import (
@@ -33,6 +33,9 @@ from pydantic_core import PydanticCustomError
 
 from .. import _limits as limits
 from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 NO_NUL = r"^[^\x00]*$"
 """Text PostgreSQL can store: no NUL character."""
@@ -285,9 +288,50 @@ LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
 job from its creation or claim to the routes that act on it."""
 
 
-def complete(document: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI's document with what it cannot generate: the JSON value schema and the links."""
+PAYLOAD = "Payload_"
+"""The prefix of the components holding each task's payload schema (`Payload_send-invoice`)."""
+
+
+def _component(type: str, taken: dict[str, Any]) -> str:
+    """The component name of `type`'s payload: the characters a component name may hold
+    (letters, digits, `-` and `_`; not `.`, which separates a payload's nested types), and a
+    number after it when two types come to the same name."""
+    name = base = PAYLOAD + re.sub(r"[^A-Za-z0-9_-]", "_", type)
+    n = 2
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    return name
+
+
+def _payloads(document: dict[str, Any], registry: Registry) -> None:
+    """Each task's payload schema as a component (its nested types as `Payload_<type>.<Name>`),
+    and for each typed task a rule of EnqueueBody: a body of that type carries that payload."""
+    components = document["components"]["schemas"]
+    rules = []
+    for task in registry:
+        name = _component(task.name, components)
+        if task.payload_type is None:
+            components[name] = {"$ref": f"#/components/schemas/{JSON_VALUE}"}
+            continue
+        schema, nested = task.payload_type.openapi_schema(f"{name}.")
+        components.update(nested)
+        components[name] = schema
+        rules.append(
+            {
+                "if": {"properties": {"type": {"const": task.name}}, "required": ["type"]},
+                "then": {"properties": {"payload": {"$ref": f"#/components/schemas/{name}"}}},
+            }
+        )
+    if rules:
+        components["EnqueueBody"]["allOf"] = rules
+
+
+def complete(document: dict[str, Any], registry: Registry | None = None) -> dict[str, Any]:
+    """FastAPI's document with what it cannot generate: the JSON value schema and the links,
+    and the payload schema of each task of `registry` (`serve --app`)."""
     document.setdefault("components", {}).setdefault("schemas", {})[JSON_VALUE] = JSON_SCHEMA
+    if registry is not None:
+        _payloads(document, registry)
     stack: list[Any] = [document]
     while stack:
         node = stack.pop()

@@ -14,7 +14,7 @@ from .._logs import LEVELS, LogFormat, configure_logging
 from .._version import DISTRIBUTION
 from ..errors import ConfigError, PgWorkerError
 from ..settings import Settings, default_worker_id
-from ._common import LOG_FORMATS, _command, _dsn, _from_env, _Parser, _schema, integer
+from ._common import LOG_FORMATS, _command, _dsn, _from_env, _load, _Parser, _schema, integer
 
 _BODY_LIMIT = 1024 * 1024
 
@@ -35,7 +35,15 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
             "PGWORKER_API_TOKEN=s3cret pgworker serve",
             "pgworker serve --host 0.0.0.0 --port 9000 --token s3cret --read-only",
             "PGWORKER_API_TOKEN=old-token,new-token pgworker serve    # both accepted",
+            "PGWORKER_API_TOKEN=s3cret pgworker serve --app app.handlers",
         ],
+    )
+    srv.add_argument(
+        "--app",
+        metavar="MODULE[:ATTR]",
+        help="the module holding a pgworker.Registry, loaded as `pgworker run` loads its "
+        "MODULE[:ATTR]: POST /jobs of its types gets each task's defaults and typed payloads "
+        "checked (422), and /openapi.json lists each type's payload schema (default: none)",
     )
     srv.add_argument(
         "--host",
@@ -139,6 +147,7 @@ async def _serve(args: argparse.Namespace) -> int:
         raise PgWorkerError(
             f"serve needs the web extra ({missing} is missing): pip install '{DISTRIBUTION}[web]'"
         ) from None
+    registry = None if args.app is None else _load(args.app)
     dsn, schema = _dsn(args), _schema(args)
     conn = await connect(dsn)
     try:
@@ -158,6 +167,7 @@ async def _serve(args: argparse.Namespace) -> int:
         body_limit=args.body_limit,
         maintenance=maintenance,
         worker_id=worker_id,
+        registry=registry,
     )
     await serve(config, args.host, args.port, log_level=level)
     return 0
