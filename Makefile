@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench chaos clean
+.PHONY: run test lint docs format bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[all,dev,embedded]'
+	$(PY) -m pip install --quiet -e '.[all,dev,embedded,docs]'
 	touch $(STAMP)
 
 ## Run the example application end to end (embedded PostgreSQL unless PGWORKER_DSN is set).
@@ -29,14 +29,19 @@ chaos: $(STAMP)
 	$(PY) -m tests.soak
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pgworker tests examples bench
-	$(VENV)/bin/ruff format --check pgworker tests examples bench
+	$(VENV)/bin/ruff check pgworker tests examples bench docs/hooks.py
+	$(VENV)/bin/ruff format --check pgworker tests examples bench docs/hooks.py
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+## The documentation site (docs/, mkdocs.yml) into site/; a broken link or anchor fails it (not --quiet:
+## that drops the warnings --strict counts).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 format: $(STAMP)
-	$(VENV)/bin/ruff format pgworker tests examples bench
-	$(VENV)/bin/ruff check --fix pgworker tests examples bench
+	$(VENV)/bin/ruff format pgworker tests examples bench docs/hooks.py
+	$(VENV)/bin/ruff check --fix pgworker tests examples bench docs/hooks.py
 
 clean:
-	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache site

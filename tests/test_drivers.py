@@ -796,17 +796,17 @@ async def test_the_django_example_view_enqueues_in_its_transaction(dsn, conn):
     assert job.finished_at is not None and job.finished_at <= datetime.now(UTC)
 
 
-def test_readme_blocks_naming_an_example_are_its_code():
-    """A README block whose first line names a file of examples/django_app is that file's
-    text, verbatim."""
+def test_doc_blocks_naming_an_example_are_its_code():
+    """A block of the README or the site whose first line names a file of examples/django_app
+    is that file's text, verbatim."""
     import re
 
-    blocks = re.findall(r"```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    from .docs import all_blocks
+
     checked = 0
-    for block in blocks:
-        first, _, body = block.partition("\n")
-        named = re.fullmatch(r"# (examples/django_app/\S+)", first.strip())
+    for block in all_blocks():
+        named = re.fullmatch(r"# (examples/django_app/\S+)", block.first_line)
         if named is not None:
-            assert body.strip() in (ROOT / named[1]).read_text(), named[1]
+            assert block.rest.strip() in (ROOT / named[1]).read_text(), f"{block}: {named[1]}"
             checked += 1
     assert checked >= 2

@@ -17,6 +17,7 @@ import pytest
 
 import pgworker
 
+from .docs import all_blocks
 from .helpers import has_status, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -30,19 +31,18 @@ def environment(dsn: str) -> dict[str, str]:
     return env
 
 
-def test_readme_blocks_are_the_examples_code():
-    """A README block whose first line names examples/fastapi_app.py, examples/script.py or a
-    file of examples/testing/ is that file's text, verbatim."""
-    blocks = re.findall(r"```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def test_doc_blocks_are_the_examples_code():
+    """A block of the README or the site whose first line names examples/fastapi_app.py,
+    examples/script.py or a file of examples/testing/ is that file's text, verbatim."""
     named = set()
-    for block in blocks:
-        first, _, body = block.partition("\n")
+    for block in all_blocks():
         found = re.fullmatch(
-            r"# (examples/(?:fastapi_app\.py|script\.py|testing/\S+))", first.strip()
+            r"# (examples/(?:fastapi_app\.py|script\.py|testing/\S+))", block.first_line
         )
         if found is None:
             continue
-        assert body.strip() in (ROOT / found[1]).read_text(), f"README differs from {found[1]}"
+        said = (ROOT / found[1]).read_text()
+        assert block.rest.strip() in said, f"{block} differs from {found[1]}"
         named.add(found[1])
     assert {"examples/fastapi_app.py", "examples/script.py"} <= named
     assert any(n.startswith("examples/testing/") for n in named)

@@ -12,6 +12,7 @@ import pytest
 import pgworker
 
 from .apps.metrics import registry
+from .docs import page, section
 from .helpers import ROOT, fake_claim, wait_for
 from .test_metrics import free_port, scrape
 
@@ -90,9 +91,8 @@ async def test_each_metric_the_promql_names_is_in_a_real_scrape(dsn, conn):
     scraped = {name for name, _ in samples}
     named = {m for _, t in targets("expr") for m in METRIC.findall(t["expr"])}
     assert named, "no metric named"
-    # The README's alerts too.
-    readme = (ROOT / "README.md").read_text()
-    alerts = readme.split("#### What to alert on", 1)[1].split("\n#### ", 1)[0]
+    # The alerts of docs/operations/monitoring.md too.
+    alerts = section(page("operations/monitoring.md"), "## What to alert on")
     named |= set(METRIC.findall(alerts))
     missing = sorted(named - scraped)
     assert not missing, missing

@@ -27,6 +27,7 @@ import yaml
 import pgworker
 from pgworker._version import DISTRIBUTION
 
+from .docs import all_blocks
 from .helpers import ROOT, has_status, wait_for
 
 pytestmark = pytest.mark.slow
@@ -321,8 +322,8 @@ async def test_the_compose_example_migrates_once_then_runs_two_workers(dsn, conn
 # --- the README -----------------------------------------------------------------------------------
 
 
-def readme_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def doc_blocks(language: str) -> list[str]:
+    return [b.body for b in all_blocks() if b.language == language]
 
 
 def test_every_install_line_of_the_readme_names_the_distribution_and_real_extras():
@@ -342,8 +343,8 @@ def test_every_install_line_of_the_readme_names_the_distribution_and_real_extras
     assert f"Installed as `{DISTRIBUTION}`, imported and run as `pgworker`" in text
 
 
-def test_the_readme_kubernetes_probe_is_the_image_healthcheck_and_outlasts_a_graceful_stop():
-    [pod] = [yaml.safe_load(b) for b in readme_blocks("yaml") if "livenessProbe" in b]
+def test_the_docs_kubernetes_probe_is_the_image_healthcheck_and_outlasts_a_graceful_stop():
+    [pod] = [yaml.safe_load(b) for b in doc_blocks("yaml") if "livenessProbe" in b]
     [container] = pod["spec"]["containers"]
     probe = container["livenessProbe"]
     healthcheck = dict(stages(ROOT / "Dockerfile")[-1])["HEALTHCHECK"]

@@ -1,6 +1,7 @@
-"""README sentences that a newcomer following it found false once, each kept by a test: the
-columns of `pgworker.jobs` and of a job in an HTTP answer, the dashboard's Content-Security-Policy,
-which commands take --dsn, and the exit status of `pgworker health`'s own usage mistakes."""
+"""Sentences of the documentation (once the README's) that a newcomer following it found false
+once, each kept by a test: the columns of `pgworker.jobs` and of a job in an HTTP answer, the
+dashboard's Content-Security-Policy, which commands take --dsn, and the exit status of
+`pgworker health`'s own usage mistakes."""
 
 from __future__ import annotations
 
@@ -13,19 +14,18 @@ import pytest
 
 from pgworker import cli as cli_module
 
-from .helpers import ROOT
+from .docs import page
+from .docs import paragraph as paragraph_of
 from .webserver import Served, server, serving
 
 on_the_loop = pytest.mark.asyncio(loop_scope="session")
 __all__ = ["server"]  # the fixture, used by name
 
-README = (ROOT / "README.md").read_text()
-
-
-def paragraph(starting: str) -> str:
-    """The README paragraph that starts with `starting`, its lines joined."""
-    at = README.index(starting)
-    return " ".join(README[at:].split("\n\n", 1)[0].split())
+STATES = page("operations/states.md")
+HTTP_API = page("http-api.md")
+DASHBOARD = page("operations/dashboard.md")
+CLI = page("cli.md")
+CONTAINERS = page("operations/containers.md")
 
 
 async def jobs_columns(conn: Any) -> set[str]:
@@ -38,14 +38,14 @@ async def jobs_columns(conn: Any) -> set[str]:
 
 @on_the_loop
 async def test_the_tables_section_lists_every_column_of_jobs(conn):
-    listed = set(re.findall(r"`([a-z_]+)`", paragraph("`pgworker.jobs`: ")))
+    listed = set(re.findall(r"`([a-z_]+)`", paragraph_of(STATES, "`pgworker.jobs`: ")))
     listed.discard("max_elapsed")  # named in `budget_started_at`'s explanation, not a column
     assert listed == await jobs_columns(conn)
 
 
 @on_the_loop
-async def test_a_job_in_an_answer_has_the_columns_the_readme_says(server: Served, conn):
-    said = paragraph("**Jobs in answers.**")
+async def test_a_job_in_an_answer_has_the_columns_the_docs_say(server: Served, conn):
+    said = paragraph_of(HTTP_API, "**Jobs in answers.**")
     but = re.search(r"every column but `(\w+)`, `(\w+)` and `(\w+)`", said)
     assert but is not None, said
     expected = await jobs_columns(conn) - set(but.groups())
@@ -61,8 +61,9 @@ async def test_a_job_in_an_answer_has_the_columns_the_readme_says(server: Served
 
 
 @on_the_loop
-async def test_the_dashboard_sends_the_content_security_policy_the_readme_quotes(dsn):
-    quoted = re.search(r"`Content-Security-Policy: ([^`]+)`", paragraph("**Hostile content.**"))
+async def test_the_dashboard_sends_the_content_security_policy_the_docs_quote(dsn):
+    hostile = paragraph_of(DASHBOARD, "**Hostile content.**")
+    quoted = re.search(r"`Content-Security-Policy: ([^`]+)`", hostile)
     assert quoted is not None
     async with (
         serving(dsn, "--insecure-no-auth", token=None) as served,
@@ -95,13 +96,15 @@ def test_the_top_level_help_names_the_only_commands_without_dsn():
     assert without == {"health"}
     description = " ".join((parser.description or "").split())
     assert "Every command but health takes --dsn" in description
-    assert "Every subcommand but `health` ([Health check](#health-check)) takes `--dsn`" in README
+    said = "Every subcommand but `health` ([Health check](operations/containers.md#health-check))"
+    assert f"{said} takes `--dsn`" in " ".join(CLI.split())
 
 
 @pytest.mark.parametrize("argv", [["health"], ["health", "--no-such-option"]])
 def test_a_mistake_in_the_health_probe_command_line_exits_2(argv, monkeypatch, capsys):
-    """README, Health check: the probe's own usage mistakes exit 2; an unhealthy worker 1."""
-    assert "exits 2, as for every command: fix the probe" in " ".join(README.split())
+    """docs/operations/containers.md, Health check: the probe's own usage mistakes exit 2; an
+    unhealthy worker 1."""
+    assert "exits 2, as for every command: fix the probe" in " ".join(CONTAINERS.split())
     monkeypatch.delenv("PGWORKER_HEALTH_FILE", raising=False)
     try:
         code = cli_module.main(argv)
@@ -121,7 +124,7 @@ def test_a_mistake_in_the_health_probe_command_line_exits_2(argv, monkeypatch, c
     ],
 )
 async def test_a_bad_priority_over_http_says_an_int_or_a_label(server: Served, priority, says):
-    """README, HTTP API: `priority` is an int or a label; a 422 names the field and says what is
+    """docs/http-api.md: `priority` is an int or a label; a 422 names the field and says what is
     allowed (not "should be a valid integer" for a label), never echoing what was sent."""
     async with server.client() as client:
         answer = await client.post("/jobs", json={"type": "t", "payload": {}, "priority": priority})

@@ -1,5 +1,5 @@
-"""The README's recipes (examples/recipes/) against a real PostgreSQL, and the README's promise that
-its code is the recipes' code and its references resolve inside the repository."""
+"""The recipes of the documentation (examples/recipes/) against a real PostgreSQL, and its promise
+that its code is the recipes' code and its references resolve inside the repository."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pgworker
 from examples.recipes import cancel, drain, fastapi_lifespan, retry
 from examples.recipes.tasks import registry
 
+from .docs import all_blocks, rendered
 from .helpers import wait_for
 from .webserver import serving
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "examples" / "recipes"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 async def status_of(conn: Any, job_id: int) -> str:
@@ -65,17 +66,16 @@ def start_worker(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
 # The documentation
 
 
-async def test_readme_code_blocks_are_the_recipes_code():
-    """A README block whose first line names a recipe file (`# examples/recipes/x.py`) is
-    that file's text, verbatim."""
-    blocks = re.findall(r"```\w*\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+async def test_doc_code_blocks_are_the_recipes_code():
+    """A block of the README or the site whose first line names a recipe file
+    (`# examples/recipes/x.py`) is that file's text, verbatim."""
     checked = 0
-    for block in blocks:
-        first, _, body = block.partition("\n")
-        named = re.fullmatch(r"(?:#|--) (examples/recipes/\S+)", first.strip())
+    for block in all_blocks():
+        named = re.fullmatch(r"(?:#|--) (examples/recipes/\S+)", block.first_line)
         if named is None:
             continue
-        assert body.strip() in (ROOT / named[1]).read_text(), f"README differs from {named[1]}"
+        said = (ROOT / named[1]).read_text()
+        assert block.rest.strip() in said, f"{block} differs from {named[1]}"
         checked += 1
     assert checked >= 5
 
@@ -86,7 +86,7 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(path: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"```.*?```", "", rendered(path), flags=re.S)
     return {_slug(m) for m in re.findall(r"^#+ (.+)$", text, re.M)}
 
 

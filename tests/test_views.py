@@ -1,6 +1,6 @@
 """The dashboard views of migration 7 (issue 14, item 2): each returns the right rows for a small
 known set of jobs and attempts, and each answers through an index in under 50 ms over a million
-attempts and 50,000 jobs. The README documents every column."""
+attempts and 50,000 jobs. docs/operations/monitoring.md documents every column."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import ROOT
+from .docs import page, section
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -194,14 +194,12 @@ async def test_worker_activity_lists_workers_with_their_running_jobs(conn):
     assert rows["w2"]["last_seen_at"] is not None
 
 
-def readme_views_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("#### Dashboard views")
-    return text[start : text.index("\n### ", start)]
+def views_section() -> str:
+    return section(page("operations/monitoring.md"), "## Dashboard views")
 
 
-async def test_the_readme_documents_every_view_and_column(conn):
-    section = readme_views_section()
+async def test_the_docs_document_every_view_and_column(conn):
+    said = views_section()
     for view in VIEWS:
         columns = await conn.fetch(
             "SELECT column_name FROM information_schema.columns "
@@ -209,9 +207,9 @@ async def test_the_readme_documents_every_view_and_column(conn):
             view,
         )
         assert columns, view
-        assert f"`pgworker.{view}`" in section, view
+        assert f"`pgworker.{view}`" in said, view
         for c in columns:
-            assert re.search(rf"`{c['column_name']}`", section), (view, c["column_name"])
+            assert re.search(rf"`{c['column_name']}`", said), (view, c["column_name"])
 
 
 # A million attempts over 30 days, in time order (as a worker writes them, which the BRIN on

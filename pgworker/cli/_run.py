@@ -100,7 +100,7 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         "--durable-claims",
         action="store_const",
         const=True,
-        help="claims wait for their WAL flush, see the README, Fast claims (default: off; "
+        help="claims wait for their WAL flush, see the guide, Workers: Fast claims (default: off; "
         "$PGWORKER_DURABLE_CLAIMS=true turns it on too)",
     )
     run.add_argument(
