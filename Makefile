@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format bench chaos clean
+.PHONY: run test test-matrix lint format bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 ## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster).
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## The suite's core on every PostgreSQL major installable here (servers installed into .matrix/).
+test-matrix: $(STAMP)
+	$(PY) -m tests.matrix
 
 ## Measure pgworker against its peers (its own virtualenv in bench/.venv); prints the table.
 bench:
@@ -38,4 +42,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix pgworker tests examples bench
 
 clean:
-	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache .matrix
