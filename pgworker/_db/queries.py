@@ -547,6 +547,13 @@ class Queries:
 
     # --- migrations ---------------------------------------------------------------------------
 
+    async def server_version(self, conn: Conn) -> tuple[str, int]:
+        """The server's version as it names itself (`15.20 (Debian 15.20-0+deb12u1)`), and its
+        major."""
+        row = await conn.fetchrow(self._sql["server_version"])
+        assert row is not None
+        return str(row["version"]), int(row["major"])
+
     async def migrations_lock(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_lock"], self.schema)
 
