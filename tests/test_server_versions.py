@@ -1,4 +1,4 @@
-"""The PostgreSQL majors pgworker supports (docs/versions.md): `migrate` refuses a server older
+"""The PostgreSQL majors pgworker supports (docs/operations/versions.md): `migrate` refuses a server older
 than the oldest one `make test-matrix` runs, naming both versions, before it writes anything."""
 
 from __future__ import annotations
@@ -83,7 +83,12 @@ def test_the_supported_majors_are_the_ones_the_matrix_runs():
     majors = [s.major for s in SERVERS]
     assert majors == sorted(majors)
     assert majors[0] == migrations.MIN_SERVER_MAJOR
-    page = (ROOT / "docs" / "versions.md").read_text()
+    page = (ROOT / "docs" / "operations" / "versions.md").read_text()
     stated = re.search(r"PostgreSQL majors?: (.+)", page)
-    assert stated is not None, "docs/versions.md states the supported majors"
+    assert stated is not None, "docs/operations/versions.md states the supported majors"
     assert [int(m) for m in re.findall(r"\d+", stated.group(1))] == majors
+    readme = re.search(
+        r"\*\*Supported PostgreSQL\*\*: (.+?), each tested", (ROOT / "README.md").read_text()
+    )
+    assert readme is not None, "the README states the supported majors"
+    assert [int(m) for m in re.findall(r"\d+", readme.group(1))] == majors
