@@ -1,5 +1,6 @@
 """The PostgreSQL majors pgworker supports (docs/operations/versions.md): `migrate` refuses a
-server older than the oldest one `make test-matrix` runs, naming both versions, before it writes anything."""
+server older than the oldest one `make test-matrix` runs, naming both versions, before it writes
+anything."""
 
 from __future__ import annotations
 
