@@ -12,10 +12,13 @@ through.
   the one place a payload's value (a secret, a megabyte) reached the error.
 - `payload: Invoice | None` or `Annotated[Invoice, ...]` left the payload untyped, silently: the
   handler received a dict where it declared the model, and nothing was checked at enqueue.
+- A plain `def` handler's payload was decoded on the event loop: a validator that blocks (a
+  lookup by a synchronous client) stopped every other job of the worker, its heartbeats too.
 """
 
 from __future__ import annotations
 
+import threading
 import typing
 from typing import Annotated, Any, Literal
 
@@ -57,6 +60,20 @@ class Transfer(pydantic.BaseModel):
 
 class Payment(pydantic.BaseModel):
     method: Card | Transfer = pydantic.Field(discriminator="kind")
+
+
+released = threading.Event()
+
+
+class Looked(pydantic.BaseModel):
+    account: str
+
+    @pydantic.field_validator("account")
+    @classmethod
+    def exists(cls, account: str) -> str:
+        if account == "slow":  # a synchronous lookup that takes its time
+            assert released.wait(30)
+        return account
 
 
 async def count(conn: Any) -> int:
@@ -178,3 +195,24 @@ async def test_an_optional_or_annotated_model_is_the_payloads_type(dsn, conn) ->
         Invoice(invoice_id=1, amount=5),
         Invoice(invoice_id=2, amount=6),
     ]
+
+
+async def test_a_plain_handlers_payload_is_decoded_off_the_event_loop(dsn, conn) -> None:
+    registry = pgworker.Registry()
+
+    @registry.task("look")
+    def look(ctx: pgworker.JobContext, payload: Looked) -> str:
+        return payload.account
+
+    @registry.task("quick")
+    async def quick(ctx: pgworker.JobContext, payload: dict[str, Any]) -> None:
+        released.set()  # runs only while the event loop is free
+
+    released.clear()
+    await pgworker.enqueue(conn, "look", {"account": "slow"}, priority=30)
+    async with pgworker.Worker(registry, dsn, poll_interval=0.05, concurrency=2):
+        await wait_for(lambda: conn.fetchval("SELECT status = 'running' FROM pgworker.jobs"))
+        await quick.enqueue(conn, {})
+        await wait_for(lambda: all_finished(conn))
+    released.set()
+    assert await statuses(conn) == {"completed": 2}
