@@ -168,13 +168,10 @@ async def execute(
             try:
                 if task.upgrade:  # an upgrader's failure is the attempt's, as a handler's is
                     attempt.upgrade(task)
-                payload = attempt.payload
-                if task.payload_type is not None:  # the handler's type; ctx.payload stays JSON
-                    payload = task.payload_type.decode(payload)
                 if task.is_async:
-                    value = await task.fn(ctx, payload)
-                else:
-                    value = await _threads.run(functools.partial(task.fn, ctx, payload))
+                    value = await task.fn(ctx, _decoded(task, attempt.payload))
+                else:  # its type's validators are as much its code: in its thread
+                    value = await _threads.run(functools.partial(_call, task, ctx, attempt.payload))
                     if inspect.isawaitable(value):
                         value = await value
             except BaseException as exc:
@@ -192,6 +189,15 @@ async def execute(
     except BaseException:
         pass  # the handler bound what cannot be rendered: its job is still done
     return result
+
+
+def _decoded(task: Task, payload: Any) -> Any:
+    """The payload as the handler takes it: its type's (ctx.payload stays JSON), or the JSON."""
+    return payload if task.payload_type is None else task.payload_type.decode(payload)
+
+
+def _call(task: Task, ctx: JobContext, payload: Any) -> Any:
+    return task.fn(ctx, _decoded(task, payload))
 
 
 def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: float) -> None:

@@ -23,6 +23,12 @@ from .errors import ConfigError, InvalidPayload, ValidationError
 
 _SHOWN_ERRORS = 3
 """The most of pydantic's errors one message names (the first is the error's `field`)."""
+_DEPTH = 10
+"""How deep in an annotation (`Annotated[list[Invoice | None], ...]`) a payload type is found."""
+_SHOWN_KEY = 40
+"""The most characters of one key (a payload's, maybe a megabyte) an error's path shows."""
+_SHOWN_CHARACTERS = 300
+"""The most characters of one error's message (a validator's, maybe a megabyte) shown."""
 
 
 class PayloadType:
@@ -37,7 +43,7 @@ class PayloadType:
 
     @property
     def name(self) -> str:
-        return self.annotation.__qualname__
+        return _name(self.annotation)
 
     def json_schema(self) -> dict[str, Any]:
         """pydantic's JSON schema of the payload (nested types under `$defs`), a copy."""
@@ -53,18 +59,35 @@ class PayloadType:
     def encode(self, payload: Any, field: str) -> Any:
         """`payload` (an instance of the type, or a dict of its fields) checked and made JSON,
         as it is stored; a ValidationError names the path of the first wrong field under
-        `field` (`payload.items[2].sku`)."""
+        `field` (`payload.items[2].sku`). The JSON is checked as the worker will decode it:
+        pydantic does not check again an instance changed after it was built (nor one made by
+        `model_construct`), and a serializer may write what its type does not read."""
         import pydantic
         import pydantic_core
 
         try:
             value = self._adapter.validate_python(payload)
-            return self._adapter.dump_python(value, mode="json")
         except pydantic.ValidationError as exc:
             path, message = _problem(exc, field)
             raise ValidationError(path, message) from None
-        except pydantic_core.PydanticSerializationError as exc:
-            raise ValidationError(field, f"cannot be written as JSON: {exc}") from None
+        try:
+            stored = self._adapter.dump_python(value, mode="json", warnings=False)
+        except (pydantic_core.PydanticSerializationError, UnicodeError) as exc:
+            raise ValidationError(field, f"cannot be written as JSON: {_said(str(exc))}") from None
+        if stored is None:  # enqueue stores JSON null as {}
+            try:
+                self._adapter.validate_python({})
+            except pydantic.ValidationError:
+                raise ValidationError(
+                    field, f"None is stored as {{}}, which is not a valid {self.name}"
+                ) from None
+            return {}
+        try:
+            self._adapter.validate_python(stored)
+        except pydantic.ValidationError as exc:
+            path, message = _problem(exc, field)
+            raise ValidationError(path, f"{message} (as written to JSON)") from None
+        return stored
 
     def check_json(self, payload: Any, field: str) -> None:
         """ValidationError unless `payload`, a JSON value, fits the type as JSON Schema reads its
@@ -97,11 +120,18 @@ class PayloadType:
             ) from None
 
 
+def _name(annotation: Any) -> str:
+    """`Invoice`, or `app.Invoice | None` for what is not a class."""
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__qualname__
+    return str(annotation)
+
+
 def _problem(exc: Any, field: str) -> tuple[str, str]:
     """The path of pydantic's first error under `field`, and a message naming the first few.
     pydantic's `msg` says what is allowed; the input (maybe a secret) is never repeated."""
     errors = exc.errors(include_url=False, include_input=False)
-    said = [(_path(field, e.get("loc", ())), str(e.get("msg", "invalid"))) for e in errors]
+    said = [(_path(field, e.get("loc", ())), _message(e)) for e in errors]
     if not said:
         return field, "invalid"
     path, message = said[0]
@@ -109,6 +139,26 @@ def _problem(exc: Any, field: str) -> tuple[str, str]:
     if len(said) > _SHOWN_ERRORS:
         others.append(f"{len(said) - _SHOWN_ERRORS} more")
     return path, message + (f"; also {'; '.join(others)}" if others else "")
+
+
+def _message(error: Any) -> str:
+    """pydantic's message of one error, without the one input it quotes (a discriminator's
+    tag), shortened and escaped."""
+    ctx = error.get("ctx") or {}
+    if error.get("type") == "union_tag_invalid":
+        return _said(
+            f"Input tag found using {ctx.get('discriminator')} does not match any of the "
+            f"expected tags: {ctx.get('expected_tags')}"
+        )
+    return _said(str(error.get("msg", "invalid")))
+
+
+def _said(text: str, limit: int = _SHOWN_CHARACTERS) -> str:
+    """`text` (a payload's key, a validator's message) fit for an error: control characters
+    escaped, cut at `limit` characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit * 2])
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _integral(value: Any, depth: int) -> Any:
@@ -127,7 +177,7 @@ def _integral(value: Any, depth: int) -> Any:
 def _path(field: str, loc: tuple[Any, ...]) -> str:
     path = field
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        path += f"[{part}]" if isinstance(part, int) else f".{_said(str(part), _SHOWN_KEY)}"
     return path
 
 
@@ -145,7 +195,7 @@ def payload_type(fn: Any, task: str) -> PayloadType | None:
     except ImportError:
         raise ConfigError(
             "handler",
-            f"{who}: its payload type {annotation.__qualname__} is checked and decoded "
+            f"{who}: its payload type {_name(annotation)} is checked and decoded "
             f"by pydantic, which is not installed: pip install '{DISTRIBUTION}[pydantic]' (or "
             "annotate the payload as dict)",
         ) from None
@@ -155,8 +205,7 @@ def payload_type(fn: Any, task: str) -> PayloadType | None:
     except Exception as exc:
         raise ConfigError(
             "handler",
-            f"{who}: pydantic cannot build a schema of its payload type "
-            f"{annotation.__qualname__}: {exc}",
+            f"{who}: pydantic cannot build a schema of its payload type {_name(annotation)}: {exc}",
         ) from None
     return PayloadType(annotation, adapter, schema)
 
@@ -194,11 +243,14 @@ def _annotation(fn: Any, who: str) -> Any:
         ) from None
 
 
-def _typed(annotation: Any) -> bool:
+def _typed(annotation: Any, depth: int = 0) -> bool:
     """Whether `annotation` declares a payload schema: a pydantic model, a dataclass or a
-    TypedDict (typing's or typing_extensions')."""
-    if not isinstance(annotation, type):
-        return False
+    TypedDict (typing's or typing_extensions'), or a type holding one (`Invoice | None`,
+    `Annotated[Invoice, ...]`, `list[Invoice]`), whose handler expects the model, not a dict."""
+    if not isinstance(annotation, type) or typing.get_args(annotation):
+        args = typing.get_args(annotation)
+        origin = typing.get_origin(annotation)
+        return depth < _DEPTH and any(_typed(a, depth + 1) for a in (origin, *args) if a)
     if dataclasses.is_dataclass(annotation) or typing.is_typeddict(annotation):
         return True
     extensions = sys.modules.get("typing_extensions")

@@ -147,12 +147,13 @@ class Registry:
         TaskHandle (`await send_invoice.enqueue(conn, payload)`; calling it calls `fn`).
         `async def` handlers run on the event loop; plain `def` handlers run in a worker thread.
 
-        When `payload` is annotated with a pydantic model, a dataclass or a TypedDict, that is
-        the payload's schema, validated by pydantic for all three kinds (the `pydantic` extra;
-        without it such an annotation is a ConfigError): checked when enqueued through the
-        handle or `Registry.enqueue`, and decoded into that type before `fn` runs (after the
-        upgraders); a stored payload that no longer fits fails the attempt at once, without
-        retries, naming the path. Any other annotation, or none, leaves the payload plain JSON.
+        When `payload` is annotated with a pydantic model, a dataclass or a TypedDict (or a type
+        holding one: `Invoice | None`), that is the payload's schema, validated by pydantic for
+        all three kinds (the `pydantic` extra; without it such an annotation is a ConfigError):
+        checked when enqueued through the handle or `Registry.enqueue`, and decoded into that type
+        before `fn` runs (after the upgraders); a stored payload that no longer fits fails the
+        attempt at once, without retries, naming the path. Any other annotation, or none, leaves
+        the payload plain JSON.
 
         `version` is the payload version the handler takes; the worker claims jobs of that
         version, and of each older version `v` from which `upgrade` leads to it: `upgrade[v]` is
