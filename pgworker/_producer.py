@@ -102,7 +102,11 @@ class Producer:
         self._other_versions = [served_key(t, v) for t, v in served if v != 1]
         self._served = [served_key(t, v) for t, v in served]
         self._steps = StepStore(
-            settings.dsn, settings.schema, settings.concurrency, settings.worker_id
+            settings.dsn,
+            settings.schema,
+            settings.concurrency,
+            settings.worker_id,
+            pooler=settings.pooler,
         )
         self._redact = redactor(settings.redact_keys)
         self._handoff = _Handoff()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 
@@ -16,11 +17,18 @@ class StepStore:
     """Where one worker's steps are read and written: a pool of up to `size` connections (one per
     slot), opened when a step first needs it and closed when the worker stops."""
 
-    def __init__(self, dsn: str, schema: str, size: int, worker_id: str) -> None:
+    def __init__(
+        self, dsn: str, schema: str, size: int, worker_id: str, *, pooler: bool = False
+    ) -> None:
         self.q = queries(schema)
         self._dsn = dsn
+        # Through a transaction pooler: no startup parameter, no prepared statement kept.
+        self._options: dict[str, Any] = (
+            {"statement_cache_size": 0}
+            if pooler
+            else {"server_settings": {"application_name": f"pgworker:{worker_id}:steps"[:63]}}
+        )
         self._size = size
-        self._application_name = f"pgworker:{worker_id}:steps"[:63]
         self._pool: asyncpg.Pool | None = None
         self._opening = asyncio.Lock()
 
@@ -33,7 +41,7 @@ class StepStore:
                         min_size=0,
                         max_size=self._size,
                         timeout=10,
-                        server_settings={"application_name": self._application_name},
+                        **self._options,
                     )
         return self._pool
 

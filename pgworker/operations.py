@@ -112,16 +112,20 @@ async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -
     return CancelResult(f"already {previous}")
 
 
-async def migrate(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[int]:
+async def migrate(
+    conn: Executor, *, schema: str = DEFAULT_SCHEMA, pooler: bool = False
+) -> list[int]:
     """Apply pending migrations on an asyncpg Connection (or one of a pool's); returns the
-    versions applied."""
+    versions applied. `pooler=True` through a transaction pooler (PgBouncer in transaction
+    mode): the pending migrations are applied in one transaction, under a transaction-level
+    lock."""
     schema = limits.identifier("schema", schema)
     if isinstance(conn, asyncpg.Pool):
         # One connection throughout: the advisory lock is taken and released on the session
         # that applies the migrations.
         async with conn.acquire() as c:
-            return await migrations.migrate(c, schema)
-    return await migrations.migrate(conn, schema)
+            return await migrations.migrate(c, schema, pooler=pooler)
+    return await migrations.migrate(conn, schema, pooler=pooler)
 
 
 async def status(

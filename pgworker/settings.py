@@ -74,7 +74,13 @@ class Settings:
     `pgworker health` (a container's probe); None writes none.
 
     Metrics: with `metrics_port`, the worker serves Prometheus metrics at
-    http://metrics_host:metrics_port/metrics (the `metrics` extra); None serves none."""
+    http://metrics_host:metrics_port/metrics (the `metrics` extra); None serves none.
+
+    Pooler: `pooler=True` when `dsn` reaches PostgreSQL through a transaction pooler (PgBouncer
+    in transaction mode): no startup parameters, no named prepared statements, no session
+    state. LISTEN then needs a direct connection, `listen_dsn`; without one the worker polls
+    every `poll_interval`. Without `pooler`, `listen_dsn` (if given) is where the worker
+    listens instead of `dsn`."""
 
     dsn: str
     concurrency: int = 10
@@ -93,6 +99,8 @@ class Settings:
     health_file: str | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    pooler: bool = False
+    listen_dsn: str | None = None
 
     @property
     def served_queues(self) -> tuple[str, ...]:
@@ -129,9 +137,14 @@ class Settings:
             object.__setattr__(self, "queues", tuple(self.queues))
             for q in self.queues:
                 limits.name("queues", q, limits.MAX_QUEUE_LENGTH, error=ConfigError)
-        for name in ("listen", "durable_claims"):
+        for name in ("listen", "durable_claims", "pooler"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
+        listen_dsn: object = self.listen_dsn
+        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
+            raise ConfigError(
+                "listen_dsn", "must be a PostgreSQL connection URL reaching the server directly"
+            )
         limits.name("worker_id", self.worker_id, limits.MAX_WORKER_ID_LENGTH, error=ConfigError)
         limits.identifier("schema", self.schema, error=ConfigError)
         limits.name(
@@ -173,10 +186,7 @@ class Settings:
 
     def __repr__(self) -> str:
         """The settings, the DSN's password replaced."""
-        shown = (
-            f"{f.name}={shown_dsn(self.dsn) if f.name == 'dsn' else getattr(self, f.name)!r}"
-            for f in fields(self)
-        )
+        shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))}" for f in fields(self))
         return f"Settings({', '.join(shown)})"
 
     @classmethod
@@ -194,6 +204,11 @@ class Settings:
         return cls(**values)
 
 
+def _shown(name: str, value: Any) -> str:
+    """A field's value as `repr` shows it: a DSN without its password."""
+    return repr(shown_dsn(value) if name in ("dsn", "listen_dsn") and value else value)
+
+
 def _parse(name: str, raw: str) -> Any:
     try:
         if name in ("concurrency", "metrics_port"):
@@ -206,10 +221,17 @@ def _parse(name: str, raw: str) -> Any:
         return tuple(q.strip() for q in raw.split(",") if q.strip()) or None
     if name == "redact_keys":  # empty: no key's values are searched for
         return tuple(k.strip() for k in raw.split(",") if k.strip())
+    if name == "listen_dsn":
+        return raw or None
     if name in ("retain_completed", "retain_failed"):
         return retention(f"PGWORKER_{name.upper()}", raw)
-    if name in ("listen", "durable_claims"):
-        if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-            raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")
-        return raw.lower() in ("1", "true", "yes", "on")
+    if name in ("listen", "durable_claims", "pooler"):
+        return flag(name, raw)
     return raw
+
+
+def flag(name: str, raw: str) -> bool:
+    """The value of variable PGWORKER_<NAME>, true or false (1/0, yes/no, on/off)."""
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")
+    return raw.lower() in ("1", "true", "yes", "on")

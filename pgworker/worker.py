@@ -23,10 +23,11 @@ from ._completer import Completer
 from ._db.connection import (
     create_pool,
     migrate_command,
+    pooler_refusal,
     privilege_error,
     too_many_connections,
 )
-from ._db.migrations import check_privileges, check_schema
+from ._db.migrations import check_direct, check_privileges, check_schema
 from ._heartbeat import Heartbeat
 from ._logs import get_logger
 from ._maintenance import Maintenance
@@ -69,11 +70,18 @@ class _Services:
         self.maintenance = Maintenance(
             pool, s, worker.registry, stopping=self.producer.done, metrics=metrics
         )
+        # LISTEN needs a session of its own: through a transaction pooler, only on listen_dsn.
+        listens = s.listen and (s.listen_dsn is not None or not s.pooler)
         self.notifier = (
             Notifier(
-                s.dsn, s.schema, s.served_queues, worker._wakeup, self.producer.cancel, s.worker_id
+                s.listen_dsn or s.dsn,
+                s.schema,
+                s.served_queues,
+                worker._wakeup,
+                self.producer.cancel,
+                s.worker_id,
             )
-            if s.listen
+            if listens
             else None
         )
 
@@ -222,6 +230,7 @@ class Worker:
                 size=POOL_SIZE,
                 application_name=f"pgworker:{s.worker_id}",
                 lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
+                pooler=s.pooler,
             )
             stack.push_async_callback(_close_pool, pool)
             services = _Services(self, pool, metrics)
@@ -229,6 +238,8 @@ class Worker:
                 self._watch(metrics, services)
             try:
                 await check_schema(pool, s.schema)
+                if not s.pooler:
+                    await check_direct(pool, s.schema)
                 await check_privileges(pool, s.schema)
                 await services.heartbeat.register()
                 if services.notifier is not None:
@@ -284,7 +295,8 @@ class Worker:
                     queues=list(s.served_queues),
                     tasks=[t.name for t in self.registry],
                     concurrency=s.concurrency,
-                    listen=s.listen,
+                    listen=services.notifier is not None,
+                    pooler=s.pooler,
                 )
                 task_status.started()
                 try:
@@ -365,6 +377,9 @@ def _start_error(schema: str, exc: Exception) -> Exception:
     """The one documented error a failed start-up raises."""
     if isinstance(exc, PgWorkerError):
         return exc
+    pooler = pooler_refusal(exc)
+    if pooler is not None:
+        return pooler
     if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
         return privilege_error(schema, exc)
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):

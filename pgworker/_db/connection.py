@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from .._redact import redact_dsn
-from ..errors import DatabaseUnavailable, PrivilegeError, SchemaError
+from ..errors import ConfigError, DatabaseUnavailable, PgWorkerError, PrivilegeError, SchemaError
 from ..models import DEFAULT_SCHEMA
 
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -87,10 +87,46 @@ async def recover(pool: asyncpg.Pool, exc: BaseException) -> None:
         await pool.expire_connections()
 
 
-def _describe(dsn: str, exc: BaseException) -> DatabaseUnavailable:
+POOLER_OPTION = "--pooler (PGWORKER_POOLER=true; pooler=True in Python)"
+"""How pooler mode is turned on, for the messages that ask for it."""
+
+
+def pooler_refusal(exc: BaseException) -> ConfigError | None:
+    """The error that says to turn pooler mode on, when `exc` is what a transaction pooler
+    (PgBouncer in transaction mode) does to a client that keeps session state: it refuses the
+    startup parameters, or hands the session's prepared statements to another client."""
+    if isinstance(exc, asyncpg.exceptions.ProtocolViolationError) and (
+        "startup parameter" in str(exc)
+    ):
+        seen = str(exc)
+    elif isinstance(
+        exc,
+        asyncpg.exceptions.DuplicatePreparedStatementError
+        | asyncpg.exceptions.InvalidSQLStatementNameError,
+    ):
+        # asyncpg appends a long hint about PgBouncer: the first line says what happened.
+        seen = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"
+    else:
+        return None
+    return pooler_needed(seen)
+
+
+def pooler_needed(seen: str) -> ConfigError:
+    return ConfigError(
+        "pooler",
+        f"the database is reached through a transaction pooler such as PgBouncer ({seen}); "
+        f"turn pooler mode on: {POOLER_OPTION}",
+    )
+
+
+def _describe(dsn: str, exc: BaseException) -> PgWorkerError:
     """What went wrong, for a person: the server answered (no such database, login refused) or
-    it did not (down, unreachable, a malformed DSN). Never the DSN's password: a malformed DSN
-    may be quoted back by the driver."""
+    it did not (down, unreachable, a malformed DSN), or a transaction pooler refused what only a
+    session keeps. Never the DSN's password: a malformed DSN may be quoted back by the
+    driver."""
+    pooler = pooler_refusal(exc)
+    if pooler is not None:
+        return pooler
     return DatabaseUnavailable(redact_dsn(_connect_problem(exc), dsn))
 
 
@@ -113,8 +149,12 @@ def _connect_problem(exc: BaseException) -> str:
     )
 
 
-async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def connect(dsn: str, *, pooler: bool = False, **kwargs: Any) -> asyncpg.Connection:
+    """A connection of one's own; with `pooler`, one that keeps no prepared statement (see
+    `create_pool`)."""
     kwargs.setdefault("timeout", 10)
+    if pooler:
+        kwargs["statement_cache_size"] = 0
     try:
         return await asyncpg.connect(dsn, **kwargs)
     except _CONNECT_ERRORS as exc:
@@ -126,10 +166,90 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     no SET), so releasing one needs no reset query: that would cost a round trip per statement."""
 
 
+class PoolerConnection(asyncpg.Connection):
+    """A pooled connection through a transaction pooler, which starts each transaction on any
+    server session: what a direct pool sets once per session as startup parameters is set here
+    in each transaction, with SET LOCAL. A statement sent outside a transaction gets a
+    transaction of its own that begins with `prelude`: one round trip more for BEGIN and the
+    settings (sent together), one for COMMIT. Statements without arguments (BEGIN, COMMIT, a
+    migration's text) pass as they are."""
+
+    prelude = "BEGIN"
+
+    async def _settled(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.is_in_transaction():
+            return await call(*args, **kwargs)
+        await super().execute(self.prelude)
+        try:
+            result = await call(*args, **kwargs)
+        except Exception:
+            # After a cancellation the pool's reset (or the held connection's discard) ends it.
+            with contextlib.suppress(Exception):
+                await super().execute("ROLLBACK")
+            raise
+        await super().execute("COMMIT")
+        return result
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        if not args:
+            return await super().execute(query, **kwargs)
+        return await self._settled(super().execute, query, *args, **kwargs)
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._settled(super().fetch, query, *args, **kwargs)
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._settled(super().fetchrow, query, *args, **kwargs)
+
+    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._settled(super().fetchval, query, *args, **kwargs)
+
+
+def _pooler_prelude(lock_timeout: float | None) -> str:
+    """BEGIN and the settings of a direct pool's sessions that still matter through a pooler.
+
+    Not set: plan_cache_mode (no statement is prepared twice: each is planned with its values
+    at each execution either way) and application_name (the server session is anyone's; and a
+    pooler that tracks it would send a SET whenever a client with another name gets a server
+    session)."""
+    settings = ["SET LOCAL enable_bitmapscan = off"]
+    if lock_timeout:
+        settings.append(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
+    return "; ".join(["BEGIN", *settings])
+
+
 async def create_pool(
-    dsn: str, size: int, application_name: str = "pgworker", lock_timeout: float | None = None
+    dsn: str,
+    size: int,
+    application_name: str = "pgworker",
+    lock_timeout: float | None = None,
+    *,
+    pooler: bool = False,
 ) -> asyncpg.Pool:
-    """A pool for a worker; the server refusing more connections is DatabaseUnavailable."""
+    """A pool for a worker; the server refusing more connections is DatabaseUnavailable. With
+    `pooler` (a transaction pooler in front of the server), no startup parameters and no
+    prepared statement kept: asyncpg's statement cache is off, so each statement is sent
+    unnamed, parsed and bound in one go; the settings go into each transaction
+    (`PoolerConnection`)."""
+    if pooler:
+        prelude = _pooler_prelude(lock_timeout)
+
+        async def init(conn: asyncpg.Connection) -> None:
+            cast(PoolerConnection, conn).prelude = prelude
+
+        try:
+            return await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=size,
+                timeout=10,
+                reset=_keep_session,
+                statement_cache_size=0,
+                connection_class=PoolerConnection,
+                init=init,
+            )
+        except _CONNECT_ERRORS as exc:
+            raise _describe(dsn, exc) from exc
     try:
         return await asyncpg.create_pool(
             dsn,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..errors import PrivilegeError, SchemaError
 from . import files
-from .connection import Conn, Executor, migrate_command
-from .queries import queries
+from .connection import Conn, Executor, migrate_command, pooler_needed
+from .queries import queries, transaction
 
 MIN_SERVER_MAJOR = 14
 """The oldest PostgreSQL major pgworker is tested on (`make test-matrix`,
@@ -25,26 +25,48 @@ async def check_server(conn: Conn, schema: str) -> None:
         )
 
 
-async def migrate(conn: Conn, schema: str) -> list[int]:
+async def check_direct(conn: Executor, schema: str) -> None:
+    """Raise ConfigError, naming the pooler option, when the session did not get the startup
+    parameters a direct pool asks for: a pooler in between ignores them (PgBouncer's
+    ignore_startup_parameters), and would hand the session's prepared statements to others."""
+    found = await queries(schema).session_plan_cache_mode(conn)
+    if found != "force_generic_plan":
+        raise pooler_needed(f"the startup parameter plan_cache_mode was ignored, found {found!r}")
+
+
+async def migrate(conn: Conn, schema: str, *, pooler: bool = False) -> list[int]:
     """Apply the migrations not yet applied, each in its own transaction, under an advisory lock
     so that concurrent runs apply each migration once. Returns the versions applied now. A
-    server older than MIN_SERVER_MAJOR is refused first."""
+    server older than MIN_SERVER_MAJOR is refused first. With `pooler` (a transaction pooler in
+    front, which keeps no session lock), all of them in one transaction under a
+    transaction-level lock."""
     await check_server(conn, schema)
     q = queries(schema)
-    applied_now = []
+    if pooler:
+        async with transaction(conn) as c:
+            await q.migrations_lock_xact(c)
+            return await _apply(c, schema)
     await q.migrations_lock(conn)
     try:
-        await q.migrations_bootstrap(conn)
-        done = await q.migrations_applied(conn)
-        for m in files.migrations(schema):
-            if m.version in done:
-                continue
-            async with conn.transaction():
-                await conn.execute(m.sql)
-                await q.migrations_record(conn, m.version, m.name)
-            applied_now.append(m.version)
+        return await _apply(conn, schema)
     finally:
         await q.migrations_unlock(conn)
+
+
+async def _apply(conn: Conn, schema: str) -> list[int]:
+    """Under the migrations' lock: each migration not yet applied, in a transaction (a
+    savepoint inside the caller's)."""
+    q = queries(schema)
+    applied_now = []
+    await q.migrations_bootstrap(conn)
+    done = await q.migrations_applied(conn)
+    for m in files.migrations(schema):
+        if m.version in done:
+            continue
+        async with transaction(conn) as c:
+            await c.execute(m.sql)
+            await q.migrations_record(c, m.version, m.name)
+        applied_now.append(m.version)
     return applied_now
 
 

@@ -554,8 +554,14 @@ class Queries:
         assert row is not None
         return str(row["version"]), int(row["major"])
 
+    async def session_plan_cache_mode(self, conn: Executor) -> str:
+        return str(await conn.fetchval(self._sql["session_settings"]))
+
     async def migrations_lock(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_lock"], self.schema)
+
+    async def migrations_lock_xact(self, conn: Conn) -> None:
+        await conn.execute(self._sql["migrations_lock_xact"], self.schema)
 
     async def migrations_unlock(self, conn: Conn) -> None:
         await conn.execute(self._sql["migrations_unlock"], self.schema)

@@ -119,14 +119,15 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     and plan_cache_mode), then retries and says so in the log; a request sets its own, shorter
     or not, with SET LOCAL (bounds.py). A startup parameter rather than SET LOCAL because
     maintenance sends its statements on the pool outside any transaction of its own: SET LOCAL
-    would cost it a transaction and a round trip per statement. A transaction pooler put in
-    front must pass these parameters on (as it must already for plan_cache_mode)."""
+    would cost it a transaction and a round trip per statement. Through a transaction pooler
+    (`--pooler`), which refuses startup parameters, that is what it costs."""
     settings = maintenance_settings(config) if config.maintenance else None
     pool = await create_pool(
         config.dsn,
         size=POOL_SIZE,
         application_name="pgworker:serve",
         lock_timeout=None if settings is None else min(settings.lease / 3, LOCK_TIMEOUT),
+        pooler=config.pooler,
     )
     app.state.pool = pool
     app.state.queries = queries(config.schema)

@@ -32,6 +32,8 @@ class WebConfig:
     """The tasks (`serve --app`): POST /jobs of one of their types gets the task's defaults and,
     for a typed task, its payload checked; the OpenAPI document lists each type's payload
     schema. Other types are enqueued as without a registry."""
+    pooler: bool = False
+    """The DSN reaches PostgreSQL through a transaction pooler (see `create_pool`)."""
 
 
 def token_ok(config: WebConfig, token: str | None) -> bool:

@@ -16,11 +16,12 @@ import asyncpg
 
 from .. import _limits as limits
 from .. import _terminal
+from .._db.connection import connect, pooler_refusal
 from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
 from ..registry import Registry, load
-from ..settings import dsn_from_env
+from ..settings import dsn_from_env, flag
 
 
 def say(text: str, *, err: bool = False) -> None:
@@ -86,7 +87,7 @@ def _command(
 
 
 def common_options() -> _Parser:
-    """--dsn and --schema, the parent of every command but health and failed."""
+    """--dsn, --schema and --pooler, the parent of every command but health and failed."""
     common = _Parser(add_help=False)
     common.add_argument(
         "--dsn",
@@ -99,7 +100,28 @@ def common_options() -> _Parser:
         help=f"pgworker's schema, a plain SQL identifier (default: $PGWORKER_SCHEMA, else "
         f"{DEFAULT_SCHEMA})",
     )
+    common.add_argument(
+        "--pooler",
+        action="store_const",
+        const=True,
+        help="the DSN reaches PostgreSQL through a transaction pooler such as PgBouncer: no "
+        "startup parameters, prepared statements or session locks (default: "
+        "$PGWORKER_POOLER=true, else off)",
+    )
     return common
+
+
+def _pooler(args: argparse.Namespace) -> bool:
+    """--pooler, else PGWORKER_POOLER."""
+    if getattr(args, "pooler", None):
+        return True
+    return flag("pooler", os.environ.get("PGWORKER_POOLER") or "false")
+
+
+async def _connect(args: argparse.Namespace, dsn: str | None = None) -> asyncpg.Connection:
+    """A connection for one command, to `dsn` (default: --dsn, PGWORKER_DSN, DATABASE_URL), in
+    pooler mode if asked for."""
+    return await connect(dsn or _dsn(args), pooler=_pooler(args))
 
 
 def _dsn(args: argparse.Namespace) -> str:
@@ -128,10 +150,11 @@ def _schema(args: argparse.Namespace) -> str:
 
 
 def _user_error(exc: BaseException) -> PgWorkerError | None:
-    """The PgWorkerError behind `exc`, looking through task groups' exception groups."""
+    """The PgWorkerError behind `exc`, looking through task groups' exception groups; what a
+    transaction pooler does to a command not in pooler mode is one too."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, PgWorkerError) else None
+    return exc if isinstance(exc, PgWorkerError) else pooler_refusal(exc)
 
 
 def _refusal(exc: BaseException) -> str | None:

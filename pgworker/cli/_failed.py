@@ -6,12 +6,21 @@ import argparse
 from typing import cast
 
 from .. import _limits as limits
-from .._db.connection import connect
 from .._logs import LogFormat, configure_logging
 from ..errors import ValidationError
 from ..operations import list_failed, replay, since_moment
 from . import _render
-from ._common import LOG_FORMATS, _command, _dsn, _from_env, _job_id, _Parser, _schema, integer, say
+from ._common import (
+    LOG_FORMATS,
+    _command,
+    _connect,
+    _from_env,
+    _job_id,
+    _Parser,
+    _schema,
+    integer,
+    say,
+)
 
 SINCE_HELP = (
     "only jobs that failed within this duration (30s, 15m, 2h, 7d, 1w, or seconds) or since "
@@ -115,7 +124,7 @@ async def _failed(args: argparse.Namespace) -> int:
     """`failed list` (the only subcommand of `failed`)."""
     since = since_moment("--since", args.since)
     limit = limits.count("--limit", args.limit, minimum=1)
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         found = await list_failed(
             conn, type=args.type, queue=args.queue, since=since, limit=limit, schema=_schema(args)
@@ -137,7 +146,7 @@ async def _replay(args: argparse.Namespace) -> int:
     configure_logging(
         cast(LogFormat, _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")), "info"
     )
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         selection = {"type": args.type, "since": since, "queue": args.queue}
         result = await replay(

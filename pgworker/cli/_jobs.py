@@ -7,14 +7,13 @@ import json
 from datetime import datetime
 
 from .. import _limits as limits
-from .._db.connection import connect
 from ..enqueue import enqueue
 from ..errors import PgWorkerError, ValidationError
 from ..models import PRIORITY_LABELS
 from ..operations import CancelResult, cancel, show_job
 from ..settings import Settings
 from . import _render
-from ._common import _command, _dsn, _job_id, _Parser, _schema, integer, number, say
+from ._common import _command, _connect, _dsn, _job_id, _Parser, _schema, integer, number, say
 
 
 def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -153,7 +152,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
             )
         if args.delay is not None:
             raise ValidationError("--run-at", "give --run-at or --delay, not both")
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         result = await enqueue(
             conn,
@@ -187,7 +186,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))
     finally:
@@ -205,7 +204,7 @@ async def _cancel(args: argparse.Namespace) -> int:
 async def _show(args: argparse.Namespace) -> int:
     dsn = _dsn(args)
     keys = Settings.from_env(dsn=dsn).redact_keys
-    conn = await connect(dsn)
+    conn = await _connect(args, dsn)
     try:
         found = await show_job(conn, args.job_id, redact_keys=keys, schema=_schema(args))
     finally:

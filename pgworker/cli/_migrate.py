@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .._db.connection import connect
 from ..operations import migrate
-from ._common import _command, _dsn, _Parser, _schema, say
+from ._common import _command, _connect, _Parser, _pooler, _schema, say
 
 
 def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -20,15 +19,16 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         [
             "pgworker migrate --dsn postgresql://app@localhost/app",
             "PGWORKER_SCHEMA=jobs pgworker migrate     # in schema `jobs`",
+            "pgworker migrate --pooler --dsn postgresql://app@pgbouncer:6432/app",
         ],
     )
     cmd.set_defaults(perform=_migrate)
 
 
 async def _migrate(args: argparse.Namespace) -> int:
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
-        applied = await migrate(conn, schema=_schema(args))
+        applied = await migrate(conn, schema=_schema(args), pooler=_pooler(args))
     finally:
         await conn.close()
     say(f"applied migrations {applied}" if applied else "schema is up to date")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from .._db.connection import connect
 from .._db.migrations import check_schema
 from ..errors import ValidationError
 from ..operations import FINISHED, prune, status
 from ..settings import duration
 from . import _render
-from ._common import _command, _dsn, _Parser, _schema, say
+from ._common import _command, _connect, _Parser, _schema, say
 
 LIVE_WITHIN = 60.0
 
@@ -70,7 +69,7 @@ def add_prune(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None
 
 
 async def _status(args: argparse.Namespace) -> int:
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         await check_schema(conn, _schema(args))
         found = await status(conn, schema=_schema(args), live_within=LIVE_WITHIN)
@@ -84,7 +83,7 @@ async def _prune(args: argparse.Namespace) -> int:
     older_than = duration("--older-than", args.older_than)
     if older_than == 0:
         raise ValidationError("--older-than", "must be more than 0 (1s prunes every finished job)")
-    conn = await connect(_dsn(args))
+    conn = await _connect(args)
     try:
         pruned = await prune(
             conn,

@@ -43,6 +43,7 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
             "PGWORKER_QUEUES=default,mail pgworker run app.handlers --no-listen",
             "pgworker run app.handlers --retain-completed 1d --retain-failed none",
             "pgworker run app.handlers --metrics-port 9100 --metrics-host 0.0.0.0",
+            "pgworker run app.handlers --pooler --listen-dsn postgresql://app@db:5432/app",
         ],
     )
     run.add_argument(
@@ -95,6 +96,12 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         const=False,
         help="poll only, without LISTEN/NOTIFY (default: listen; $PGWORKER_LISTEN=false "
         "turns it off too)",
+    )
+    run.add_argument(
+        "--listen-dsn",
+        help="LISTEN on this connection URL, which reaches PostgreSQL directly, with --pooler: "
+        "without it a pooler worker polls every --poll-interval (default: "
+        "$PGWORKER_LISTEN_DSN, else --dsn, or no LISTEN with --pooler)",
     )
     run.add_argument(
         "--durable-claims",
@@ -162,6 +169,8 @@ _RUN_SETTINGS = (
     "shutdown_timeout",
     "lease",
     "listen",
+    "listen_dsn",
+    "pooler",
     "durable_claims",
     "schema",
     "retain_completed",

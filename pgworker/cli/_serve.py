@@ -8,13 +8,23 @@ import re
 from typing import cast
 
 from .. import _limits as limits
-from .._db.connection import connect
 from .._db.migrations import check_schema
 from .._logs import LEVELS, LogFormat, configure_logging
 from .._version import DISTRIBUTION
 from ..errors import ConfigError, PgWorkerError
 from ..settings import Settings, default_worker_id
-from ._common import LOG_FORMATS, _command, _dsn, _from_env, _load, _Parser, _schema, integer
+from ._common import (
+    LOG_FORMATS,
+    _command,
+    _connect,
+    _dsn,
+    _from_env,
+    _load,
+    _Parser,
+    _pooler,
+    _schema,
+    integer,
+)
 
 _BODY_LIMIT = 1024 * 1024
 
@@ -149,7 +159,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ) from None
     registry = None if args.app is None else _load(args.app)
     dsn, schema = _dsn(args), _schema(args)
-    conn = await connect(dsn)
+    conn = await _connect(args, dsn)
     try:
         await check_schema(conn, schema)
     finally:
@@ -168,6 +178,7 @@ async def _serve(args: argparse.Namespace) -> int:
         maintenance=maintenance,
         worker_id=worker_id,
         registry=registry,
+        pooler=_pooler(args),
     )
     await serve(config, args.host, args.port, log_level=level)
     return 0
