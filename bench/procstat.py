@@ -60,7 +60,8 @@ def _tree(root: int, stats: dict[int, tuple[str, int, int, int]]) -> set[int]:
 class CpuMeter:
     """Accumulates the CPU of one process tree (`root`, the worker), of the PostgreSQL server
     whose postmaster is `postmaster` (minus the backends in `exclude`: the benchmark's own
-    connections), of this process's tree, and of the machine."""
+    connections), of `side` (a pooler the benchmark started, or None), of this process's tree
+    (without `side`), and of the machine."""
 
     def __init__(
         self,
@@ -71,13 +72,15 @@ class CpuMeter:
         self.root = root
         self.postmaster = postmaster
         self.exclude = set(exclude or ())
+        self.side: int | None = None
+        self._side: dict[tuple[int, int], int] = {}
         self._worker: dict[tuple[int, int], int] = {}
         self._pg: dict[tuple[int, int], int] = {}
         self._self: dict[tuple[int, int], int] = {}
 
-    def sample(self) -> tuple[float, float, float, float]:
-        """(worker tree, PostgreSQL server, this benchmark process tree, whole machine busy)
-        CPU seconds accumulated so far."""
+    def sample(self) -> tuple[float, float, float, float, float]:
+        """(worker tree, PostgreSQL server, this benchmark process tree, whole machine busy,
+        side tree) CPU seconds accumulated so far."""
         stats = {}
         for pid in _pids():
             s = _stat(pid)
@@ -89,6 +92,11 @@ class CpuMeter:
                 _, _, ticks, start = stats[pid]
                 self._worker[(pid, start)] = ticks
             me -= _tree(self.root, stats)
+        if self.side is not None:
+            for pid in _tree(self.side, stats):
+                _, _, ticks, start = stats[pid]
+                self._side[(pid, start)] = ticks
+            me -= _tree(self.side, stats)
         for pid in me:
             _, _, ticks, start = stats[pid]
             self._self[(pid, start)] = ticks
@@ -105,4 +113,5 @@ class CpuMeter:
             sum(self._pg.values()) / TICK,
             sum(self._self.values()) / TICK,
             machine_busy(),
+            sum(self._side.values()) / TICK,
         )

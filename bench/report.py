@@ -16,6 +16,8 @@ FIGURES = (
     "latency_p50_ms",
     "latency_p95_ms",
     "latency_p99_ms",
+    "server_connections_max",
+    "pooler_cpu_ms_per_1k",
 )
 
 
@@ -53,7 +55,7 @@ def render(report: dict[str, Any]) -> str:
     labels["pgworker@growth"] = f"pgworker on {cfg['growth_rows']:,} finished jobs (W4)"
     head = (
         "| system | bulk enqueue jobs/s | processing jobs/s | worker CPU ms/1k | "
-        "PostgreSQL CPU ms/1k | wake-up p50 / p95 / p99 ms | check |"
+        "PostgreSQL CPU ms/1k | server connections | wake-up p50 / p95 / p99 ms | check |"
     )
     lines = [
         f"# pgworker benchmark — {report['finished_at']}",
@@ -63,7 +65,7 @@ def render(report: dict[str, Any]) -> str:
         f"{cfg['latency_count']} jobs at {cfg['rate']:g}/s. Machine: {report['machine']}.",
         "",
         head,
-        "|---|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     order = [
         s
@@ -84,7 +86,8 @@ def render(report: dict[str, Any]) -> str:
             proc += f" ({m['processing_jps'] / w1:.2f}× W1)"
         lines.append(
             f"| {labels.get(name, name)} | {fmt(m['enqueue_jps'])} | {proc} | "
-            f"{fmt(m['worker_cpu_ms_per_1k'])} | {fmt(m['pg_cpu_ms_per_1k'])} | {lat} | "
+            f"{fmt(m['worker_cpu_ms_per_1k'])} | {fmt(m['pg_cpu_ms_per_1k'])} | "
+            f"{fmt(m.get('server_connections_max'))} | {lat} | "
             f"{m.get('check', '')} |"
         )
     lines.append("")
@@ -185,12 +188,36 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
             f"(the floor's {fmt(f['latency_p50_ms'], 1)} / {fmt(f['latency_p99_ms'], 1)} ms: a "
             f"durable insert and its NOTIFY, then one claim)"
         )
+    out += pooler_lines(pgw, med.get("pgworker-pooler") or {})
     g = med.get("pgworker@growth")
     if pgw.get("processing_jps") and g and g.get("processing_jps"):
         out.append(
             f"- pgworker on a grown table / fresh table, processing: "
             f"{g['processing_jps'] / pgw['processing_jps']:.2f}×"
         )
+    return out
+
+
+def pooler_lines(direct: dict[str, Any], pooled: dict[str, Any]) -> list[str]:
+    """What pooler mode costs: pgworker --pooler through PgBouncer against pgworker direct."""
+    if not (direct.get("processing_jps") and pooled.get("processing_jps")):
+        return []
+    out = [
+        f"- pgworker --pooler / direct, processing: "
+        f"{pooled['processing_jps'] / direct['processing_jps']:.2f}× "
+        f"({fmt(pooled['processing_jps'])} vs {fmt(direct['processing_jps'])} jobs/s)"
+    ]
+    for key, label in (
+        ("worker_cpu_ms_per_1k", "worker CPU"),
+        ("pg_cpu_ms_per_1k", "PostgreSQL CPU"),
+    ):
+        if pooled.get(key) is not None and direct.get(key):
+            out.append(
+                f"- pgworker --pooler / direct, {label}: {pooled[key] / direct[key]:.2f}× "
+                f"({fmt(pooled[key])} vs {fmt(direct[key])} ms/1k jobs)"
+            )
+    if pooled.get("pooler_cpu_ms_per_1k") is not None:
+        out.append(f"- PgBouncer's own CPU: {fmt(pooled['pooler_cpu_ms_per_1k'])} ms/1k jobs")
     return out
 
 

@@ -34,6 +34,12 @@ from bench.procstat import CpuMeter
 from bench.systems import GROWTH, SYSTEMS, PgWorker, System
 
 POLL_S = 0.02  # completion poll
+# The drain's database's server sessions but the benchmark's own (sampled with the CPU): the
+# worker's, or its pooler's.
+CONNECTIONS_SQL = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+"""
 CPU_SAMPLE_S = 0.1  # /proc sample (interpolated at the interval's ends)
 
 
@@ -55,6 +61,8 @@ async def drain(
     poll = await asyncpg.connect(dsn)
     try:
         meter = CpuMeter(postmaster=postmaster_of(poll), exclude={poll.get_server_pid()})
+        meter.side = system.side_pid()
+        connections = 0
         since = time.time()
         proc = launch(res, system.worker_argv(dsn), dsn, log_path, None, system.src)
         meter.root = proc.pid
@@ -79,6 +87,7 @@ async def drain(
                 if now - last_sample >= CPU_SAMPLE_S or not unfinished:
                     samples.append((now, *meter.sample()))
                     last_sample = now
+                    connections = max(connections, await poll.fetchval(CONNECTIONS_SQL))
                 if not unfinished:
                     polled_end = now
                     break
@@ -99,17 +108,19 @@ async def drain(
         raise BenchError(f"{system.name}: no start timestamp found")
     end = iv.end if (system.end_from_db and iv.end is not None) else polled_end
     span = end - iv.start
-    worker_cpu, pg_cpu, self_cpu, busy = (
-        interp(samples, end, i) - interp(samples, iv.start, i) for i in (1, 2, 3, 4)
+    worker_cpu, pg_cpu, self_cpu, busy, side_cpu = (
+        interp(samples, end, i) - interp(samples, iv.start, i) for i in (1, 2, 3, 4, 5)
     )
     # What else kept the machine's cores busy meanwhile (other programs, other clusters).
-    other_cores = max(busy - worker_cpu - pg_cpu - self_cpu, 0.0) / span
+    other_cores = max(busy - worker_cpu - pg_cpu - self_cpu - side_cpu, 0.0) / span
     return {
         "processing_jps": n / span,
         "processing_s": span,
         "processing_jps_poll_end": n / (polled_end - iv.start),
         "worker_cpu_ms_per_1k": worker_cpu * 1e6 / n,
         "pg_cpu_ms_per_1k": pg_cpu * 1e6 / n,
+        "pooler_cpu_ms_per_1k": side_cpu * 1e6 / n if meter.side is not None else None,
+        "server_connections_max": connections,
         "interval_from": iv.how if system.end_from_db else "start: database; end: 20 ms poll",
         "other_active_backends_max": others,
         "bench_cpu_ms_per_1k": self_cpu * 1e6 / n,
@@ -135,7 +146,13 @@ async def w1(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     log(
         f"  {system.name}: processed at {out['processing_jps']:,.0f}/s "
         f"(worker {out['worker_cpu_ms_per_1k']:.0f} ms/1k, "
-        f"PostgreSQL {out['pg_cpu_ms_per_1k']:.0f} ms/1k; other programs "
+        f"PostgreSQL {out['pg_cpu_ms_per_1k']:.0f} ms/1k"
+        + (
+            f", PgBouncer {out['pooler_cpu_ms_per_1k']:.0f} ms/1k"
+            if out["pooler_cpu_ms_per_1k"] is not None
+            else ""
+        )
+        + f"; {out['server_connections_max']} server connections at most; other programs "
         f"{out['other_cpu_cores']:.2f} cores); {out['check']}"
     )
     return out

@@ -89,6 +89,10 @@ class PgBouncer:
         netloc = f"{self._user}@127.0.0.1:{self.port}"
         return urlunsplit(parts._replace(netloc=netloc, query="sslmode=disable"))
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
     def start(self) -> None:
         """Start it and wait until it accepts connections (at most START_TIMEOUT seconds)."""
         user = ["-u", "nobody"] if os.geteuid() == 0 else []

@@ -9,13 +9,20 @@ from __future__ import annotations
 from bench.systems.base import CONCURRENCY, Interval, System
 from bench.systems.floor import Floor
 from bench.systems.peers import ChancySystem, PgQueuer, PgQueuerDefaults, Procrastinate
-from bench.systems.pgworker import PgWorker, PgWorkerBase, PgWorkerDurable, PgWorkerMetrics
+from bench.systems.pgworker import (
+    PgWorker,
+    PgWorkerBase,
+    PgWorkerDurable,
+    PgWorkerMetrics,
+    PgWorkerPooler,
+)
 
 SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (
         PgWorker(),
         PgWorkerDurable(),
+        PgWorkerPooler(),
         PgWorkerMetrics(),
         PgWorkerBase(),
         Procrastinate(),
@@ -26,7 +33,7 @@ SYSTEMS: dict[str, System] = {
     )
 }
 PEERS = ("procrastinate", "pgqueuer", "chancy")
-LIB_SYSTEMS = ("pgworker", "pgworker-durable", *PEERS, "pgqueuer-defaults")
+LIB_SYSTEMS = ("pgworker", "pgworker-durable", "pgworker-pooler", *PEERS, "pgqueuer-defaults")
 OPTIONAL = ("pgworker-metrics",)
 """Systems measured only when asked for (--systems)."""
 BASE = "pgworker-base"  # pgworker from --base-src, only when asked for

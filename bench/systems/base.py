@@ -50,6 +50,10 @@ class System:
     def worker_argv(self, dsn: str) -> list[str]:
         raise NotImplementedError
 
+    def side_pid(self) -> int | None:
+        """A process the system needs beside its worker (a pooler), whose CPU is counted apart."""
+        return None
+
     def latency_argv(self, dsn: str) -> list[str]:
         """The worker W2 starts: the same as W1's unless a system says otherwise."""
         return self.worker_argv(dsn)

@@ -6,6 +6,7 @@ outcome statements, W4's pre-filled table and the EXPLAIN of its claim."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import re
 import socket
 import sys
@@ -303,6 +304,42 @@ class PgWorkerDurable(PgWorker):
     name = "pgworker-durable"
     title = "pgworker --durable-claims"
     extra_args = ("--durable-claims",)
+
+
+class PgWorkerPooler(PgWorker):
+    """pgworker with `--pooler` through a PgBouncer in transaction mode that the benchmark starts
+    (Debian's, tests/pgbouncer.py) on a free port of 127.0.0.1, `default_pool_size` 20, for the
+    whole run. The schema and the bulk enqueue go directly to PostgreSQL; the worker goes through
+    PgBouncer only, without --listen-dsn (a draining worker claims as slots free). PgBouncer's CPU
+    is counted apart from the worker's and PostgreSQL's."""
+
+    name = "pgworker-pooler"
+    title = "pgworker --pooler (PgBouncer)"
+    note = (
+        "pgworker --pooler: through PgBouncer 1.18 in transaction mode (default_pool_size 20), "
+        "no --listen-dsn; its PgBouncer CPU is in the JSON (`pooler_cpu_ms_per_1k`)."
+    )
+    extra_args = ("--pooler",)
+    supports_latency = False  # without --listen-dsn, a wake-up waits for the next poll
+    _bouncer: Any = None
+
+    async def setup(self, dsn: str) -> None:
+        if PgWorkerPooler._bouncer is None:
+            from tests.pgbouncer import PgBouncer, available
+
+            if not available():
+                raise RuntimeError("pgworker-pooler needs PgBouncer: apt-get install pgbouncer")
+            bouncer = PgBouncer(dsn, pool_size=20)
+            bouncer.start()
+            atexit.register(bouncer.close)
+            PgWorkerPooler._bouncer = bouncer
+        await super().setup(dsn)
+
+    def worker_argv(self, dsn: str) -> list[str]:
+        return super().worker_argv(self._bouncer.dsn(dsn))
+
+    def side_pid(self) -> int | None:
+        return None if self._bouncer is None else self._bouncer.pid
 
 
 class PgWorkerMetrics(PgWorker):
