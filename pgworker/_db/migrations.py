@@ -29,7 +29,7 @@ async def check_direct(conn: Executor, schema: str) -> None:
     """Raise ConfigError, naming the pooler option, when the session did not get the startup
     parameters a direct pool asks for: a pooler in between ignores them (PgBouncer's
     ignore_startup_parameters), and would hand the session's prepared statements to others."""
-    found = await queries(schema).session_plan_cache_mode(conn)
+    found = await queries(schema).session_settings(conn)
     if found != "force_generic_plan":
         raise pooler_needed(f"the startup parameter plan_cache_mode was ignored, found {found!r}")
 

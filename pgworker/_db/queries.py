@@ -554,7 +554,8 @@ class Queries:
         assert row is not None
         return str(row["version"]), int(row["major"])
 
-    async def session_plan_cache_mode(self, conn: Executor) -> str:
+    async def session_settings(self, conn: Executor) -> str:
+        """The session's plan_cache_mode, which a direct pool sets at connection."""
         return str(await conn.fetchval(self._sql["session_settings"]))
 
     async def migrations_lock(self, conn: Conn) -> None:
