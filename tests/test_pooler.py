@@ -320,3 +320,34 @@ async def test_migrate_in_pooler_mode_holds_a_transaction_level_lock(empty_dsn):
         assert await pgworker.migrate(conn, pooler=True) == []
     finally:
         await conn.close()
+
+
+async def test_worker_pooler_option_in_python(dsn, conn, bouncer):
+    from .apps.basic import registry
+    from .helpers import serving_guarded
+
+    job = (await pgworker.enqueue(conn, "echo", {"in": "python"})).job.id
+    async with serving_guarded(registry, bouncer.dsn(dsn), pooler=True) as worker:
+        assert worker.settings.pooler and "notifier" not in worker.health()
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", job
+            ),
+            timeout=20,
+        )
+
+
+async def test_pooler_settings_from_the_environment_and_their_repr():
+    settings = pgworker.Settings.from_env(
+        {
+            "PGWORKER_DSN": "postgresql://app@pgbouncer:6432/app",
+            "PGWORKER_POOLER": "yes",
+            "PGWORKER_LISTEN_DSN": "postgresql://app:s3cret@db:5432/app",
+        }
+    )
+    assert settings.pooler and settings.listen_dsn == "postgresql://app:s3cret@db:5432/app"
+    assert "s3cret" not in repr(settings)
+    with pytest.raises(pgworker.ConfigError, match="PGWORKER_POOLER='maybe' must be true or"):
+        pgworker.Settings.from_env({"PGWORKER_DSN": "postgresql://x/y", "PGWORKER_POOLER": "maybe"})
+    with pytest.raises(pgworker.ConfigError, match="listen_dsn: must be a PostgreSQL"):
+        pgworker.Settings(dsn="postgresql://x/y", listen_dsn="")
