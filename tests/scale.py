@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -65,9 +66,9 @@ BUDGET = 300
 SCALING = {2: 1.5, 4: 2.4}
 """The least speed-up over one host that 2 and 4 hosts must reach (near-linear, with room for a
 shared 2-core machine)."""
-FENCE_EVENTS = ("lease not renewed", "self-fenc", "fencing: ")
-"""What a worker that fences itself logs when it stops its attempts (item 5 of issue 22); the
-code is taken to fence itself when its source names one of these."""
+FENCE_EVENTS = ("lost contact with the database",)
+"""What a worker that fences itself logs when it stops its attempts (issue 22, item 5); the
+running code is taken to fence itself when its source logs one of these."""
 TICK_S = 0.02
 
 
@@ -161,10 +162,15 @@ class Host:
             self.proc.wait()
             return None
 
-    def entries(self) -> list[dict[str, Any]]:
+    def size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def entries(self, since: int = 0) -> list[dict[str, Any]]:
+        """Its JSON log lines from byte `since` on."""
         out = []
-        with contextlib.suppress(FileNotFoundError):
-            for line in self.log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(FileNotFoundError), self.log.open("rb") as f:
+            f.seek(since)
+            for line in f.read().decode(errors="replace").splitlines():
                 with contextlib.suppress(ValueError):
                     entry = json.loads(line)
                     if isinstance(entry, dict):
@@ -389,7 +395,7 @@ async def cut(
     c.leader = victim.name == await conn.fetchval(
         "SELECT worker_id FROM pgworker.leader WHERE name = 'maintenance' AND expires_at > now()"
     )
-    lines_before = len(victim.entries())
+    since = victim.size()
     t_cut = time.time()
     net.cut(victim, how)
 
@@ -473,7 +479,7 @@ async def cut(
     async def stopped() -> dict[tuple[int, int], dict[str, Any]] | None:
         ended = {
             (e["job_id"], e["attempt"]): e
-            for e in victim.entries()[lines_before:]
+            for e in victim.entries(since)
             if e.get("event") == "scale: hold ended"
         }
         return ended if holds <= ended.keys() else None
@@ -485,9 +491,7 @@ async def cut(
         hows = {ended[k]["how"] for k in holds}
         c.stop_how = "cancelled" if hows == {"cancelled"} else "ran to their end"
         c.before_lease = all(_at(ended[k]) < leases.get(k, t_cut + LEASE) for k in holds)
-    fence_lines = [
-        e for e in victim.entries()[lines_before:] if fence and fence in str(e.get("event"))
-    ]
+    fence_lines = [e for e in victim.entries(since) if fence and fence in str(e.get("event"))]
     c.fence_logged = len(fence_lines)
 
     # Heal: the victim serves again.
@@ -513,9 +517,7 @@ async def cut(
     await wait_until(
         f"the jobs of cut ({label}) finished", lambda: _none(unfinished(conn)), HOLD + 30
     )
-    c.dropped_logged = sum(
-        "outcome dropped" in str(e.get("event")) for e in victim.entries()[lines_before:]
-    )
+    c.dropped_logged = sum("outcome dropped" in str(e.get("event")) for e in victim.entries(since))
     if fence is not None:
         if c.to_stopped is None or not c.before_lease:
             raise Broken(
@@ -696,6 +698,9 @@ def main() -> int:
         return 0
     except Broken as exc:
         failure = str(exc)
+    except Exception as exc:  # the harness's own trouble: the table so far, then the traceback
+        traceback.print_exc()
+        failure = f"{type(exc).__name__}: {exc}"
     finally:
         signal.alarm(0)
         Network.clean()
