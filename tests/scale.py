@@ -165,6 +165,12 @@ class Host:
     def size(self) -> int:
         return self.log.stat().st_size if self.log.exists() else 0
 
+    def kill(self) -> None:
+        """SIGKILL, when it still runs: the run ended early, and its database goes too."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def entries(self, since: int = 0) -> list[dict[str, Any]]:
         """Its JSON log lines from byte `since` on."""
         out = []
@@ -350,32 +356,68 @@ async def _none(count: Any) -> bool:
 
 @dataclass
 class Cut:
+    """One cut's figures, as far as it got (None: not measured)."""
+
     how: str
     label: str
     host: str = ""
     leader: bool = False
     open_holds: int = 0
     open_ticks: int = 0
-    to_leases_expired: float = 0.0
-    to_rescue: tuple[float, float] = (0.0, 0.0)
+    to_leases_expired: float | None = None
+    to_rescue: tuple[float, float] | None = None
     to_stopped: float | None = None
     stop_how: str = ""
     before_lease: bool | None = None
-    to_rerun: float = 0.0
-    to_serving: float = 0.0
-    dropped_logged: int = 0
-    fence_logged: int = 0
+    to_rerun: float | None = None
+    to_serving: float | None = None
+    dropped_logged: int | None = None
+    fence_logged: int | None = None
     attempts: list[tuple[int, int]] = field(default_factory=list)
+
+    def stopped(self) -> str:
+        if self.to_stopped is None:
+            return self.stop_how or "-"
+        when = "before" if self.before_lease else "after"
+        return f"{self.to_stopped:.1f} s ({self.stop_how}; {when} its leases expired)"
+
+    def rows(self) -> list[tuple[str, Any]]:
+        def s(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f} s"
+
+        first, last = self.to_rescue or (None, None)
+        return [
+            (
+                f"cut ({self.label})",
+                f"host {self.host}{', the leader' if self.leader else ''}; open at the cut:"
+                f" {self.open_holds} long, {self.open_ticks} short",
+            ),
+            ("  cut -> last lease expired", s(self.to_leases_expired)),
+            ("  cut -> rescued", f"{s(first)} first, {s(last)} last"),
+            ("  cut -> run again elsewhere", s(self.to_rerun)),
+            ("  cut -> cut host stopped its attempts", self.stopped()),
+            ("  heal -> serving again", s(self.to_serving)),
+            ("  late outcomes dropped (its log)", self._n(self.dropped_logged)),
+            ("  fence events (its log)", self._n(self.fence_logged)),
+        ]
+
+    @staticmethod
+    def _n(v: int | None) -> str:
+        return "-" if v is None else str(v)
 
 
 async def cut(
-    conn: asyncpg.Connection, net: Network, hosts: list[Host], how: str, fence: str | None
-) -> Cut:
-    label = "link down" if how == "down" else f"silent drop: {net.drop_by}"
-    c = Cut(how, label)
+    c: Cut, conn: asyncpg.Connection, net: Network, hosts: list[Host], fence: str | None
+) -> None:
+    """Cut a host off (`c.how`), heal it, and fill `c` in; Broken when a promise fails."""
+    how, label = c.how, c.label
     batch = f"cut-{how}"
-    await enqueue(conn, "hold", batch, HOSTS * (CONCURRENCY // 2), seconds=HOLD)
-    await enqueue(conn, "tick", batch, 150 * HOSTS)
+    # Claimed in id order, a slot's worth at a time: each host's first claim takes half long
+    # jobs, half short ones, and the short ones go on flowing through the other half.
+    hold = JobSpec("hold", {"batch": batch, "seconds": HOLD})
+    tick = JobSpec("tick", {"batch": batch})
+    group = [hold] * (CONCURRENCY // 2) + [tick] * (CONCURRENCY - CONCURRENCY // 2)
+    await pgworker.enqueue_many(conn, group * HOSTS + [tick] * 150 * HOSTS)
 
     async def holds_running() -> list[asyncpg.Record]:
         rows = await conn.fetch(
@@ -388,8 +430,8 @@ async def cut(
         return rows if total == HOSTS * (CONCURRENCY // 2) else []
 
     rows = await wait_until("the long jobs all running", holds_running, 20, every=0.02)
-    # The host with the most long jobs, yet some slot left for short ones when there is one.
-    best = max(rows, key=lambda r: (r["holds"] > 0, r["holds"] < CONCURRENCY, r["holds"]))
+    # A host running long jobs and short ones, the most long ones first.
+    best = max(rows, key=lambda r: (r["holds"] > 0, r["n"] > r["holds"], r["holds"]))
     victim = next(h for h in hosts if h.name == best["worker_id"])
     c.host = victim.name
     c.leader = victim.name == await conn.fetchval(
@@ -484,6 +526,7 @@ async def cut(
         }
         return ended if holds <= ended.keys() else None
 
+    c.stop_how = f"not within {HOLD + 5:.0f} s"
     with contextlib.suppress(Broken):
         ended = await wait_until("the cut host's handlers ended", stopped, HOLD + 5)
         last = max((ended[k] for k in holds), key=_at)
@@ -497,9 +540,15 @@ async def cut(
     # Heal: the victim serves again.
     t_heal = time.time()
     net.heal(victim, how)
-    await enqueue(conn, "tick", f"{batch}-after", 20 * HOSTS * CONCURRENCY)
 
     async def serves() -> float | None:
+        """Whether it claimed a job since; the queue is kept supplied meanwhile, since the other
+        hosts may empty it before the healed host wakes up."""
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE status = 'pending' AND type = 'tick'"
+        )
+        if waiting < HOSTS * CONCURRENCY:
+            await enqueue(conn, "tick", f"{batch}-after", 4 * HOSTS * CONCURRENCY)
         at: float | None = await conn.fetchval(
             "SELECT extract(epoch FROM min(started_at))::float8 FROM pgworker.job_attempts"
             " WHERE worker_id = $1 AND started_at > to_timestamp($2)",
@@ -521,13 +570,12 @@ async def cut(
     if fence is not None:
         if c.to_stopped is None or not c.before_lease:
             raise Broken(
-                f"cut ({label}): {victim.name} did not stop its attempts before their lease"
-                f" expired (it fences itself: {fence!r}); they {c.stop_how or 'did not end'},"
-                f" {c.to_stopped and round(c.to_stopped, 1)} s after the cut"
+                f"cut ({label}): {victim.name} fences itself ({fence!r}), yet its attempts"
+                f" did not stop before their leases expired {c.to_leases_expired:.1f} s after"
+                f" the cut: {c.stopped()}"
             )
         if c.fence_logged != 1:
             raise Broken(f"cut ({label}): {fence!r} logged {c.fence_logged} times, not once")
-    return c
 
 
 async def reconcile(conn: asyncpg.Connection, cuts: list[Cut]) -> list[tuple[str, Any]]:
@@ -582,8 +630,17 @@ def _out_of_time(signum: int, frame: object) -> None:
     raise Broken(f"the run passed its {BUDGET} s budget")
 
 
+class Stopped(Exception):
+    """A signal asked the run to stop."""
+
+
 def _stop(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # the finally blocks remove what the run made
+    for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def scenario(dsn: str, net: Network, hosts: list[Host], rows: list[tuple[str, Any]]) -> None:
@@ -615,28 +672,12 @@ async def scenario(dsn: str, net: Network, hosts: list[Host], rows: list[tuple[s
                 )
         cuts = []
         for how in ("down", "drop"):
-            c = await cut(conn, net, hosts, how, fence)
-            cuts.append(c)
-            stop = (
-                f"{c.to_stopped:.1f} s ({c.stop_how}; "
-                f"{'before' if c.before_lease else 'after'} the lease expired)"
-                if c.to_stopped is not None
-                else f"not within {HOLD + 5:.0f} s"
-            )
-            rows += [
-                (
-                    f"cut ({c.label})",
-                    f"host {c.host}{', the leader' if c.leader else ''}; open"
-                    f" at the cut: {c.open_holds} long, {c.open_ticks} short",
-                ),
-                ("  cut -> last lease expired", f"{c.to_leases_expired:.1f} s"),
-                ("  cut -> rescued", f"{c.to_rescue[0]:.1f} s first, {c.to_rescue[1]:.1f} s last"),
-                ("  cut -> run again elsewhere", f"{c.to_rerun:.1f} s"),
-                ("  cut -> cut host stopped its attempts", stop),
-                ("  heal -> serving again", f"{c.to_serving:.1f} s"),
-                ("  late outcomes dropped (its log)", c.dropped_logged),
-                ("  fence events (its log)", c.fence_logged),
-            ]
+            label = "link down" if how == "down" else f"silent drop: {net.drop_by}"
+            cuts.append(Cut(how, label))
+            try:
+                await cut(cuts[-1], conn, net, hosts, fence)
+            finally:
+                rows.extend(cuts[-1].rows())
         for h in hosts:
             if h.stop() != 0:
                 raise Broken(f"worker {h.name} exited {h.proc and h.proc.returncode} at SIGTERM")
@@ -672,7 +713,7 @@ def main() -> int:
     if not (shutil.which("ip") and shutil.which("tc")):
         print("scale: skipped: needs iproute2 (`ip`, `tc`)")
         return 0
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _stop)
     signal.signal(signal.SIGALRM, _out_of_time)
     signal.alarm(BUDGET)
@@ -692,17 +733,21 @@ def main() -> int:
                 asyncio.run(scenario(dsn, net, hosts, rows))
             finally:
                 for h in hosts:
-                    h.stop()
+                    h.kill()
     except Skip as exc:
         print(f"scale: skipped: {exc}")
         return 0
     except Broken as exc:
         failure = str(exc)
+    except Stopped as exc:
+        failure = f"stopped by {exc}"
     except Exception as exc:  # the harness's own trouble: the table so far, then the traceback
         traceback.print_exc()
         failure = f"{type(exc).__name__}: {exc}"
     finally:
         signal.alarm(0)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         Network.clean()
     took = time.monotonic() - started
     print(
