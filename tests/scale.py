@@ -219,7 +219,10 @@ class Network:
         taken = sh("ip", "-o", "-4", "addr", "show", "to", f"{NET}.0/24").stdout.strip()
         if taken:
             raise Skip(f"{NET}.0/24 is already used on this machine: {taken.splitlines()[0]}")
-        sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        try:
+            sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        except RuntimeError as exc:  # root without CAP_NET_ADMIN: an unprivileged container
+            raise Skip(f"cannot create a bridge here ({exc})") from None
         sh("ip", "addr", "add", f"{DB_ADDR}/24", "dev", BRIDGE)
         sh("ip", "link", "set", BRIDGE, "up")
         for h in self.hosts:
@@ -268,12 +271,23 @@ class Network:
             sh("bridge", "link", "set", "dev", h.port, "state", "3")
 
 
+def pg_bindir() -> Path:
+    """The local PostgreSQL's binaries, else the embedded package's."""
+    found = devdb.local_bindir()
+    if found is not None:
+        return found
+    try:
+        return devdb.embedded_bindir()
+    except ModuleNotFoundError as exc:
+        raise Skip(f"no PostgreSQL binaries: {exc}") from None
+
+
 def clean_clusters() -> list[str]:
     removed = []
     for data in Path(tempfile.gettempdir()).glob(f"{PREFIX}-pg-*"):
-        bindir = devdb.local_bindir()
-        if (data / "postmaster.pid").exists() and bindir is not None:
-            devdb.Cluster(data, bindir=bindir).stop("immediate")
+        if (data / "postmaster.pid").exists():
+            with contextlib.suppress(Skip):
+                devdb.Cluster(data, bindir=pg_bindir()).stop("immediate")
         shutil.rmtree(data, ignore_errors=True)
         removed.append(f"cluster {data}")
     for logs in Path(tempfile.gettempdir()).glob(f"{PREFIX}-logs-*"):
@@ -688,12 +702,7 @@ async def scenario(dsn: str, net: Network, hosts: list[Host], rows: list[tuple[s
 
 @contextlib.contextmanager
 def cluster() -> Iterator[str]:
-    bindir = devdb.local_bindir()
-    if bindir is None:
-        try:
-            bindir = devdb.embedded_bindir()
-        except ModuleNotFoundError as exc:
-            raise Skip(f"no PostgreSQL binaries: {exc}") from None
+    bindir = pg_bindir()
     data = tempfile.mkdtemp(prefix=f"{PREFIX}-pg-")
     db = devdb.Cluster(data, bindir=bindir, fsync=False, port=PORT, host=DB_ADDR)
     try:
