@@ -444,13 +444,23 @@ async def cut(
         return rows if total == HOSTS * (CONCURRENCY // 2) else []
 
     rows = await wait_until("the long jobs all running", holds_running, 20, every=0.02)
-    # A host running long jobs and short ones, the most long ones first.
-    best = max(rows, key=lambda r: (r["holds"] > 0, r["n"] > r["holds"], r["holds"]))
-    victim = next(h for h in hosts if h.name == best["worker_id"])
-    c.host = victim.name
-    c.leader = victim.name == await conn.fetchval(
+    leader = await conn.fetchval(
         "SELECT worker_id FROM pgworker.leader WHERE name = 'maintenance' AND expires_at > now()"
     )
+    # A host running long jobs and short ones: the leader when the link goes down (its successor
+    # must take the rescue over), another host when packets are dropped.
+    best = max(
+        rows,
+        key=lambda r: (
+            r["holds"] > 0,
+            r["n"] > r["holds"],
+            (r["worker_id"] == leader) == (how == "down"),
+            r["holds"],
+        ),
+    )
+    victim = next(h for h in hosts if h.name == best["worker_id"])
+    c.host = victim.name
+    c.leader = victim.name == leader
     since = victim.size()
     t_cut = time.time()
     net.cut(victim, how)
