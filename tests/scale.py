@@ -623,7 +623,8 @@ async def reconcile(conn: asyncpg.Connection, cuts: list[Cut]) -> list[tuple[str
             wrong.append(f"job {j['id']}: a second run unexplained: {j['outcomes']}")
         elif j["result_attempt"] != done[0] or len(j["outcomes"]) != j["attempts"]:
             wrong.append(
-                f"job {j['id']}: result from attempt {j['result_attempt']}, completed {done[0]}"
+                f"job {j['id']}: its result is attempt {j['result_attempt']}'s, its completed"
+                f" attempt is {done[0]} (a late outcome written over the rescue?)"
             )
         twice += len(j["outcomes"]) > 1
     for c in cuts:
