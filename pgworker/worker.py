@@ -222,6 +222,7 @@ class Worker:
                 size=POOL_SIZE,
                 application_name=f"pgworker:{s.worker_id}",
                 lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
+                keyed=True,
             )
             stack.push_async_callback(_close_pool, pool)
             services = _Services(self, pool, metrics)
