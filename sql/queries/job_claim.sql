@@ -7,44 +7,29 @@
 --
 -- Each (queue, type, version) served is read on its own, along jobs_claim_type_idx, so that the
 -- pending jobs of the others (types no worker here serves, versions of another release) are never
--- read: the claim costs the same with none or with millions of them.
+-- read: the claim costs the same with none or with millions of them. It costs one short index
+-- scan per (queue, type, version) served, and locks up to $3 jobs of each that has due jobs, for
+-- the instant of the claim, as many as it takes.
 WITH served AS (
     SELECT q.name AS queue, s.type, s.version
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN unnest($9::text[], $10::integer[]) AS s(type, version)
-), head AS MATERIALIZED (
-    -- The first $3 due jobs in claim order, not locked: the first $3 of each served, merged. Not
-    -- needed when only one is served: it takes them all.
-    SELECT s.queue, s.type, s.version
+), next AS MATERIALIZED (
+    -- Each scan skips the jobs other claims hold and walks on past them: concurrent claims take
+    -- different jobs, and none comes back empty while due jobs are free.
+    SELECT c.id
     FROM served AS s
     CROSS JOIN LATERAL (
-        SELECT j.priority, j.run_at, j.id
+        SELECT j.id, j.priority, j.run_at
         FROM {schema}.jobs AS j
         WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
           AND j.version = s.version AND j.run_at <= now()
         ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT $3
-    ) AS c
-    WHERE cardinality($1::text[]) * cardinality($9::text[]) > 1
-    ORDER BY c.priority DESC, c.run_at, c.id
-    LIMIT $3
-), next AS MATERIALIZED (
-    -- Each served locks as many as it holds of those, no more, skipping the jobs that other claims
-    -- hold and walking on past them.
-    SELECT c.id
-    FROM served AS s
-    CROSS JOIN LATERAL (
-        SELECT j.id
-        FROM {schema}.jobs AS j
-        WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
-          AND j.version = s.version AND j.run_at <= now()
-        ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT CASE WHEN cardinality($1::text[]) * cardinality($9::text[]) = 1 THEN $3
-                   ELSE (SELECT count(*) FROM head AS h
-                         WHERE h.queue = s.queue AND h.type = s.type AND h.version = s.version)
-              END
         FOR UPDATE SKIP LOCKED
     ) AS c
+    ORDER BY c.priority DESC, c.run_at, c.id
+    LIMIT $3
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'running',
