@@ -64,7 +64,7 @@ async def add_pending(conn: asyncpg.Connection, types: list[str], each: int, age
     )
 
 
-@pytest.mark.parametrize("served", [1, 10])
+@pytest.mark.parametrize("served", [1, 10, 100])
 async def test_pending_jobs_of_unserved_types_cost_the_claim_nothing(dsn, conn, served):
     """100,000 pending jobs of a type nobody serves, first in claim order in the same queue: the
     claim reads no more than without them (the old one dropped all 100,000 by filter, reading
@@ -87,7 +87,7 @@ async def test_pending_jobs_of_unserved_types_cost_the_claim_nothing(dsn, conn, 
     assert not behind["seq_scans"], behind["plan"]
     # A deeper index costs a few more buffers per probe, not a share of the backlog.
     assert behind["buffers"] <= 2 * alone["buffers"], (alone["buffers"], behind["buffers"])
-    assert behind["buffers"] < 500, behind["plan"]
+    assert behind["buffers"] < 1500, behind["plan"]
 
 
 async def test_a_claim_planned_on_an_empty_table_reads_by_index_once_it_fills(dsn, conn):
@@ -180,9 +180,11 @@ async def test_one_claim_order_across_types_versions_and_queues(dsn, conn):
     assert taken == [[10, 2, 4], [7], [1, 5], [9]]
 
 
-async def test_a_claim_walks_past_the_jobs_another_claim_holds(dsn, conn, pool):
-    """While one claim's transaction holds its jobs, another claim takes as many others, going on
-    past the held ones within a type, rather than none."""
+@pytest.mark.parametrize(("limit", "expected"), [(4, [-4, -5, -14, -15]), (1, [-4])])
+async def test_a_claim_walks_past_the_jobs_another_claim_holds(dsn, conn, pool, limit, expected):
+    """While one claim's transaction holds its jobs, another claim takes others, going on past the
+    held ones within a type, rather than none: when it searches every type served (a limit of
+    at least their number) and when it searches those whose first jobs come first."""
     await pgworker.enqueue_many(
         conn,
         [JobSpec("a", {}, priority=-n) for n in range(6)]
@@ -191,7 +193,7 @@ async def test_a_claim_walks_past_the_jobs_another_claim_holds(dsn, conn, pool):
     async with pool.acquire() as first, first.transaction():
         held = await claim(first, 4, [("a", 1), ("b", 1)])
         async with pool.acquire() as second:
-            rows = await claim(second, 4, [("a", 1), ("b", 1)])
+            rows = await claim(second, limit, [("a", 1), ("b", 1)])
     assert [r["priority"] for r in held] == [0, -1, -2, -3]
     # The first also held b's first four for as long as its claim ran.
-    assert [r["priority"] for r in rows] == [-4, -5, -14, -15]
+    assert [r["priority"] for r in rows] == expected

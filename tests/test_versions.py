@@ -321,11 +321,11 @@ async def test_the_claim_reads_each_served_type_along_its_index(dsn, conn, mode,
     text = "\n".join(plan)
     scans = [line.strip() for line in plan if "Scan" in line and " on jobs" in line]
     candidate_scans = [s for s in scans if "jobs_pkey" not in s]
-    assert len(candidate_scans) == 1, text
+    assert candidate_scans, text
     assert all("Scan using jobs_claim_type_idx on jobs" in s for s in candidate_scans), text
     assert "Seq Scan" not in text and "Bitmap" not in text, text
-    # One scan per (queue, type, version) served.
-    assert f"loops={2 * len(served)}" in text.split("jobs_claim_type_idx", 1)[1].splitlines()[0]
+    # One scan per (queue, type, version) served: 2 queues, each with every pair.
+    assert any(f"loops={2 * len(served)})" in s for s in candidate_scans), text
     assert claimed and {(r["type"], r["version"]) for r in claimed} <= set(served)
 
 

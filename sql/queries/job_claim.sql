@@ -7,18 +7,38 @@
 --
 -- Each (queue, type, version) served is read on its own, along jobs_claim_type_idx, so that the
 -- pending jobs of the others (types no worker here serves, versions of another release) are never
--- read: the claim costs the same with none or with millions of them. It costs one short index
--- scan per (queue, type, version) served, and locks up to $3 jobs of each that has due jobs, for
--- the instant of the claim, as many as it takes.
+-- read: the claim costs the same with none or with millions of them.
 WITH served AS (
     SELECT q.name AS queue, s.type, s.version
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN unnest($9::text[], $10::integer[]) AS s(type, version)
+), picked AS (
+    -- The jobs claimed are among the first $3 of the (queue, type, version) whose first due jobs
+    -- come first: with more of them served than that, only those are searched, so that a claim
+    -- locks at most $3 jobs of $3 of them, whatever their number.
+    SELECT queue, type, version
+    FROM served
+    WHERE cardinality($1::text[]) * cardinality($9::text[]) <= $3
+    UNION ALL (
+        SELECT s.queue, s.type, s.version
+        FROM served AS s
+        CROSS JOIN LATERAL (
+            SELECT j.priority, j.run_at, j.id
+            FROM {schema}.jobs AS j
+            WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
+              AND j.version = s.version AND j.run_at <= now()
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT 1
+        ) AS first
+        WHERE cardinality($1::text[]) * cardinality($9::text[]) > $3
+        ORDER BY first.priority DESC, first.run_at, first.id
+        LIMIT $3
+    )
 ), next AS MATERIALIZED (
     -- Each scan skips the jobs other claims hold and walks on past them: concurrent claims take
-    -- different jobs, and none comes back empty while due jobs are free.
+    -- different jobs.
     SELECT c.id
-    FROM served AS s
+    FROM picked AS s
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at
         FROM {schema}.jobs AS j
