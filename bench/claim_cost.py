@@ -186,7 +186,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"claim of {LIMIT} jobs, worker session settings; backlog = {args.backlog:,} pending "
         "jobs of an unserved type in the same queue",
         "",
-        "| case | ms per claim | buffers | jobs rows removed by filter | seq scans of jobs | claimed |",
+        "| case | ms per claim | buffers | jobs rows filtered out | jobs seq scans | claimed |",
         "|---|---|---|---|---|---|",
     ]
     admin = await asyncpg.connect(dsn)
