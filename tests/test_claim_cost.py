@@ -255,3 +255,41 @@ async def test_a_claim_walks_past_the_jobs_another_claim_holds(dsn, conn, pool, 
     assert [r["priority"] for r in held] == [0, -1, -2, -3]
     # The first also held b's first four for as long as its claim ran.
     assert [r["priority"] for r in rows] == expected
+
+
+async def test_migration_11_keeps_an_index_built_beforehand_and_refuses_an_invalid_one(
+    empty_dsn,
+):
+    """An index built beforehand with CREATE INDEX CONCURRENTLY (the upgrade note's way on a big
+    table) is kept; one left invalid by a failed concurrent build is refused, saying what to do,
+    and nothing of the migration is applied."""
+    from .test_sql_enqueue import migrated_to
+
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        await migrated_to(conn, 10)
+        await pgworker.enqueue_many(conn, [JobSpec("t", {}), JobSpec("t", {})])
+        with pytest.raises(asyncpg.exceptions.UniqueViolationError):
+            await conn.execute(
+                "CREATE UNIQUE INDEX CONCURRENTLY jobs_claim_type_idx ON pgworker.jobs (type)"
+            )
+        with pytest.raises(asyncpg.exceptions.RaiseError, match="invalid.*drop it, then migrate"):
+            await pgworker.migrate(conn)
+        assert await conn.fetchval("SELECT max(version) FROM pgworker.migrations") == 10
+        assert await conn.fetchval("SELECT to_regclass('pgworker.jobs_claim_idx')") is not None
+        await conn.execute("DROP INDEX pgworker.jobs_claim_type_idx")
+        await conn.execute(
+            "CREATE INDEX CONCURRENTLY jobs_claim_type_idx ON pgworker.jobs "
+            "(queue, type, version, priority DESC, run_at, id) WHERE status = 'pending'"
+        )
+        assert await pgworker.migrate(conn) == [11]
+        indexes = await conn.fetch(
+            "SELECT indexrelid::regclass::text AS name FROM pg_index "
+            "WHERE indrelid = 'pgworker.jobs'::regclass AND indisvalid"
+        )
+        names = {r["name"] for r in indexes}
+        assert "pgworker.jobs_claim_type_idx" in names and "pgworker.jobs_claim_idx" not in names
+        rows = await claim(conn, 10, [("t", 1)])
+        assert len(rows) == 2
+    finally:
+        await conn.close()
