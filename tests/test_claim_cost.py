@@ -116,64 +116,6 @@ async def test_a_claim_planned_on_an_empty_table_reads_by_index_once_it_fills(ds
     assert cached["buffers"] <= 2 * fresh["buffers"], (cached["buffers"], fresh["buffers"])
 
 
-# The worker's statements that reach running jobs and their attempts by key, with the types of
-# their parameters and the values given (job 5, attempt 1).
-BY_KEY = {
-    "job_finish_many": (
-        "bigint[], integer[], text[], text[], text[], text[], text[], float8[], integer[], "
-        "timestamptz[], text[]",
-        "'{5}', '{1}', '{completed}', '{completed}', '{null}', '{null}', '{null}', '{0}', '{0}', "
-        "ARRAY[now()], '{null}'",
-    ),
-    "worker_heartbeat": (
-        "bigint[], integer[], timestamptz[], float8",
-        "'{5}', '{1}', ARRAY[now()], 30",
-    ),
-    "attempt_outcomes": ("bigint[], integer[], timestamptz[]", "'{5}', '{1}', ARRAY[now()]"),
-}
-
-
-@pytest.mark.parametrize("name", sorted(BY_KEY))
-async def test_writes_by_key_planned_on_a_nearly_empty_table_stay_by_key(dsn, conn, name):
-    """The outcome, heartbeat and outcome-check statements of a worker that started on an empty
-    table, planned when its first job ran: once 100,000 more run, they still read a few pages
-    (they read every row by a join that the first plan drove from the table)."""
-    running = (
-        "INSERT INTO pgworker.jobs (type, status, attempts, claimed_at) "
-        "SELECT 't', 'running', 1, now() FROM generate_series(1, $1)"
-    )
-    attempts = (
-        "INSERT INTO pgworker.job_attempts (job_id, attempt, type, queue, worker_id, "
-        "correlation_id, started_at) SELECT id, 1, 't', 'default', 'w', 'c', now() "
-        "FROM pgworker.jobs WHERE id > $1"
-    )
-    await conn.execute(running, 1)
-    await conn.execute(attempts, 0)
-    for table in ("jobs", "job_attempts"):
-        await conn.execute(f"VACUUM ANALYZE pgworker.{table}")
-    types, args = BY_KEY[name]
-    pool = await create_pool(dsn, size=1, keyed=True)
-    try:
-        async with pool.acquire() as c:
-            await c.execute(f"PREPARE s({types}) AS " + files.queries("pgworker")[name])
-            await c.execute(f"EXECUTE s({args})")
-            await conn.execute(running, BACKLOG)
-            await conn.execute(attempts, 1)
-            tr = c.transaction()
-            await tr.start()
-            try:
-                raw = await c.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE s({args})")
-            finally:
-                await tr.rollback()
-    finally:
-        await pool.close()
-    plan = json.loads(raw)[0]["Plan"]
-    scans = [n for n in nodes(plan) if n.get("Relation Name") in ("jobs", "job_attempts")]
-    read = sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans)
-    assert scans and read < 50, (read, plan)
-    assert max(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans) < 10, plan
-
-
 async def test_the_worker_plans_by_index_only(dsn, monkeypatch):
     """The worker's pool is the one the test above measures (`keyed`)."""
     import pgworker.worker as worker_module
@@ -273,7 +215,7 @@ async def test_migration_11_keeps_an_index_built_beforehand_and_refuses_an_inval
             await conn.execute(
                 "CREATE UNIQUE INDEX CONCURRENTLY jobs_claim_type_idx ON pgworker.jobs (type)"
             )
-        with pytest.raises(asyncpg.exceptions.RaiseError, match="invalid.*drop it, then migrate"):
+        with pytest.raises(asyncpg.exceptions.RaiseError, match=r"invalid.*drop it, then migrate"):
             await pgworker.migrate(conn)
         assert await conn.fetchval("SELECT max(version) FROM pgworker.migrations") == 10
         assert await conn.fetchval("SELECT to_regclass('pgworker.jobs_claim_idx')") is not None

@@ -311,8 +311,12 @@ class Queries:
         `oldest_pending_seconds` (None when no pending job is due). Its counts read the whole
         table: in a transaction that lets them, on the worker's pool that does not."""
         async with transaction(conn) as c:
-            await c.execute(self._sql["seqscan_allow"])
+            await self.seqscan_allow(c)
             return await c.fetch(self._sql["metrics_queues"], max_queues)
+
+    async def seqscan_allow(self, conn: Conn) -> None:
+        """Let the rest of `conn`'s transaction scan whole tables (see metrics_queues)."""
+        await conn.execute(self._sql["seqscan_allow"])
 
     async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)

@@ -4,4 +4,3 @@ SELECT a.job_id, a.outcome
 FROM {schema}.job_attempts AS a
 JOIN unnest($1::bigint[], $2::integer[], $3::timestamptz[]) AS r(job_id, attempt, claimed_at)
   ON a.job_id = r.job_id AND a.attempt = r.attempt AND a.started_at = r.claimed_at
-WHERE a.job_id = ANY($1::bigint[])
