@@ -231,6 +231,7 @@ class Worker:
                 application_name=f"pgworker:{s.worker_id}",
                 lock_timeout=min(s.lease / 3, LOCK_TIMEOUT),
                 pooler=s.pooler,
+                keyed=True,
             )
             stack.push_async_callback(_close_pool, pool)
             services = _Services(self, pool, metrics)

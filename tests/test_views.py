@@ -257,7 +257,7 @@ EXPECTED = {
     "type_stats": ("job_attempts_started_idx", 20),
     "recent_failures": ("jobs_finished_idx", 100),
     "overdue_jobs": ("jobs_lease_idx", 50),
-    "queue_backlog": ("jobs_claim_idx", 5),
+    "queue_backlog": ("jobs_claim_type_idx", 5),
     "worker_activity": ("jobs_lease_idx", 10),
 }
 

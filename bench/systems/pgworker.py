@@ -251,17 +251,20 @@ class PgWorker(System):
     async def explain_claim(self, dsn: str) -> dict[str, Any]:
         """The claim's plans, custom and generic, run under EXPLAIN ANALYZE and rolled back."""
         # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode,
-        # the types served at version 1, the other (type, version) pairs served (none).
+        # then the (type, version) pairs served: since migration 11 the types and their versions;
+        # before, the types served at version 1 and the other pairs as `type@version` (none).
+        sql = self.claim_sql()
+        pairs = "$10::integer[]" in sql
         params = (
             "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off', "
-            "'{noop,latency}', '{}'"
+            f"'{{noop,latency}}', '{{{'1,1' if pairs else ''}}}'"
         )
         conn = await asyncpg.connect(dsn)
         out: dict[str, Any] = {}
         try:
             await conn.execute(
                 "PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text, "
-                "text[], text[]) AS " + self.claim_sql()
+                f"text[], {'integer[]' if pairs else 'text[]'}) AS " + sql
             )
             for mode in ("auto", "force_generic_plan"):
                 tr = conn.transaction()

@@ -184,6 +184,11 @@ class Queries:
         the claim commits without waiting for its WAL flush. Only jobs of the (type, version)
         pairs served are claimed: version 1 of `version_1_types` (None: of every type) and
         `other_versions`, as registry.served_key writes them."""
+        served = [(t, 1) for t in (types if version_1_types is None else version_1_types)]
+        for key in other_versions:
+            # served_key writes the version after the type's last `@`.
+            name, _, version = key.rpartition("@")
+            served.append((name, int(version)))
         return await conn.fetch(
             self._sql["job_claim"],
             queues,
@@ -194,8 +199,8 @@ class Queries:
             default_max_retries,
             code_version,
             None if durable else "off",
-            types if version_1_types is None else version_1_types,
-            other_versions,
+            [t for t, _ in served],
+            [v for _, v in served],
         )
 
     async def job_attempts_repair(self, conn: Executor, job_id: int) -> None:
@@ -303,8 +308,15 @@ class Queries:
 
     async def metrics_queues(self, conn: Executor, max_queues: int) -> list[Row]:
         """Per queue (the first `max_queues` by name): `jobs` by `status`, and
-        `oldest_pending_seconds` (None when no pending job is due)."""
-        return await conn.fetch(self._sql["metrics_queues"], max_queues)
+        `oldest_pending_seconds` (None when no pending job is due). Its counts read the whole
+        table: in a transaction that lets them, on the worker's pool that does not."""
+        async with transaction(conn) as c:
+            await self.seqscan_allow(c)
+            return await c.fetch(self._sql["metrics_queues"], max_queues)
+
+    async def seqscan_allow(self, conn: Conn) -> None:
+        """Let the rest of `conn`'s transaction scan whole tables (see metrics_queues)."""
+        await conn.execute(self._sql["seqscan_allow"])
 
     async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)

@@ -1,23 +1,50 @@
--- Claim up to $3 due jobs of the worker's queues ($1) whose (type, version) the worker serves,
--- highest priority first, then oldest run_at, then id: version 1 of the types in $9, and the other
--- versions listed in $10 as `type@version` (registry.served_key; empty when the worker serves
--- version 1 only, the common case, which then costs one integer comparison per row). Each claimed
--- job gets an attempt row, and the task's max_retries ($6, aligned with the types $2) where the
--- enqueuer gave none. The rows are whole jobs as the claim left them. With $8 = 'off' the claim
--- commits without waiting for its WAL flush (see the README, "Fast claims"); with NULL it commits
--- as the server is configured.
-WITH next AS MATERIALIZED (
-    -- One index scan of jobs_claim_idx per queue, each already in claim order.
-    SELECT c.id
+-- Claim up to $3 due jobs of the worker's queues ($1) whose (type, version) the worker serves (the
+-- pairs $9, $10: each type with its version), highest priority first, then oldest run_at, then
+-- id, across all of them. Each claimed job gets an attempt row, and the task's max_retries ($6,
+-- aligned with the types $2) where the enqueuer gave none. The rows are whole jobs as the claim left
+-- them. With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
+-- claims"); with NULL it commits as the server is configured.
+--
+-- Each (queue, type, version) served is read on its own, along jobs_claim_type_idx, so that the
+-- pending jobs of the others (types no worker here serves, versions of another release) are never
+-- read: the claim costs the same with none or with millions of them.
+WITH served AS (
+    SELECT q.name AS queue, s.type, s.version
     FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN unnest($9::text[], $10::integer[]) AS s(type, version)
+), picked AS (
+    -- The jobs claimed are among the first $3 of the (queue, type, version) whose first due jobs
+    -- come first: with more of them served than that, only those are searched, so that a claim
+    -- locks at most $3 jobs of $3 of them, whatever their number.
+    SELECT queue, type, version
+    FROM served
+    WHERE cardinality($1::text[]) * cardinality($9::text[]) <= $3
+    UNION ALL (
+        SELECT s.queue, s.type, s.version
+        FROM served AS s
+        CROSS JOIN LATERAL (
+            SELECT j.priority, j.run_at, j.id
+            FROM {schema}.jobs AS j
+            WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
+              AND j.version = s.version AND j.run_at <= now()
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT 1
+        ) AS first
+        WHERE cardinality($1::text[]) * cardinality($9::text[]) > $3
+        ORDER BY first.priority DESC, first.run_at, first.id
+        LIMIT $3
+    )
+), next AS MATERIALIZED (
+    -- Each scan skips the jobs other claims hold and walks on past them: concurrent claims take
+    -- different jobs.
+    SELECT c.id
+    FROM picked AS s
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at
-        FROM {schema}.jobs
-        WHERE status = 'pending' AND queue = q.name
-          AND CASE WHEN version = 1 THEN type = ANY($9::text[])
-                   ELSE type || '@' || version = ANY($10::text[]) END
-          AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.jobs AS j
+        WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
+          AND j.version = s.version AND j.run_at <= now()
+        ORDER BY j.priority DESC, j.run_at, j.id
         LIMIT $3
         FOR UPDATE SKIP LOCKED
     ) AS c

@@ -8,7 +8,7 @@ WITH counts AS (
 ), shown AS (
     SELECT DISTINCT queue FROM counts ORDER BY queue LIMIT $1
 ), due AS (
-    -- Along jobs_claim_idx: one short index scan per queue.
+    -- Along jobs_claim_type_idx: one short index scan per queue.
     SELECT s.queue, extract(epoch FROM now() - o.run_at)::float8 AS oldest_pending_seconds
     FROM shown AS s
     CROSS JOIN LATERAL (
