@@ -280,7 +280,8 @@ async def test_a_worker_without_pooler_exits_with_one_line_naming_it(dsn, server
     assert "unsupported startup parameter" in out.stderr and ONE_LINE_POOLER in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     ignoring = PgBouncer(
-        server_dsn, ignore_startup_parameters="plan_cache_mode,enable_bitmapscan,lock_timeout"
+        server_dsn,
+        ignore_startup_parameters="plan_cache_mode,enable_bitmapscan,enable_seqscan,jit,lock_timeout",
     )
     with ignoring:
         out = cli("run", "tests.apps.basic", "--dsn", ignoring.dsn(dsn))
