@@ -131,8 +131,9 @@ async def test_a_cut_off_worker_stops_its_attempt_before_its_lease_expires(
                 assert (done.worker_id, done.result, done.attempts) == ("cut-off", "cut-off", 1)
     assert len(logged(logs, FENCED)) == 1
     assert not logged(logs, "outcome dropped")
-    assert not logged(logs, "job completed", job_id=job)
-    [stopped_line] = logged(logs, "worker stopped")
+    assert not logged(logs, "job completed", job_id=job, worker_id="cut-off")
+    assert logged(logs, "job lost", job_id=job, worker_id="cut-off")
+    [stopped_line] = logged(logs, "worker stopped", worker_id="cut-off")
     assert stopped_line["outcomes_dropped"] == 0
     rescued = await pgworker.get_job(conn, job)
     assert (rescued.status, rescued.result, rescued.retry_count) == ("completed", "rescuer", 1)
