@@ -158,7 +158,10 @@ class Producer:
         running attempt as `lost`, its outcome not written (the database cannot be reached, and
         the rescue records the attempt). Returns how many attempts were stopped."""
         self._cut_off = True
-        self._conn.abandon()  # a claim waiting on it would hold the next one back after healing
+        # Statements waiting on a network that drops packets could wait for minutes after it
+        # heals: the next claim and outcome write take new connections.
+        self._conn.abandon()
+        self._completer.abandon_connection()
         for attempt in self.running:
             self.fenced.add(attempt)
             attempt.stop(Outcome.LOST)

@@ -138,3 +138,32 @@ async def test_a_cut_off_worker_stops_its_attempt_before_its_lease_expires(
     rescued = await pgworker.get_job(conn, job)
     assert (rescued.status, rescued.result, rescued.retry_count) == ("completed", "rescuer", 1)
     assert [tuple(a) for a in await attempts(conn, job)] == [tuple(first), tuple(second)]
+
+
+async def test_a_heartbeat_never_answered_is_given_up_and_sent_again_on_a_new_connection(
+    dsn: str,
+) -> None:
+    """On a network that drops packets silently, a statement sent is never answered, even once
+    the network heals: each heartbeat is bounded (a third of the lease) and its connection
+    closed, so that the first heartbeat on a new connection lets the worker serve again."""
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx: Any, payload: Any) -> None:
+        pass
+
+    async with PgProxy(dsn) as proxy:
+        with capture_logs() as logs:
+            async with pgworker.Worker(
+                registry, proxy.dsn, worker_id="cut-off", lease=6.0, listen=False
+            ):
+                proxy.stall()
+                await wait_for(lambda: logged(logs, "heartbeat failed"), timeout=30)
+                [fenced] = await wait_for(lambda: logged(logs, FENCED), timeout=30)
+                assert fenced["attempts"] == 0
+                for link in proxy.links:  # what was sent before is never answered
+                    link.pause()
+                proxy.resume()
+                await wait_for(lambda: logged(logs, BACK), timeout=60)
+    [failed, *_] = logged(logs, "heartbeat failed; retrying")
+    assert failed["error"] == "TimeoutError: the database did not answer within 2s", failed
