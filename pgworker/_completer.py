@@ -68,6 +68,11 @@ class Completer:
         self._buffer.append(result)
         self._ready.set()
 
+    def abandon_connection(self) -> None:
+        """The database stopped answering: close the connection now (a write waiting on it
+        fails as on a lost connection, and is written again on a new one)."""
+        self._conn.abandon()
+
     def close(self) -> None:
         """Finish once everything submitted so far is written (or given up on, when the
         database stays unreachable for `give_up_after` seconds)."""

@@ -28,7 +28,7 @@ from ._notifier import Wakeup
 from ._redact import redactor
 from ._service import Health, supervise
 from ._step_store import StepStore
-from .models import JobStatus, Outcome
+from .models import AttemptResult, JobStatus, Outcome
 from .registry import Registry, served_key
 from .settings import Settings
 
@@ -119,6 +119,10 @@ class Producer:
         # claimed again here has two); and the newest attempt of each job, for cancel requests.
         self.running: set[Attempt] = set()
         self._by_job: dict[int, Attempt] = {}
+        # Attempts stopped because the worker lost contact with the database (`fence`), and
+        # whether it is cut off now (no claims).
+        self.fenced: set[Attempt] = set()
+        self._cut_off = False
         self._slots: set[asyncio.Task[None]] = set()
         self.abandoned = 0
 
@@ -152,6 +156,29 @@ class Producer:
         if attempt is not None and attempt.stopped_as is None:
             attempt.log.info("cancel requested: stopping the job")
             attempt.stop(Outcome.CANCELLED)
+
+    def fence(self) -> int:
+        """The worker cannot renew its leases (see Heartbeat.guard): stop claiming, and stop every
+        running attempt as `lost`, its outcome not written (the database cannot be reached, and
+        the rescue records the attempt). Returns how many attempts were stopped."""
+        self._cut_off = True
+        # Statements waiting on a network that drops packets could wait for minutes after it
+        # heals: the next claim and outcome write take new connections.
+        self._conn.abandon()
+        self._completer.abandon_connection()
+        for attempt in self.running:
+            self.fenced.add(attempt)
+            attempt.stop(Outcome.LOST)
+        return len(self.running)
+
+    def cut_off(self) -> bool:
+        """Whether the worker is fenced now (it claims nothing)."""
+        return self._cut_off
+
+    def unfence(self) -> None:
+        """The database answers again: claim again."""
+        self._cut_off = False
+        self._wakeup.set()
 
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
@@ -206,10 +233,13 @@ class Producer:
                 "handler ignored its cancellation: abandoned, its job handed back",
                 waited_s=ABANDON_AFTER,
             )
-            result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
-            if self._metrics is not None:
-                self._metrics.finished(attempt, result, time.monotonic())
-            self._completer.submit(result)
+            if attempt in self.fenced:  # left to the rescue
+                self.fenced.discard(attempt)
+            else:
+                result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
+                if self._metrics is not None:
+                    self._metrics.finished(attempt, result, time.monotonic())
+                self._completer.submit(result)
             self._forget(attempt)
 
     # The claim service: one claim per step, as many jobs as there are free slots.
@@ -225,7 +255,7 @@ class Producer:
         s = self._settings
         self._wakeup.clear()
         free = s.concurrency - len(self.running)
-        if free <= 0:
+        if free <= 0 or self._cut_off:
             return
         try:
             records = await self._q.job_claim(
@@ -258,6 +288,8 @@ class Producer:
             self._metrics.claimed(records)
         for record in records:
             self._start(Attempt(record, self._steps))
+        if self.cut_off():  # claimed by a statement sent before the worker was fenced
+            self.fence()
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)
@@ -336,14 +368,24 @@ class Producer:
                 result = failed_by_worker(attempt, task, exc, self._redact)
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
-            if self._metrics is not None:  # before the completer can settle it
-                self._metrics.finished(attempt, result, time.monotonic())
-            self._completer.submit(result)
+            if not (self.fenced and self._fenced_out(attempt, result)):
+                if self._metrics is not None:  # before the completer can settle it
+                    self._metrics.finished(attempt, result, time.monotonic())
+                self._completer.submit(result)
         finally:
             if span is not None:
                 span.end(result)
             self._forget(attempt)
         return sound and not attempt.task_cancelled
+
+    def _fenced_out(self, attempt: Attempt, result: AttemptResult) -> bool:
+        """Whether the attempt was stopped by the fence, its outcome not to be written: the
+        rescue closes it as `lost`. One whose handler ended on its own before it heard of the
+        fence has its outcome written as any other (fenced in the database if too late)."""
+        if attempt not in self.fenced:
+            return False
+        self.fenced.discard(attempt)
+        return result.outcome is Outcome.LOST
 
     def _forget(self, attempt: Attempt) -> None:
         self.running.discard(attempt)

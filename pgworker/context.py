@@ -48,6 +48,15 @@ class JobContext:
     log: Any = _forward("_attempt.log")
     """A logger bound to the job's keys."""
 
+    @property
+    def stopped(self) -> bool:
+        """True once the worker has stopped this attempt: the task's timeout, an operator's
+        cancel, the end of the shutdown grace period, a lost lease, or the worker losing contact
+        with the database. An `async def` handler is cancelled then; a plain `def` handler, which
+        Python cannot interrupt, should check it between units of work and return: its attempt
+        has already ended, and what it returns or raises is ignored."""
+        return self._attempt.scope.cancel_called
+
     def _attempt_steps(self, what: str) -> Steps:
         """The attempt's steps, for `await ctx.<what>(...)` on the worker's event loop. From a
         plain `def` handler (a thread) the call is an error at once: its coroutine, never

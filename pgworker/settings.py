@@ -57,6 +57,12 @@ class Settings:
     """How a worker runs. Times are in seconds (a timedelta is accepted too). `queues=None`
     serves every queue the registry's tasks name, plus `default`.
 
+    Leases: a worker extends its jobs' leases every lease/3, each heartbeat answered within
+    min(lease/3, 10 s) or tried again on a new connection. A worker whose last answered
+    heartbeat was sent more than 5/6 of the lease ago stops its attempts (their outcomes not
+    written) and its claims before those leases can expire, until a heartbeat is answered: it
+    fences itself (docs/reliability.md).
+
     Bounds (_limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
     to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
     to 200.

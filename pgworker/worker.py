@@ -288,6 +288,7 @@ class Worker:
                     tg.start_soon(self._write_health_file_often)
                 for svc in running:
                     tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
+                await tg.start(services.heartbeat.guard)
                 self._producer = producer
                 if self._stop_requested:
                     producer.stop()

@@ -313,6 +313,13 @@ class HeldConnection:
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._pool.release(conn)
 
+    def abandon(self) -> None:
+        """Close the connection at once, whatever statement it waits on (a database that stopped
+        answering: on a network that drops packets, it might wait for minutes after the network
+        heals); the statement fails as on a lost connection, and the next `get` takes another."""
+        if self._conn is not None and not _gone(self._conn):
+            self._conn.terminate()
+
     async def drop(self) -> None:
         """Give the connection back (after an error, or when done); the next `get` takes another."""
         conn, self._conn = self._conn, None
