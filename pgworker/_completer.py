@@ -1,4 +1,5 @@
-"""Outcomes → guarded writes, in batches, on a connection of the completer's own: LINGER seconds
+"""Outcomes → guarded writes, in batches, on the worker's shared connection (the heartbeat, the
+maintenance and the steps' records take turns on it between writes): LINGER seconds
 after the first outcome of a batch arrives, one statement writes all that arrived meanwhile. The
 write runs while the producer's next claim does (two backends, commits that share a WAL flush),
 which measured faster than carrying the outcomes in the claim: that made each cycle wait for both.
@@ -19,7 +20,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from ._db.connection import HeldConnection, classify, recover
+from ._db.connection import SharedConnection, classify, recover
 from ._db.queries import queries
 from ._logs import get_logger
 from ._redact import describe
@@ -43,7 +44,8 @@ class Completer:
     ) -> None:
         self.give_up_after = give_up_after
         self._pool = pool
-        self._conn = HeldConnection(pool)
+        self.shared = SharedConnection(pool)
+        """Where the outcomes are written, lent between writes (see SharedConnection)."""
         self._q = queries(schema)
         self._on_requeued = on_requeued
         self._on_settled = on_settled
@@ -71,7 +73,7 @@ class Completer:
     def abandon_connection(self) -> None:
         """The database stopped answering: close the connection now (a write waiting on it
         fails as on a lost connection, and is written again on a new one)."""
-        self._conn.abandon()
+        self.shared.abandon()
 
     def close(self) -> None:
         """Finish once everything submitted so far is written (or given up on, when the
@@ -88,7 +90,7 @@ class Completer:
         (its task was cancelled with the worker). Its held connection may have been cancelled in
         the middle of a statement: a fresh one is taken."""
         self.close()
-        await self._conn.discard()
+        await self.shared.discard()
         while not self.done():
             try:
                 await self.step()
@@ -104,7 +106,7 @@ class Completer:
             await anyio.sleep(LINGER)  # let the batch fill
 
     async def reset(self, exc: Exception) -> None:
-        await self._conn.drop()
+        await self.shared.drop()
         await recover(self._pool, exc)
 
     async def step(self) -> None:
@@ -123,7 +125,7 @@ class Completer:
                 break
             await self._write()
         if self._closing:
-            await self._conn.drop()
+            await self.shared.drop()
             self.finished.set()
 
     def _give_up(self) -> None:
@@ -141,7 +143,7 @@ class Completer:
     async def _write(self) -> None:
         batch = self._batch
         try:
-            written = await self._q.job_finish_many(await self._conn.get(), batch)
+            written = await self._q.job_finish_many(self.shared, batch)
         except Exception as exc:
             kind = classify(exc)
             if kind == "rejected" or isinstance(exc, asyncpg.exceptions.LockNotAvailableError):
@@ -181,13 +183,13 @@ class Completer:
         """One outcome alone. Refused by the database, it is recorded as a failed attempt
         instead; refused again, it is left to the rescue."""
         try:
-            written = await self._q.job_finish_many(await self._conn.get(), [result])
+            written = await self._q.job_finish_many(self.shared, [result])
         except Exception as exc:
             if classify(exc) != "rejected":
                 raise
             result = self._refused(result, exc)
             try:
-                written = await self._q.job_finish_many(await self._conn.get(), [result])
+                written = await self._q.job_finish_many(self.shared, [result])
             except Exception as again:
                 if classify(again) != "rejected":
                     raise

@@ -5,7 +5,6 @@ heartbeat has not been answered for too long (the worker fences itself)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time
@@ -14,7 +13,7 @@ from datetime import UTC, datetime
 import anyio
 import anyio.abc
 
-from ._db.connection import CONNECTION_ERRORS, Executor, classify, recover
+from ._db.connection import Executor, classify, recover
 from ._db.queries import AttemptKey, Beat, queries
 from ._logs import get_logger
 from ._producer import Producer
@@ -69,7 +68,7 @@ class Heartbeat:
         rows of workers serving version 1 only read as before."""
         s = self._settings
         await self._q.worker_register(
-            conn or self._producer.pool,
+            conn or self._producer.shared,
             s.worker_id,
             socket.gethostname(),
             os.getpid(),
@@ -79,32 +78,28 @@ class Heartbeat:
         )
 
     async def unregister(self) -> None:
-        await self._q.worker_unregister(self._producer.pool, self._settings.worker_id)
+        await self._q.worker_unregister(self._producer.shared, self._settings.worker_id)
 
     def done(self) -> bool:
         return False
 
     async def reset(self, exc: Exception) -> None:
+        await self._producer.shared.drop()
         await recover(self._producer.pool, exc)
 
     async def idle(self) -> None:
         await anyio.sleep(self._settings.lease / 3)
 
     async def step(self) -> None:
-        """One heartbeat, within beat_timeout: past it, TimeoutError, and the connection it took
-        is closed rather than given back (its statement may never be answered)."""
-        pool = self._producer.pool
+        """One heartbeat, within beat_timeout, on the worker's shared connection: past it,
+        TimeoutError, and that connection is closed rather than given back (its statement, ours
+        or the one we waited behind, may never be answered)."""
+        shared = self._producer.shared
         with anyio.move_on_after(self._timeout) as bound:
-            conn = await pool.acquire()
-            try:
+            async with shared.acquire() as conn:
                 await self._beat(conn)
-            except anyio.get_cancelled_exc_class():
-                conn.terminate()
-                raise
-            finally:
-                with contextlib.suppress(*CONNECTION_ERRORS):
-                    await pool.release(conn)
         if bound.cancelled_caught:
+            shared.abandon()
             raise TimeoutError(f"the database did not answer within {self._timeout:g}s")
 
     async def _beat(self, conn: Executor) -> None:

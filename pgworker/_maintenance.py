@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import asyncpg
 
-from ._db.connection import classify, recover
+from ._db.connection import SharedConnection, classify, recover
 from ._db.queries import AttemptKey, Row, queries
 from ._leadership import Leadership
 from ._logs import get_logger
@@ -108,6 +108,8 @@ class Maintenance:
         return False
 
     async def reset(self, exc: Exception) -> None:
+        if isinstance(self._pool, SharedConnection):
+            await self._pool.drop()
         await recover(self._pool, exc)
         self.leadership.uncertain()
         self._clear_gauges()

@@ -20,7 +20,7 @@ import structlog
 from . import _tracing
 from ._attempt import Attempt
 from ._completer import Completer
-from ._db.connection import HeldConnection, recover
+from ._db.connection import HeldConnection, SharedConnection, recover
 from ._db.queries import attempt_conflict, queries
 from ._executor import execute, failed_by_worker
 from ._logs import get_logger
@@ -107,6 +107,7 @@ class Producer:
             settings.concurrency,
             settings.worker_id,
             pooler=settings.pooler,
+            shared=completer.shared,
         )
         self._redact = redactor(settings.redact_keys)
         self._handoff = _Handoff()
@@ -129,6 +130,12 @@ class Producer:
     @property
     def pool(self) -> asyncpg.Pool:
         return self._pool
+
+    @property
+    def shared(self) -> SharedConnection:
+        """The connection the outcomes, the heartbeat, the maintenance and the steps' records
+        take turns on (the completer's)."""
+        return self._completer.shared
 
     @property
     def served(self) -> list[str]:
@@ -280,7 +287,7 @@ class Producer:
                 "its next attempt is numbered after the last",
                 job_id=job_id,
             )
-            await self._q.job_attempts_repair(self._pool, job_id)
+            await self._q.job_attempts_repair(self.shared, job_id)
             self._wakeup.set()
             return
         self._saturated = len(records) == free

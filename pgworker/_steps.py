@@ -6,10 +6,11 @@ attempt that lost its job (lease expired and rescued, claimed again elsewhere) r
 and its step raises so that its handler stops. The steps a job has done are read once per
 attempt, at its first step; a handler that uses none costs nothing.
 
-Steps run on a pool of their own, opened at the worker's first step: a transactional step holds
-its connection while the user's function runs, which on the worker's small pool would starve the
-heartbeat (and lose the lease), and the user's SQL must not run under the session settings tuned
-for pgworker's own statements (generic plans, no bitmap scans, a lock timeout).
+A step's reads and records are single statements on the worker's shared connection (see
+_step_store.py). A transactional step takes a connection of the steps' own pool for its
+transaction only: it holds it while the user's function runs, which on the shared connection would
+starve the heartbeat (and lose the lease), and the user's SQL must not run under the session
+settings tuned for pgworker's own statements (generic plans, no bitmap scans, a lock timeout).
 
 A transactional step's function cannot end the step's transaction: its connection refuses
 transaction control before it is sent (`_step_connection.StepConnection`), and the checkpoint is
@@ -50,9 +51,9 @@ _inside: ContextVar[str | None] = ContextVar("pgworker_transactional_step", defa
 
 
 def not_inside_a_transactional_step(what: str) -> None:
-    """Steps and milestones are not for the function of a transactional step: each would wait,
-    holding the step's connection, for another of the steps' pool (one per slot: with every
-    slot inside a transactional step, forever)."""
+    """Steps and milestones are not for the function of a transactional step: they are written
+    on another connection, outside the step's transaction, so they would not commit or roll back
+    with its effect."""
     outer = _inside.get()
     if outer is not None:
         raise PgWorkerError(
@@ -121,8 +122,9 @@ class Steps:
         if self._done is None:
             async with self._loading:
                 if self._done is None:
-                    pool = await self._store.pool()
-                    held, done = await self._store.q.job_steps_done(pool, self._key)
+                    held, done = await self._store.q.job_steps_done(
+                        await self._store.writes(), self._key
+                    )
                     if not held:
                         raise lost(self._attempt, f"step {name!r} not run")
                     self._done = done
@@ -157,8 +159,9 @@ class Steps:
             started = datetime.now(UTC)
             value = await _call(fn, args, kwargs)
             text = _json("result", value, f"the result of step {name!r}")
-            pool = await self._store.pool()
-            _, stored = await self._store.q.job_step_record(pool, self._key, name, text, started)
+            _, stored = await self._store.q.job_step_record(
+                await self._store.writes(), self._key, name, text, started
+            )
             if stored is None:
                 raise lost(self._attempt, f"step {name!r} ran but was not recorded")
             return stored
@@ -223,8 +226,9 @@ class Steps:
         if detail is not None and not isinstance(detail, dict):
             raise ValidationError("detail", f"must be a dict or None, got {type(detail).__name__}")
         text = None if detail is None else _json("detail", detail, "the detail")
-        pool = await self._store.pool()
-        if not await self._store.q.job_progress(pool, self._key, milestone, text):
+        if not await self._store.q.job_progress(
+            await self._store.writes(), self._key, milestone, text
+        ):
             raise lost(self._attempt, f"milestone {milestone!r} not recorded")
 
 

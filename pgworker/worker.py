@@ -43,7 +43,8 @@ from .settings import Settings, dsn_from_env
 if TYPE_CHECKING:
     from ._metrics import Metrics
 
-POOL_SIZE = 4
+POOL_SIZE = 2
+"""The claims' connection and the one the rest take turns on (SharedConnection)."""
 LOCK_TIMEOUT = 5.0
 """The longest a worker's statement waits on a lock (shorter with a short lease): a row an
 operator holds locked makes that service retry and say so in `health()`, not hang."""
@@ -68,7 +69,7 @@ class _Services:
         )
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(
-            pool, s, worker.registry, stopping=self.producer.done, metrics=metrics
+            self.completer.shared, s, worker.registry, stopping=self.producer.done, metrics=metrics
         )
         # LISTEN needs a session of its own: through a transaction pooler, only on listen_dsn.
         listens = s.listen and (s.listen_dsn is not None or not s.pooler)

@@ -3,8 +3,9 @@ the service that met it (reconnect, back off, or handle the row alone)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import asyncpg
@@ -80,7 +81,7 @@ def classify(exc: BaseException) -> str:
     return "unexpected"
 
 
-async def recover(pool: asyncpg.Pool, exc: BaseException) -> None:
+async def recover(pool: asyncpg.Pool | SharedConnection, exc: BaseException) -> None:
     """After a failed statement: sessions that found the database read-only are replaced, since
     a session keeps the read-only default it started with."""
     if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
@@ -327,6 +328,72 @@ class HeldConnection:
             # A connection that died was already handed back by the pool: nothing left to do.
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._pool.release(conn)
+
+
+class SharedConnection:
+    """A worker's second connection (the first is its claims'), seen as a pool of one: the
+    outcome writes, the heartbeat, the maintenance and the steps' records take turns on it, one
+    statement or one short transaction at a time. None of them needs a connection of its own:
+    each holds it for milliseconds, where a pool of one connection per user kept most of them
+    idle. A borrower cancelled in the middle of a statement closes it (its statement may still
+    run); the next borrower takes another."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._held = HeldConnection(pool)
+        self._turn = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[PoolConnectionProxy]:
+        async with self._turn:
+            conn = await self._held.get()
+            try:
+                yield conn
+            except Exception:
+                raise
+            except BaseException:
+                self._held.abandon()
+                raise
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetch(query, *args, **kwargs)
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchrow(query, *args, **kwargs)
+
+    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.fetchval(query, *args, **kwargs)
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        async with self.acquire() as conn:
+            return await conn.execute(query, *args, **kwargs)
+
+    def abandon(self) -> None:
+        """Close the connection now, whoever waits on it (see HeldConnection.abandon)."""
+        self._held.abandon()
+
+    async def drop(self) -> None:
+        """Give the connection back after an error; the next borrower takes another."""
+        async with self._turn:
+            await self._held.drop()
+
+    async def expire_connections(self) -> None:
+        """As the pool's (see `recover`): the connection is replaced at its next use."""
+        await self._pool.expire_connections()
+        await self.drop()
+
+    async def discard(self) -> None:
+        """Close the connection rather than give it back: its last user was cancelled."""
+        self._held.abandon()
+        async with self._turn:
+            await self._held.discard()
+
+
+Runner = Executor | SharedConnection
+"""Where pgworker's own statements may run: an Executor, or a worker's shared connection."""
 
 
 def migrate_command(schema: str) -> str:

@@ -17,7 +17,7 @@ from asyncpg.pool import PoolConnectionProxy
 from .. import _limits as limits
 from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
-from .connection import Conn, Executor, privilege_error, schema_errors
+from .connection import Conn, Runner, SharedConnection, privilege_error, schema_errors
 
 Row = asyncpg.Record
 """A row, read by column name."""
@@ -73,12 +73,12 @@ async def savepointed(conn: Conn) -> AsyncIterator[Conn]:
 
 
 @contextlib.asynccontextmanager
-async def transaction(conn: Executor) -> AsyncIterator[Conn]:
+async def transaction(conn: Runner) -> AsyncIterator[Conn]:
     """A transaction on `conn` (a savepoint inside the caller's), or on a connection of a pool.
     In a transaction the caller began with a raw `BEGIN`, which asyncpg does not know of and
     refuses to nest in (InterfaceError), a savepoint of pgworker's own: what runs in the block
     is still undone together when it fails, and kept only if the caller's transaction commits."""
-    if isinstance(conn, asyncpg.Pool):
+    if isinstance(conn, asyncpg.Pool | SharedConnection):
         async with conn.acquire() as c, c.transaction():
             yield c
     elif (
@@ -109,14 +109,14 @@ class Queries:
         self.cancel_channel = files.cancel_channel(schema)
         self._sql = files.queries(schema)
 
-    async def _rows(self, conn: Executor, name: str, *args: Any) -> list[Row]:
+    async def _rows(self, conn: Runner, name: str, *args: Any) -> list[Row]:
         """The rows of statement `name`, a missing schema said as SchemaError."""
         with schema_errors(self.schema):
             return await conn.fetch(self._sql[name], *args)
 
     # --- enqueue ---------------------------------------------------------------------------
 
-    async def job_insert(self, conn: Executor, *args: Any) -> Row | None:
+    async def job_insert(self, conn: Runner, *args: Any) -> Row | None:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_insert"], *args)
 
@@ -145,7 +145,7 @@ class Queries:
 
     async def job_get_by_keys(
         self,
-        conn: Executor,
+        conn: Runner,
         keys: Sequence[str],
         types: Sequence[str],
         payloads: Sequence[str],
@@ -156,18 +156,18 @@ class Queries:
             rows = await conn.fetch(self._sql["job_get_by_keys"], keys, types, payloads)
         return {r["requested_key"]: r for r in rows}
 
-    async def job_get(self, conn: Executor, job_id: int) -> Row | None:
+    async def job_get(self, conn: Runner, job_id: int) -> Row | None:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_get"], job_id)
 
-    async def notify(self, conn: Executor, channel: str, payload: str) -> None:
+    async def notify(self, conn: Runner, channel: str, payload: str) -> None:
         await conn.execute(self._sql["notify"], channel, payload)
 
     # --- claim, outcomes, heartbeat ----------------------------------------------------------
 
     async def job_claim(
         self,
-        conn: Executor,
+        conn: Runner,
         *,
         queues: Sequence[str],
         types: Sequence[str],
@@ -203,12 +203,12 @@ class Queries:
             [v for _, v in served],
         )
 
-    async def job_attempts_repair(self, conn: Executor, job_id: int) -> None:
+    async def job_attempts_repair(self, conn: Runner, job_id: int) -> None:
         """Number the job's next attempt after its last recorded one."""
         await conn.execute(self._sql["job_attempts_repair"], job_id)
 
     async def job_finish_many(
-        self, conn: Executor, results: Sequence[AttemptResult]
+        self, conn: Runner, results: Sequence[AttemptResult]
     ) -> dict[int, str]:
         """Write outcomes in one statement; returns the job ids written (the others were
         fenced), each with the outcome its attempt row got (`cancelled` for one that did not
@@ -230,7 +230,7 @@ class Queries:
         return {r["id"]: r["outcome"] for r in rows}
 
     async def attempt_outcomes(
-        self, conn: Executor, attempts: Sequence[AttemptKey]
+        self, conn: Runner, attempts: Sequence[AttemptKey]
     ) -> dict[int, str]:
         """The recorded outcome of these attempts, by job id."""
         rows = await conn.fetch(self._sql["attempt_outcomes"], *_attempt_arrays(attempts))
@@ -238,7 +238,7 @@ class Queries:
 
     async def worker_register(
         self,
-        conn: Executor,
+        conn: Runner,
         worker_id: str,
         hostname: str,
         pid: int,
@@ -257,7 +257,7 @@ class Queries:
         )
 
     async def worker_heartbeat(
-        self, conn: Executor, running: Sequence[AttemptKey], lease: float
+        self, conn: Runner, running: Sequence[AttemptKey], lease: float
     ) -> dict[tuple[int, int], Beat]:
         """Extend the leases of `running` attempts in one statement. Returns the (job id,
         attempt) still held, each with whether an operator asked to cancel it and whether its
@@ -265,23 +265,23 @@ class Queries:
         rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
         return {(r["id"], r["attempts"]): Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
-    async def worker_unregister(self, conn: Executor, worker_id: str) -> None:
+    async def worker_unregister(self, conn: Runner, worker_id: str) -> None:
         await conn.execute(self._sql["worker_unregister"], worker_id)
 
     # --- what the leader does ----------------------------------------------------------------
 
-    async def leader_take(self, conn: Executor, worker_id: str, lease: float) -> bool:
+    async def leader_take(self, conn: Runner, worker_id: str, lease: float) -> bool:
         """Take the maintenance leadership, or renew it, for `lease` seconds: a lease row, taken
         only when free or expired, so that a leader that freezes loses it when its lease runs
         out."""
         return await conn.fetchval(self._sql["leader_take"], worker_id, lease) is not None
 
-    async def leader_release(self, conn: Executor, worker_id: str) -> None:
+    async def leader_release(self, conn: Runner, worker_id: str) -> None:
         """Give the leadership up (a stopping worker), so that another worker takes it at once."""
         await conn.execute(self._sql["leader_release"], worker_id)
 
     async def jobs_expired(
-        self, conn: Executor, skip: Sequence[int] = (), after: tuple[datetime, int] | None = None
+        self, conn: Runner, skip: Sequence[int] = (), after: tuple[datetime, int] | None = None
     ) -> list[Row]:
         """Jobs whose lease expired, but those in `skip`, oldest lease first from after `after`
         (a job's lease_expires_at and id; None: from the first)."""
@@ -290,7 +290,7 @@ class Queries:
 
     async def jobs_rescue(
         self,
-        conn: Executor,
+        conn: Runner,
         worker_id: str,
         decided: Sequence[tuple[AttemptKey, str, float, int]],
     ) -> list[Row]:
@@ -306,7 +306,7 @@ class Queries:
             worker_id,
         )
 
-    async def metrics_queues(self, conn: Executor, max_queues: int) -> list[Row]:
+    async def metrics_queues(self, conn: Runner, max_queues: int) -> list[Row]:
         """Per queue (the first `max_queues` by name): `jobs` by `status`, and
         `oldest_pending_seconds` (None when no pending job is due). Its counts read the whole
         table: in a transaction that lets them, on the worker's pool that does not."""
@@ -318,12 +318,12 @@ class Queries:
         """Let the rest of `conn`'s transaction scan whole tables (see metrics_queues)."""
         await conn.execute(self._sql["seqscan_allow"])
 
-    async def workers_prune(self, conn: Executor, unseen_for: float) -> None:
+    async def workers_prune(self, conn: Runner, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)
 
     # --- operators ----------------------------------------------------------------------------
 
-    async def job_cancel(self, conn: Executor, job_id: int) -> Row | None:
+    async def job_cancel(self, conn: Runner, job_id: int) -> Row | None:
         """Cancel a job; returns its previous status (and worker), or None when it does not
         exist. A running job's worker is notified when the transaction commits."""
         with schema_errors(self.schema):
@@ -333,23 +333,23 @@ class Queries:
                     await self.notify(c, self.cancel_channel, str(job_id))
                 return row
 
-    async def status_counts(self, conn: Executor) -> list[Row]:
+    async def status_counts(self, conn: Runner) -> list[Row]:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["status_counts"])
 
-    async def status_oldest_pending(self, conn: Executor) -> list[Row]:
+    async def status_oldest_pending(self, conn: Runner) -> list[Row]:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["status_oldest_pending"])
 
-    async def status_unserved(self, conn: Executor, live_within: float) -> list[Row]:
+    async def status_unserved(self, conn: Runner, live_within: float) -> list[Row]:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["status_unserved"], live_within)
 
-    async def status_workers(self, conn: Executor, live_within: float) -> list[Row]:
+    async def status_workers(self, conn: Runner, live_within: float) -> list[Row]:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["status_workers"], live_within)
 
-    async def privileges_missing(self, conn: Executor) -> list[Row]:
+    async def privileges_missing(self, conn: Runner) -> list[Row]:
         try:
             return await conn.fetch(self._sql["privileges_missing"], self.schema)
         except asyncpg.exceptions.InsufficientPrivilegeError as exc:
@@ -358,7 +358,7 @@ class Queries:
     # --- steps and milestones (ctx.step, ctx.transactional_step, ctx.progress) ---------------
 
     async def job_steps_done(
-        self, conn: Executor, attempt: AttemptKey
+        self, conn: Runner, attempt: AttemptKey
     ) -> tuple[bool, dict[str, str]]:
         """Whether `attempt` still holds its job, and the job's steps done: their stored results
         (JSON text) by name."""
@@ -366,13 +366,13 @@ class Queries:
         held = bool(rows and rows[0]["held"])
         return held, {r["name"]: r["result"] for r in rows if r["name"] is not None}
 
-    async def step_transaction(self, conn: Executor) -> int:
+    async def step_transaction(self, conn: Runner) -> int:
         """The id of the transaction `conn` is in (one is assigned if it had none)."""
         return int(await conn.fetchval(self._sql["step_transaction"]))
 
     async def job_step_record(
         self,
-        conn: Executor,
+        conn: Runner,
         attempt: AttemptKey,
         name: str,
         result: str,
@@ -390,30 +390,30 @@ class Queries:
         return bool(row["own"]), None if stored is None else str(stored)
 
     async def job_progress(
-        self, conn: Executor, attempt: AttemptKey, milestone: str, detail: str | None
+        self, conn: Runner, attempt: AttemptKey, milestone: str, detail: str | None
     ) -> bool:
         """Set the job's progress and add the milestone to its history, under `attempt`'s fence;
         False when the attempt no longer holds its job."""
         noted = await conn.fetchval(self._sql["job_progress"], *attempt, milestone, detail)
         return noted is not None
 
-    async def job_steps_of(self, conn: Executor, job_id: int) -> list[Row]:
+    async def job_steps_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_steps_of", job_id)
 
-    async def job_milestones_of(self, conn: Executor, job_id: int) -> list[Row]:
+    async def job_milestones_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_milestones_of", job_id)
 
-    async def job_attempts_of(self, conn: Executor, job_id: int) -> list[Row]:
+    async def job_attempts_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_attempts_of", job_id)
 
-    async def job_events_of(self, conn: Executor, job_id: int) -> list[Row]:
+    async def job_events_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
     # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
 
     async def dashboard_jobs(
         self,
-        conn: Executor,
+        conn: Runner,
         *,
         status: str | None,
         type: str | None,
@@ -427,17 +427,17 @@ class Queries:
             conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
         )
 
-    async def dashboard_workers(self, conn: Executor, limit: int) -> list[Row]:
+    async def dashboard_workers(self, conn: Runner, limit: int) -> list[Row]:
         return await self._rows(conn, "dashboard_workers", limit)
 
-    async def dashboard_overdue(self, conn: Executor, limit: int) -> list[Row]:
+    async def dashboard_overdue(self, conn: Runner, limit: int) -> list[Row]:
         return await self._rows(conn, "dashboard_overdue", limit)
 
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(
         self,
-        conn: Executor,
+        conn: Runner,
         type_: str | None,
         queue: str | None,
         since: datetime | None,
@@ -448,21 +448,21 @@ class Queries:
             return await conn.fetch(self._sql["jobs_failed"], type_, queue, since, limit)
 
     async def jobs_failed_ids(
-        self, conn: Executor, type_: str, queue: str | None, since: datetime | None
+        self, conn: Runner, type_: str, queue: str | None, since: datetime | None
     ) -> list[int]:
         """The ids of the failed jobs of a type (and queue, and failed since), oldest first."""
         with schema_errors(self.schema):
             rows = await conn.fetch(self._sql["jobs_failed_ids"], type_, queue, since)
         return [r["id"] for r in rows]
 
-    async def jobs_statuses(self, conn: Executor, ids: Sequence[int]) -> dict[int, str]:
+    async def jobs_statuses(self, conn: Runner, ids: Sequence[int]) -> dict[int, str]:
         """The status of each of `ids` that exists."""
         with schema_errors(self.schema):
             rows = await conn.fetch(self._sql["jobs_statuses"], list(ids))
         return {r["id"]: r["status"] for r in rows}
 
     async def jobs_replay(
-        self, conn: Executor, ids: Sequence[int], actor: str, reason: str | None
+        self, conn: Runner, ids: Sequence[int], actor: str, reason: str | None
     ) -> list[Row]:
         """Put the failed or cancelled jobs of `ids` back to pending and record who did it; one
         row per job found (previous status, replayed or not). The workers are woken when the
@@ -472,7 +472,7 @@ class Queries:
 
     async def jobs_prune(
         self,
-        conn: Executor,
+        conn: Runner,
         ages: Mapping[str, float],
         limit: int,
         leader: str | None = None,
@@ -486,7 +486,7 @@ class Queries:
             )
         return {r["status"]: r["jobs"] for r in rows}
 
-    async def jobs_prunable(self, conn: Executor, ages: Mapping[str, float]) -> dict[str, int]:
+    async def jobs_prunable(self, conn: Runner, ages: Mapping[str, float]) -> dict[str, int]:
         """What jobs_prune would delete, counted by status."""
         with schema_errors(self.schema):
             rows = await conn.fetch(self._sql["jobs_prunable"], list(ages), list(ages.values()))
@@ -496,7 +496,7 @@ class Queries:
 
     async def testing_jobs(
         self,
-        conn: Executor,
+        conn: Runner,
         *,
         type_: str | None = None,
         queue: str | None = None,
@@ -522,7 +522,7 @@ class Queries:
                 priority,
             )
 
-    async def testing_advance(self, conn: Executor, seconds: float) -> int:
+    async def testing_advance(self, conn: Runner, seconds: float) -> int:
         """Move the pending jobs' schedule `seconds` earlier; how many moved."""
         with schema_errors(self.schema):
             moved: int = await conn.fetchval(self._sql["testing_advance"], seconds)
@@ -530,7 +530,7 @@ class Queries:
 
     async def testing_next_due(
         self,
-        conn: Executor,
+        conn: Runner,
         queues: Sequence[str],
         version_1_types: Sequence[str],
         other_versions: Sequence[str],
@@ -545,7 +545,7 @@ class Queries:
             )
         return due
 
-    async def testing_reset(self, conn: Executor) -> None:
+    async def testing_reset(self, conn: Runner) -> None:
         """Empty the schema's tables but the migrations."""
         with schema_errors(self.schema):
             await conn.execute(self._sql["testing_reset"])
@@ -566,7 +566,7 @@ class Queries:
         assert row is not None
         return str(row["version"]), int(row["major"])
 
-    async def session_settings(self, conn: Executor) -> str:
+    async def session_settings(self, conn: Runner) -> str:
         """The session's plan_cache_mode, which a direct pool sets at connection."""
         return str(await conn.fetchval(self._sql["session_settings"]))
 
@@ -588,10 +588,10 @@ class Queries:
     async def migrations_record(self, conn: Conn, version: int, name: str) -> None:
         await conn.execute(self._sql["migrations_record"], version, name)
 
-    async def migrations_table_exists(self, conn: Executor) -> bool:
+    async def migrations_table_exists(self, conn: Runner) -> bool:
         return bool(await conn.fetchval(self._sql["migrations_table_exists"], self.schema))
 
-    async def migrations_latest(self, conn: Executor) -> int | None:
+    async def migrations_latest(self, conn: Runner) -> int | None:
         latest: int | None = await conn.fetchval(self._sql["migrations_latest"])
         return latest
 
@@ -625,7 +625,7 @@ class Queries:
 
     async def http_job_claim(
         self,
-        conn: Executor,
+        conn: Runner,
         worker_id: str,
         *,
         queues: Sequence[str] | None,
@@ -651,7 +651,7 @@ class Queries:
 
     async def http_worker_seen(
         self,
-        conn: Executor,
+        conn: Runner,
         worker_id: str,
         hostname: str,
         queues: Sequence[str] | None = None,
@@ -668,7 +668,7 @@ class Queries:
 
     async def http_jobs_list(
         self,
-        conn: Executor,
+        conn: Runner,
         *,
         status: str | None,
         type_: str | None,
@@ -697,5 +697,5 @@ class Queries:
                         return rows, True
         return rows, False
 
-    async def http_workers(self, conn: Executor) -> list[Row]:
+    async def http_workers(self, conn: Runner) -> list[Row]:
         return await self._rows(conn, "http_workers")
