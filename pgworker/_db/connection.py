@@ -422,7 +422,8 @@ def privilege_error(schema: str, exc: BaseException) -> PrivilegeError:
 
 def too_many_connections(exc: BaseException) -> DatabaseUnavailable:
     return DatabaseUnavailable(
-        f"the server refuses more connections ({exc}); a worker needs up to 5 (its pool of 4 "
-        "and the listener): raise the role's CONNECTION LIMIT or max_connections, or run fewer "
-        "processes"
+        f"the server refuses more connections ({exc}); a worker needs 3 (claims, the one its "
+        "other services share, and the listener) and one more per transactional step open at "
+        "once: raise the role's CONNECTION LIMIT or max_connections, run fewer processes, or "
+        "put PgBouncer in front (--pooler)"
     )
