@@ -324,6 +324,8 @@ class Worker:
                         self._log.warning(
                             "could not unregister from the database", error=describe(exc)
                         )
+                # Given back, so that closing the pool does not wait for it.
+                await services.completer.shared.drop()
             self._write_health_file()
             self._log.info(
                 "worker stopped",
