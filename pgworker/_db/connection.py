@@ -310,7 +310,10 @@ class HeldConnection:
         statement that was cancelled."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.terminate()
+            # Already handed back (the pool takes back a connection the server ended): the
+            # proxy refuses any call, and there is nothing left to close.
+            with contextlib.suppress(asyncpg.exceptions.InterfaceError):
+                conn.terminate()
             with contextlib.suppress(*CONNECTION_ERRORS):
                 await self._pool.release(conn)
 
