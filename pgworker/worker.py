@@ -34,9 +34,10 @@ from ._notifier import Notifier, Wakeup
 from ._producer import Producer
 from ._redact import describe
 from ._service import Health, supervise
+from ._turns import Turns
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
-from .registry import Registry
+from .registry import Registry, served_key
 from .settings import Settings, dsn_from_env
 
 if TYPE_CHECKING:
@@ -62,18 +63,24 @@ class _Services:
             on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
+        served = [served_key(t, v) for t, v in worker.registry.served()]
+        self.turns = Turns(s, served) if s.listen else None
         self.producer = Producer(
-            pool, worker.registry, s, self.completer, worker._wakeup, metrics=metrics
+            pool,
+            worker.registry,
+            s,
+            self.completer,
+            worker._wakeup,
+            metrics=metrics,
+            turns=self.turns,
         )
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(
             pool, s, worker.registry, stopping=self.producer.done, metrics=metrics
         )
         self.notifier = (
-            Notifier(
-                s.dsn, s.schema, s.served_queues, worker._wakeup, self.producer.cancel, s.worker_id
-            )
-            if s.listen
+            Notifier(s.dsn, s.schema, self.turns, worker._wakeup, self.producer.cancel, s.worker_id)
+            if self.turns is not None
             else None
         )
 

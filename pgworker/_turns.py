@@ -1,0 +1,174 @@
+"""Whose turn it is: which idle worker claims when jobs arrive, and when each one polls, so that
+a fleet of idle workers costs about one claim per job, and one poll per `poll_interval` in all,
+rather than one of each per worker.
+
+A notification of new jobs (sql/migrations/0011) names the queue, the smallest new job id, how
+many jobs arrived and, when few, their types. The live workers that serve that queue and one of
+those types, in worker_id order, take turns: the `count` of them from position `id mod N` on
+claim (all of them when `count` >= N), the others stay idle. Each worker reads the same list from
+the `workers` table, so they agree without talking; a worker that starts (its listener connects)
+or stops says so on the jobs channel, and every worker reads the list again. A bare queue name
+(sent by the rescue and by replay) wakes every worker of that queue.
+
+Polls cover the jobs a chosen worker does not take (it is full, or died without saying so, or
+does not listen, or the lists disagreed for a moment): the live workers that serve the same
+queues and types poll one after the other, each in its slot of `poll_interval` seconds of the
+wall clock, so that they poll once per interval in all. Such a job waits at most one interval,
+two while the worker due to poll is one that died, until the lists drop it (a lease). A poll that
+fills every free slot has found work that came without a notification (jobs that became due): it
+wakes every worker of those queues."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import anyio
+
+from ._db.connection import Executor
+from ._db.queries import queries
+from .settings import Settings
+
+TYPES_MAX = 8
+"""A notification lists the jobs' types when there are at most this many (migration 0011)."""
+
+
+class _Peer(NamedTuple):
+    worker_id: str
+    queues: frozenset[str]
+    types: frozenset[str]
+    """Type names, without the `@version` of served keys."""
+    group: tuple[tuple[str, ...], tuple[str, ...]]
+    """What it serves, exactly: the workers that poll in turn serve the same."""
+
+
+def _type_name(served_key: str) -> str:
+    return served_key.rsplit("@", 1)[0] if "@" in served_key else served_key
+
+
+def _peer(worker_id: str, queues: Sequence[str], served: Sequence[str]) -> _Peer:
+    return _Peer(
+        worker_id,
+        frozenset(queues),
+        frozenset(_type_name(k) for k in served),
+        (tuple(sorted(set(queues))), tuple(sorted(set(served)))),
+    )
+
+
+class Turns:
+    """This worker's view of the live workers, and the two decisions taken from it: claim on this
+    notification or not (`mine`), and how long until the next poll (`poll_delay`)."""
+
+    def __init__(self, settings: Settings, served: Sequence[str]) -> None:
+        self._me = _peer(settings.worker_id, settings.served_queues, served)
+        self._q = queries(settings.schema)
+        self._poll_interval = settings.poll_interval
+        self._seen_within = settings.lease
+        self.refresh_every = settings.lease / 3
+        self._refreshed_at = -math.inf
+        self._gone: set[str] = set()
+        self._rows: list[_Peer] = []
+        self.nudged = anyio.Event()
+        """Set when another worker came or went: the listener reads the list again."""
+        self._apply()
+
+    @property
+    def hello(self) -> str:
+        """What this worker says on the jobs channel when its listener connects."""
+        return json.dumps({"hello": self._me.worker_id})
+
+    @property
+    def bye(self) -> str:
+        """What it says when it stops claiming."""
+        return json.dumps({"bye": self._me.worker_id})
+
+    @property
+    def size(self) -> int:
+        """The live workers it knows of, itself included."""
+        return len(self._peers)
+
+    @property
+    def shared(self) -> bool:
+        return len(self._peers) > 1
+
+    def _apply(self) -> None:
+        me = self._me
+        peers = {p.worker_id: p for p in self._rows if p.worker_id not in self._gone}
+        peers[me.worker_id] = me
+        self._peers = [peers[w] for w in sorted(peers)]
+        group = [p.worker_id for p in self._peers if p.group == me.group]
+        self._rank, self._group_size = group.index(me.worker_id), len(group)
+        self._chosen: dict[tuple[str, frozenset[str] | None], tuple[int, int]] = {}
+
+    def due(self) -> bool:
+        late = anyio.current_time() >= self._refreshed_at + self.refresh_every
+        return late or self.nudged.is_set()
+
+    async def refresh(self, conn: Executor) -> None:
+        """Read the live workers again."""
+        self.nudged = anyio.Event()
+        self._refreshed_at = anyio.current_time()
+        rows = await self._q.workers_live(conn, self._seen_within)
+        self._rows = [_peer(r["worker_id"], r["queues"], r["types"]) for r in rows]
+        # A worker that said bye is no one's turn while it drains; once its row is gone, the id
+        # may serve again (a restarted worker of the same id says hello).
+        self._gone &= {p.worker_id for p in self._rows}
+        self._apply()
+
+    def mine(self, payload: object) -> bool:
+        """Whether this worker claims on this jobs notification."""
+        if not isinstance(payload, str):
+            return False
+        if payload in self._me.queues:
+            return True
+        try:
+            note = json.loads(payload)
+        except ValueError:
+            return False
+        if not isinstance(note, dict):
+            return False
+        if "hello" in note or "bye" in note:
+            self._heard(note)
+            return False
+        queue, first, count, types = (note.get(k) for k in ("queue", "id", "count", "types"))
+        if queue not in self._me.queues:
+            return False
+        listed = types if isinstance(types, list) else []
+        wanted = frozenset(t for t in listed if isinstance(t, str)) or None
+        if wanted is not None and not wanted & self._me.types:
+            return False
+        if not isinstance(first, int) or not isinstance(count, int) or count < 1:
+            return True
+        at, of = self._position(queue, wanted)
+        return (at - first) % of < min(count, of)
+
+    def _position(self, queue: str, wanted: frozenset[str] | None) -> tuple[int, int]:
+        """This worker's place among the live workers that serve `queue` and one of `wanted`."""
+        key = (queue, wanted)
+        found = self._chosen.get(key)
+        if found is None:
+            ids = [
+                p.worker_id
+                for p in self._peers
+                if queue in p.queues and (wanted is None or wanted & p.types)
+            ]
+            found = self._chosen[key] = (ids.index(self._me.worker_id), len(ids))
+        return found
+
+    def _heard(self, note: dict[str, object]) -> None:
+        hello, bye = note.get("hello"), note.get("bye")
+        if isinstance(bye, str) and bye != self._me.worker_id:
+            self._gone.add(bye)
+            self._apply()
+        elif isinstance(hello, str):
+            self._gone.discard(hello)
+            self.nudged.set()
+
+    def poll_delay(self, now: float) -> float:
+        """Seconds from `now` (wall clock) to the start of this worker's next poll slot."""
+        interval, size = self._poll_interval, self._group_size
+        slot = math.floor(now / interval) + 1
+        slot += (self._rank - slot) % size
+        return max(slot * interval - now, 0.0)
