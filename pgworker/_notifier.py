@@ -139,6 +139,8 @@ class Notifier:
             self.reconnects += 1
             self._log.info("listener reconnected")
             return
+        for passed in self._turns.take():
+            await self._q.notify(self._conn, self._jobs_channel, passed)
         if self._turns.due():
             await self._turns.refresh(self._conn)
         with anyio.move_on_after(CHECK_EVERY) as waited:

@@ -90,6 +90,8 @@ class Producer:
     ) -> None:
         self._pool = pool
         self._turns = turns
+        if turns is not None:
+            turns.full = lambda: len(self.running) >= settings.concurrency
         self._metrics = metrics
         self._conn = HeldConnection(pool)
         self._q = queries(settings.schema)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import anyio
@@ -31,8 +32,8 @@ from ._db.connection import Executor
 from ._db.queries import queries
 from .settings import Settings
 
-TYPES_MAX = 8
-"""A notification lists the jobs' types when there are at most this many (migration 0011)."""
+PASSES = 3
+"""How many times a notification is passed on by chosen workers that are full."""
 
 
 class _Peer(NamedTuple):
@@ -70,8 +71,14 @@ class Turns:
         self._refreshed_at = -math.inf
         self._gone: set[str] = set()
         self._rows: list[_Peer] = []
+        self._stale = False
+        self._passes: list[str] = []
+        self._passed_at = -math.inf
+        self.full: Callable[[], bool] = lambda: False
+        """Whether every slot is taken (the producer says)."""
         self.nudged = anyio.Event()
-        """Set when another worker came or went: the listener reads the list again."""
+        """Set when the listener has something to do: read the list again (a worker came), or
+        pass a turn on."""
         self._apply()
 
     @property
@@ -103,13 +110,19 @@ class Turns:
         self._chosen: dict[tuple[str, frozenset[str] | None], tuple[int, int]] = {}
 
     def due(self) -> bool:
-        late = anyio.current_time() >= self._refreshed_at + self.refresh_every
-        return late or self.nudged.is_set()
+        late = time.monotonic() >= self._refreshed_at + self.refresh_every
+        return late or self._stale
+
+    def take(self) -> list[str]:
+        """The turns to pass on (notifications to send), once each; re-arms `nudged`."""
+        self.nudged = anyio.Event()
+        passes, self._passes = self._passes, []
+        return passes
 
     async def refresh(self, conn: Executor) -> None:
         """Read the live workers again."""
-        self.nudged = anyio.Event()
-        self._refreshed_at = anyio.current_time()
+        self._stale = False
+        self._refreshed_at = time.monotonic()
         rows = await self._q.workers_live(conn, self._seen_within)
         self._rows = [_peer(r["worker_id"], r["queues"], r["types"]) for r in rows]
         # A worker that said bye is no one's turn while it drains; once its row is gone, the id
@@ -142,7 +155,25 @@ class Turns:
         if not isinstance(first, int) or not isinstance(count, int) or count < 1:
             return True
         at, of = self._position(queue, wanted)
-        return (at - first) % of < min(count, of)
+        chosen = min(count, of)
+        if (at - first) % of >= chosen:
+            return False
+        return not self.full() or not self._pass(note, first + chosen, chosen, of)
+
+    def _pass(self, note: dict[str, object], first: int, chosen: int, of: int) -> bool:
+        """Pass a turn this full worker cannot take to the next workers in the list, unless it
+        has been passed too often (or would come back to workers it was passed from), or this
+        worker passed one less than a poll interval ago: the polls cover it then."""
+        hops = note.get("hops", 0)
+        now = time.monotonic()
+        if not isinstance(hops, int) or hops >= PASSES or (hops + 2) * chosen > of:
+            return False
+        if now < self._passed_at + self._poll_interval:
+            return False
+        self._passed_at = now
+        self._passes.append(json.dumps({**note, "id": first, "hops": hops + 1}))
+        self.nudged.set()
+        return True
 
     def _position(self, queue: str, wanted: frozenset[str] | None) -> tuple[int, int]:
         """This worker's place among the live workers that serve `queue` and one of `wanted`."""
@@ -164,6 +195,7 @@ class Turns:
             self._apply()
         elif isinstance(hello, str):
             self._gone.discard(hello)
+            self._stale = True
             self.nudged.set()
 
     def poll_delay(self, now: float) -> float:
