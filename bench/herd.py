@@ -1,8 +1,8 @@
 """The thundering herd, measured: how many claims a fleet of idle pgworker workers makes per job
 enqueued, and per second with nothing to do (issue 22, item 3).
 
-    /work/main/.venv/bin/python -m bench.herd                 # this checkout's workers
-    /work/main/.venv/bin/python -m bench.herd --src /tmp/old  # another checkout's
+    bench/.venv/bin/python -m bench.herd                 # this checkout's workers
+    bench/.venv/bin/python -m bench.herd --src /tmp/old  # another checkout's
 
 Starts `--workers` `pgworker run bench.apps.pgworker_app --concurrency 10` processes (from
 `--src`, as bench/run.sh runs a checkout: its directory as the only PYTHONPATH entry) against a

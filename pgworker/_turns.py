@@ -10,13 +10,16 @@ the `workers` table, so they agree without talking; a worker that starts (its li
 or stops says so on the jobs channel, and every worker reads the list again. A bare queue name
 (sent by the rescue and by replay) wakes every worker of that queue.
 
-Polls cover the jobs a chosen worker does not take (it is full, or died without saying so, or
-does not listen, or the lists disagreed for a moment): the live workers that serve the same
-queues and types poll one after the other, each in its slot of `poll_interval` seconds of the
-wall clock, so that they poll once per interval in all. Such a job waits at most one interval,
-two while the worker due to poll is one that died, until the lists drop it (a lease). A poll that
-fills every free slot has found work that came without a notification (jobs that became due): it
-wakes every worker of those queues."""
+A chosen worker that is full passes its turn on at once: it sends the notification again, for
+the next workers in the list (at most PASSES times, and once per poll interval per worker, so
+that a saturated fleet does not pass every job around). Polls cover the jobs a chosen worker
+does not take (it died without saying so, does not listen, could not pass, or the lists disagreed
+for a moment): the live workers that serve the same queues and types poll one after the other,
+each in its slot of `poll_interval` seconds of the wall clock, so that they poll once per
+interval in all. Such a job waits at most one interval, two while the worker due to poll is one
+that died, until the lists drop it (a lease), or a full one. A poll that fills every free slot has
+found work that came without a notification (jobs that became due): it wakes every worker of
+those queues."""
 
 from __future__ import annotations
 
