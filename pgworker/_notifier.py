@@ -76,6 +76,7 @@ class Notifier:
         self._conn: asyncpg.Connection | None = None
         self._log = get_logger(worker_id=worker_id)
         self.reconnects = 0
+        self._next_check = 0.0
 
     def _on_job(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         if self._turns.mine(payload):
@@ -139,16 +140,25 @@ class Notifier:
             self.reconnects += 1
             self._log.info("listener reconnected")
             return
-        for passed in self._turns.take():
-            await self._q.notify(self._conn, self._jobs_channel, passed)
-        if self._turns.due():
-            await self._turns.refresh(self._conn)
-        with anyio.move_on_after(CHECK_EVERY) as waited:
+        with anyio.move_on_after(CHECK_TIMEOUT) as slow:
+            for passed in self._turns.take():
+                await self._q.notify(self._conn, self._jobs_channel, passed)
+            if self._turns.due():
+                await self._turns.refresh(self._conn)
+        if slow.cancelled_caught:
+            self._log.warning("listener stopped receiving; reconnecting")
+            self.close()
+            return
+        with anyio.move_on_after(self._next_check - anyio.current_time()):
             await _either(self._lost, self._turns.nudged)
         if self._lost.is_set():
             self._log.warning("listener connection lost; reconnecting")
             self.close()
-        elif waited.cancelled_caught and not await self._healthy(self._conn):
+            return
+        if anyio.current_time() < self._next_check:
+            return  # nudged: the next step passes turns on or reads the list
+        self._next_check = anyio.current_time() + CHECK_EVERY
+        if not await self._healthy(self._conn):
             self._log.warning("listener stopped receiving; reconnecting")
             self.close()
 
