@@ -169,6 +169,30 @@ async def test_a_job_whose_chosen_worker_died_starts_within_the_bound(dsn, conn,
     await ran_once(conn, ids, ran)
 
 
+async def test_a_poll_that_finds_more_jobs_than_it_can_take_wakes_the_fleet(dsn, conn):
+    """Jobs that became due come with no notification: the worker whose poll finds them wakes
+    the others at once, rather than each joining at its own poll, `interval` apart."""
+    interval = 4.0
+    started: list[float] = []
+    release = anyio.Event()
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def hold(ctx: pgworker.JobContext, payload: dict[str, Any]) -> None:
+        started.append(time.monotonic())
+        await release.wait()
+
+    async with fleet(registry, dsn, k=3, concurrency=2, poll_interval=interval):
+        try:
+            await pgworker.enqueue_many(
+                conn, [pgworker.JobSpec("t", {"n": n}, delay=0.5) for n in range(12)]
+            )
+            await wait_for(lambda: len(started) == 6, timeout=3 * interval)
+        finally:
+            release.set()
+    assert started[5] - started[0] < interval / 2, started
+
+
 async def test_each_notification_is_the_turn_of_as_many_workers_as_jobs_arrived():
     """The rule alone, over a list every worker shares: `count` workers claim (all of them when
     as many jobs arrived), only workers serving one of the jobs' types, a bare queue name wakes
