@@ -289,6 +289,8 @@ class Producer:
             poll = self._turns.poll_delay(time.time())
         due = max(self._next_due - now, 0.0)
         self._polled = not await self._wakeup.wait(min(poll, due)) and poll <= due
+        if self._polled and self._turns is not None:
+            self._turns.polled()
 
     async def _leave(self) -> None:
         """Tell the other workers this one no longer claims, so that its turns pass to them

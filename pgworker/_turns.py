@@ -77,6 +77,7 @@ class Turns:
         self._stale = False
         self._passes: list[str] = []
         self._passed_at = -math.inf
+        self._slot = self._polled_slot = 0
         self.full: Callable[[], bool] = lambda: False
         """Whether every slot is taken (the producer says)."""
         self.nudged = anyio.Event()
@@ -202,8 +203,13 @@ class Turns:
             self.nudged.set()
 
     def poll_delay(self, now: float) -> float:
-        """Seconds from `now` (wall clock) to the start of this worker's next poll slot."""
+        """Seconds from `now` (wall clock) to the start of this worker's next poll slot, one it
+        has not polled in yet (a timer may end a little before the slot begins)."""
         interval, size = self._poll_interval, self._group_size
-        slot = math.floor(now / interval) + 1
-        slot += (self._rank - slot) % size
-        return max(slot * interval - now, 0.0)
+        slot = max(math.floor(now / interval), self._polled_slot) + 1
+        self._slot = slot + (self._rank - slot) % size
+        return max(self._slot * interval - now, 0.0)
+
+    def polled(self) -> None:
+        """The wait for the slot `poll_delay` gave ended: this worker polls in it."""
+        self._polled_slot = self._slot
