@@ -7,8 +7,9 @@ many jobs arrived and, when few, their types. The live workers that serve that q
 those types, in worker_id order, take turns: the `count` of them from position `id mod N` on
 claim (all of them when `count` >= N), the others stay idle. Each worker reads the same list from
 the `workers` table, so they agree without talking; a worker that starts (its listener connects)
-or stops says so on the jobs channel, and every worker reads the list again. A bare queue name
-(sent by the rescue and by replay) wakes every worker of that queue.
+says so on the jobs channel and every worker reads the list again, one that stops says so and
+the others leave it out. A bare queue name (sent by the rescue and by replay) wakes every worker
+of that queue. Anyone may NOTIFY the channel: what cannot be read wakes no one.
 
 A chosen worker that is full passes its turn on at once: it sends the notification again, for
 the next workers in the list (at most PASSES times, and once per poll interval per worker, so
@@ -142,7 +143,7 @@ class Turns:
             return True
         try:
             note = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         if not isinstance(note, dict):
             return False
@@ -150,7 +151,7 @@ class Turns:
             self._heard(note)
             return False
         queue, first, count, types = (note.get(k) for k in ("queue", "id", "count", "types"))
-        if queue not in self._me.queues:
+        if not isinstance(queue, str) or queue not in self._me.queues:
             return False
         listed = types if isinstance(types, list) else []
         wanted = frozenset(t for t in listed if isinstance(t, str)) or None

@@ -219,6 +219,8 @@ async def test_each_notification_is_the_turn_of_as_many_workers_as_jobs_arrived(
             assert len(chosen) == min(count, 4) and fleet[3] not in chosen
     assert [t.mine("default") for t in fleet] == [True] * 5
     assert not any(t.mine("elsewhere") for t in fleet)
+    hostile = ["[" * 5000, '{"queue": ["default"]}', '{"hello": 1}', "7", None, '{"queue": 1}']
+    assert not any(t.mine(p) for t in fleet for p in hostile)
     mine = [t for t in fleet if t.mine(note(7, 1, ["t"]))]
     assert len(mine) == 1
     mine[0].full = lambda: True
