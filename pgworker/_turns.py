@@ -3,8 +3,8 @@ a fleet of idle workers costs about one claim per job, and one poll per `poll_in
 rather than one of each per worker.
 
 A notification of new jobs (sql/migrations/0011) names the queue, the smallest new job id, how
-many jobs arrived and, when few, their types. The live workers that serve that queue and one of
-those types, in worker_id order, take turns: the `count` of them from position `id mod N` on
+many jobs arrived and, when they all have the same, their type. The live workers that serve that
+queue and that type, in worker_id order, take turns: the `count` of them from position `id mod N` on
 claim (all of them when `count` >= N), the others stay idle. Each worker reads the same list from
 the `workers` table, so they agree without talking; a worker that starts (its listener connects)
 says so on the jobs channel and every worker reads the list again, one that stops says so and
