@@ -284,13 +284,21 @@ class Producer:
         now = anyio.current_time()
         if self._next_due <= now:
             self._next_due = float("inf")
-        poll = self._settings.poll_interval
-        if self._turns is not None:
-            poll = self._turns.poll_delay(time.time())
-        due = max(self._next_due - now, 0.0)
-        self._polled = not await self._wakeup.wait(min(poll, due)) and poll <= due
-        if self._polled and self._turns is not None:
-            self._turns.polled()
+        self._polled = False
+        while True:
+            interval = self._settings.poll_interval
+            poll = interval if self._turns is None else self._turns.poll_delay(time.time())
+            due = max(self._next_due - anyio.current_time(), 0.0)
+            # Taking turns, wait one interval at most: the list of workers, and so this worker's
+            # slot, may change meanwhile.
+            wait = min(poll, due, interval)
+            if await self._wakeup.wait(wait) or due <= wait:
+                return
+            if poll <= wait:
+                self._polled = True
+                if self._turns is not None:
+                    self._turns.polled()
+                return
 
     async def _leave(self) -> None:
         """Tell the other workers this one no longer claims, so that its turns pass to them
