@@ -205,14 +205,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=env.get("BENCH_BASE_SRC") or None,
         help="a checkout of pgworker (e.g. a git worktree of an older commit) measured as the "
-        f"system {BASE}, beside this one (W1 only)",
+        f"system {BASE}, beside this one (W1, W2)",
     )
     p.add_argument(
         "--src",
         type=Path,
         default=env.get("BENCH_SRC") or None,
         help="measure the systems pgworker and pgworker-durable from this checkout instead of "
-        "this repository (W1 only)",
+        "this repository (W1, W2)",
     )
     p.add_argument("--chunk", type=int, default=5000, help="jobs per batch-enqueue call")
     p.add_argument("--rate", type=float, default=50.0, help="W2 enqueue rate, jobs/s")

@@ -222,7 +222,14 @@ async def w2(res: Resources, args: argparse.Namespace, system: System, dsn: str,
     path.unlink(missing_ok=True)
     log_path = args.results / "logs" / f"{tag}-w2.log"
     await quiet(args)
-    proc = launch(res, system.latency_argv(dsn), dsn, log_path, {"BENCH_LATENCY_FILE": str(path)})
+    proc = launch(
+        res,
+        system.latency_argv(dsn),
+        dsn,
+        log_path,
+        {"BENCH_LATENCY_FILE": str(path)},
+        system.src,
+    )
     handle = await system.open_single(dsn)
     try:
         # Ready = it has run a warm-up job; then it is left idle for a second.

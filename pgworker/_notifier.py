@@ -1,7 +1,8 @@
 """The LISTEN connection: its own connection (a pool would drop LISTEN on reset), replaced after
-the supervisor's backoff when lost. It wakes the producer when a job arrives in one of its queues
-and relays cancel requests. A ping through its own channel every few seconds proves it still
-receives; one that does not come back in time gets the connection replaced."""
+the supervisor's backoff when lost. It wakes the producer when jobs arrive in one of its queues
+and it is this worker's turn to claim them (_turns.py), reads the list of workers that turns are
+taken by, and relays cancel requests. A ping through its own channel every few seconds proves it
+still receives; one that does not come back in time gets the connection replaced."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from . import _limits as limits
 from ._db.connection import connect
 from ._db.queries import queries
 from ._logs import get_logger
+from ._turns import Turns
 
 CHECK_EVERY = 5.0
 CHECK_TIMEOUT = 5.0
@@ -34,9 +36,11 @@ class Wakeup:
         if self._event.is_set():
             self._event = anyio.Event()
 
-    async def wait(self, seconds: float) -> None:
+    async def wait(self, seconds: float) -> bool:
+        """Whether it was set (rather than `seconds` passed)."""
         with anyio.move_on_after(seconds):
             await self._event.wait()
+        return self._event.is_set()
 
 
 class Notifier:
@@ -50,7 +54,7 @@ class Notifier:
         self,
         dsn: str,
         schema: str,
-        queues: tuple[str, ...],
+        turns: Turns,
         wakeup: Wakeup,
         on_cancel: Callable[[int], None],
         worker_id: str,
@@ -63,7 +67,7 @@ class Notifier:
         # Its own channel, unique to this connection: named after the schema, a long schema
         # name would make it longer than PostgreSQL's 63 bytes.
         self._ping_channel = f"pgworker_ping_{uuid.uuid4().hex}"
-        self._queues = frozenset(queues)
+        self._turns = turns
         self._wakeup = wakeup
         self._on_cancel = on_cancel
         self._worker_id = worker_id
@@ -72,9 +76,10 @@ class Notifier:
         self._conn: asyncpg.Connection | None = None
         self._log = get_logger(worker_id=worker_id)
         self.reconnects = 0
+        self._next_check = 0.0
 
-    def _on_job(self, _conn: Any, _pid: int, _channel: str, queue: object) -> None:
-        if queue in self._queues:
+    def _on_job(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        if self._turns.mine(payload):
             self._wakeup.set()
 
     def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: object) -> None:
@@ -99,6 +104,8 @@ class Notifier:
             await conn.add_listener(self._ping_channel, self._on_ping)
             lost = self._lost = anyio.Event()
             conn.add_termination_listener(lambda _c: lost.set())
+            # The other workers read the list of whose turn it is again.
+            await self._q.notify(conn, self._jobs_channel, self._turns.hello)
         except BaseException:
             conn.terminate()
             raise
@@ -133,11 +140,36 @@ class Notifier:
             self.reconnects += 1
             self._log.info("listener reconnected")
             return
-        with anyio.move_on_after(CHECK_EVERY):
-            await self._lost.wait()
+        with anyio.move_on_after(CHECK_TIMEOUT) as slow:
+            for passed in self._turns.take():
+                await self._q.notify(self._conn, self._jobs_channel, passed)
+            if self._turns.due():
+                await self._turns.refresh(self._conn)
+        if slow.cancelled_caught:
+            self._log.warning("listener stopped receiving; reconnecting")
+            self.close()
+            return
+        with anyio.move_on_after(self._next_check - anyio.current_time()):
+            await _either(self._lost, self._turns.nudged)
         if self._lost.is_set():
             self._log.warning("listener connection lost; reconnecting")
             self.close()
-        elif not await self._healthy(self._conn):
+            return
+        if anyio.current_time() < self._next_check:
+            return  # nudged: the next step passes turns on or reads the list
+        self._next_check = anyio.current_time() + CHECK_EVERY
+        if not await self._healthy(self._conn):
             self._log.warning("listener stopped receiving; reconnecting")
             self.close()
+
+
+async def _either(first: anyio.Event, second: anyio.Event) -> None:
+    """Wait until one of the two is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait, first)
+        tg.start_soon(wait, second)

@@ -2,7 +2,8 @@
 `concurrency` slot tasks; their outcomes go to the completer, which writes them on a connection of
 its own while the next claim runs. Keep the leases of running attempts. Stopping has two steps:
 stop claiming at once; after the grace period, stop the attempts still running (they go back to
-pending as `interrupted`)."""
+pending as `interrupted`). With a listener, idle workers take turns to claim and to poll
+(_turns.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from ._notifier import Wakeup
 from ._redact import redactor
 from ._service import Health, supervise
 from ._step_store import StepStore
+from ._turns import Turns
 from .models import AttemptResult, JobStatus, Outcome
 from .registry import Registry, served_key
 from .settings import Settings
@@ -84,8 +86,12 @@ class Producer:
         completer: Completer,
         wakeup: Wakeup,
         metrics: Metrics | None = None,
+        turns: Turns | None = None,
     ) -> None:
         self._pool = pool
+        self._turns = turns
+        if turns is not None:
+            turns.full = lambda: len(self.running) >= settings.concurrency
         self._metrics = metrics
         self._conn = HeldConnection(pool)
         self._q = queries(settings.schema)
@@ -114,6 +120,7 @@ class Producer:
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._saturated = False
+        self._polled = False
         self._next_due = float("inf")
         self._log = get_logger(worker_id=settings.worker_id)
         # Attempts in flight, keyed by attempt (a job rescued from under a frozen attempt and
@@ -207,6 +214,7 @@ class Producer:
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._conn.drop()
+            await self._leave()
             await self._drain()
         except BaseException:
             self.interrupt()
@@ -297,6 +305,12 @@ class Producer:
             self._start(Attempt(record, self._steps))
         if self.cut_off():  # claimed by a statement sent before the worker was fenced
             self.fence()
+        elif self._polled and self._saturated and self._turns is not None and self._turns.shared:
+            # Work no notification announced (jobs that became due): share it at once rather
+            # than one worker per poll slot.
+            conn = await self._conn.get()
+            for queue in sorted({r["queue"] for r in records}):
+                await self._q.notify(conn, self._q.jobs_channel, queue)
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)
@@ -313,7 +327,30 @@ class Producer:
         now = anyio.current_time()
         if self._next_due <= now:
             self._next_due = float("inf")
-        await self._wakeup.wait(min(self._settings.poll_interval, max(self._next_due - now, 0.0)))
+        self._polled = False
+        while True:
+            interval = self._settings.poll_interval
+            poll = interval if self._turns is None else self._turns.poll_delay(time.time())
+            due = max(self._next_due - anyio.current_time(), 0.0)
+            # Taking turns, wait one interval at most: the list of workers, and so this worker's
+            # slot, may change meanwhile.
+            wait = min(poll, due, interval)
+            if await self._wakeup.wait(wait) or due <= wait:
+                return
+            if poll <= wait:
+                self._polled = True
+                if self._turns is not None:
+                    self._turns.polled()
+                return
+
+    async def _leave(self) -> None:
+        """Tell the other workers this one no longer claims, so that its turns pass to them
+        while it drains. Best effort, and short: a worker that cannot say it is leaving is
+        covered by the polls."""
+        if self._turns is None or not self._turns.shared:
+            return
+        with anyio.move_on_after(1.0), contextlib.suppress(Exception):
+            await self._q.notify(self._pool, self._q.jobs_channel, self._turns.bye)
 
     async def _drain(self) -> None:
         s = self._settings

@@ -35,9 +35,10 @@ from ._notifier import Notifier, Wakeup
 from ._producer import Producer
 from ._redact import describe
 from ._service import Health, supervise
+from ._turns import Turns
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
-from .registry import Registry
+from .registry import Registry, served_key
 from .settings import Settings, dsn_from_env
 
 if TYPE_CHECKING:
@@ -64,25 +65,34 @@ class _Services:
             on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
+        served = [served_key(t, v) for t, v in worker.registry.served()]
+        # LISTEN needs a session of its own: through a transaction pooler, only on listen_dsn.
+        # Without one, every worker polls at each interval and no one takes turns.
+        listens = s.listen and (s.listen_dsn is not None or not s.pooler)
+        self.turns = Turns(s, served) if listens else None
         self.producer = Producer(
-            pool, worker.registry, s, self.completer, worker._wakeup, metrics=metrics
+            pool,
+            worker.registry,
+            s,
+            self.completer,
+            worker._wakeup,
+            metrics=metrics,
+            turns=self.turns,
         )
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(
             self.completer.shared, s, worker.registry, stopping=self.producer.done, metrics=metrics
         )
-        # LISTEN needs a session of its own: through a transaction pooler, only on listen_dsn.
-        listens = s.listen and (s.listen_dsn is not None or not s.pooler)
         self.notifier = (
             Notifier(
                 s.listen_dsn or s.dsn,
                 s.schema,
-                s.served_queues,
+                self.turns,
                 worker._wakeup,
                 self.producer.cancel,
                 s.worker_id,
             )
-            if listens
+            if self.turns is not None
             else None
         )
 

@@ -121,7 +121,10 @@ async def test_enqueue_in_rolled_back_transaction_leaves_no_job_and_no_notificat
             await pgworker.enqueue(conn, "t", {"x": 2}, queue="mail")
             await pgworker.enqueue(conn, "t", {"x": 3}, queue="mail")
         await listener.execute("SELECT 1")  # a round trip delivers pending notifications
-        assert heard == ["mail"]  # one per committed transaction and queue, none for the rollback
+        # One per committed statement and queue, none for the rollback: each says which job.
+        notes = [json.loads(p) for p in heard]
+        assert [(n["queue"], n["count"], n["types"]) for n in notes] == [("mail", 1, ["t"])] * 2
+        assert notes[1]["id"] == notes[0]["id"] + 1
     finally:
         await listener.close()
 
@@ -133,7 +136,7 @@ async def test_every_enqueue_path_announces_new_jobs_once_per_queue(dsn, conn):
 
     async def announced() -> list[str]:
         await listener.execute("SELECT 1")  # a round trip delivers pending notifications
-        got = sorted(heard)
+        got = sorted(json.loads(p)["queue"] for p in heard)
         heard.clear()
         return got
 

@@ -184,10 +184,11 @@ async def test_a_replay_wakes_a_listening_worker_at_once(dsn, conn):
     job_id = await make_failed(conn, "plain")
     registry = flaky_registry({"now": False})
     async with serving_guarded(registry, dsn, poll_interval=60.0):
+        # Listening: LISTEN is the listener's first statement.
         await wait_for(
             lambda: conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND application_name LIKE 'pgworker-listen:%' AND query LIKE 'LISTEN%'"
+                "AND application_name LIKE 'pgworker-listen:%' AND query <> ''"
             ),
         )
         result = await pgworker.replay(conn, [job_id], by="t")

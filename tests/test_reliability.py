@@ -295,12 +295,12 @@ async def test_terminated_backends_do_not_stop_the_worker(dsn, conn, pool):
         )
         assert killed >= 3  # pool, listener and maintenance connections
         await wait_for(lambda: all_finished(conn), timeout=60)
-        # The listener came back (it listens again), and a new job starts long before the next
-        # poll could take it (60 s): woken by its notification.
+        # The listener came back (it listens again: LISTEN is its first statement), and a new job
+        # starts long before the next poll could take it (60 s): woken by its notification.
         await wait_for(
             lambda: conn.fetchval(
                 "SELECT count(*) = 1 FROM pg_stat_activity WHERE datname = current_database() "
-                "AND application_name LIKE 'pgworker-listen:%' AND query LIKE 'LISTEN%'"
+                "AND application_name LIKE 'pgworker-listen:%' AND query <> ''"
             ),
             timeout=60,
         )

@@ -110,11 +110,6 @@ class PgWorker(System):
         # From a checkout of its own: `python -m pgworker` run there imports that checkout's.
         return [sys.executable, "-m", "pgworker"] if self.src else [str(BIN / "pgworker")]
 
-    @property
-    def supports_latency(self) -> bool:  # type: ignore[override]
-        # W2 enqueues from the benchmark's process, with this repository's pgworker.
-        return self.src is None
-
     async def setup(self, dsn: str) -> None:
         proc = await asyncio.create_subprocess_exec(
             *self._cli(),

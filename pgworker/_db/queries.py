@@ -256,6 +256,10 @@ class Queries:
             concurrency,
         )
 
+    async def workers_live(self, conn: Executor, seen_within: float) -> list[Row]:
+        """(worker_id, queues, types) of the workers seen within `seen_within` seconds."""
+        return await self._rows(conn, "workers_live", seen_within)
+
     async def worker_heartbeat(
         self, conn: Runner, running: Sequence[AttemptKey], lease: float
     ) -> dict[tuple[int, int], Beat]:
