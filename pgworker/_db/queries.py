@@ -256,7 +256,7 @@ class Queries:
             concurrency,
         )
 
-    async def workers_live(self, conn: Executor, seen_within: float) -> list[Row]:
+    async def workers_live(self, conn: Runner, seen_within: float) -> list[Row]:
         """(worker_id, queues, types) of the workers seen within `seen_within` seconds."""
         return await self._rows(conn, "workers_live", seen_within)
 
