@@ -224,7 +224,7 @@ async def test_migration_11_keeps_an_index_built_beforehand_and_refuses_an_inval
             "CREATE INDEX CONCURRENTLY jobs_claim_type_idx ON pgworker.jobs "
             "(queue, type, version, priority DESC, run_at, id) WHERE status = 'pending'"
         )
-        assert await pgworker.migrate(conn) == [11]
+        assert (await pgworker.migrate(conn))[:1] == [11]
         indexes = await conn.fetch(
             "SELECT indexrelid::regclass::text AS name FROM pg_index "
             "WHERE indrelid = 'pgworker.jobs'::regclass AND indisvalid"

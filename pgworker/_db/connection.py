@@ -235,48 +235,37 @@ async def create_pool(
     prepared statement kept: asyncpg's statement cache is off, so each statement is sent
     unnamed, parsed and bound in one go, and planned with its values (so `keyed` has nothing to
     guard against); the settings go into each transaction (`PoolerConnection`)."""
+    mode: dict[str, Any]
     if pooler:
         prelude = _pooler_prelude(lock_timeout)
 
         async def init(conn: asyncpg.Connection) -> None:
             cast(PoolerConnection, conn).prelude = prelude
 
-        try:
-            return await asyncpg.create_pool(
-                dsn,
-                min_size=1,
-                max_size=size,
-                timeout=10,
-                reset=_keep_session,
-                statement_cache_size=0,
-                connection_class=PoolerConnection,
-                init=init,
-            )
-        except _CONNECT_ERRORS as exc:
-            raise _describe(dsn, exc) from exc
+        mode = {"statement_cache_size": 0, "connection_class": PoolerConnection, "init": init}
+    else:
+        # The worker's statements are few, prepared once, and their plans do not depend on the
+        # values: planning them again on each execution would double their cost. They all reach
+        # a handful of rows by key, where a bitmap plan only ever loses: it would AND in the
+        # partial index of running jobs, whose dead entries pile up between vacuums, and read
+        # all of them on every outcome write.
+        settings = {
+            "application_name": application_name,
+            "plan_cache_mode": "force_generic_plan",
+            "enable_bitmapscan": "off",
+        }
+        if keyed:
+            # A generic plan made while `jobs` is empty (a new or truncated table) would scan it
+            # whole, and stay cached once it fills: one plan per connection, for minutes. A
+            # generic plan's costs assume 10% of a table where a limit is a parameter, enough to
+            # compile it on every run (0.35 s a claim) where JIT is on.
+            settings |= {"enable_seqscan": "off", "jit": "off"}
+        if lock_timeout:
+            settings["lock_timeout"] = str(int(lock_timeout * 1000))
+        mode = {"server_settings": settings}
     try:
         return await asyncpg.create_pool(
-            dsn,
-            min_size=1,
-            max_size=size,
-            timeout=10,
-            reset=_keep_session,
-            # The worker's statements are few, prepared once, and their plans do not depend on
-            # the values: planning them again on each execution would double their cost. They
-            # all reach a handful of rows by key, where a bitmap plan only ever loses: it would
-            # AND in the partial index of running jobs, whose dead entries pile up between
-            # vacuums, and read all of them on every outcome write.
-            server_settings={
-                "application_name": application_name,
-                "plan_cache_mode": "force_generic_plan",
-                "enable_bitmapscan": "off",
-                # A generic plan made while `jobs` is empty (a new or truncated table) would scan
-                # it whole, and stay cached once it fills: one plan per connection, for minutes.
-                # A generic plan's costs assume 10% of a table where a limit is a parameter, enough
-                # to compile it on every run (0.35 s a claim) where JIT is on.
-                **({"enable_seqscan": "off", "jit": "off"} if keyed else {}),
-                **({"lock_timeout": str(int(lock_timeout * 1000))} if lock_timeout else {}),
-            },
+            dsn, min_size=1, max_size=size, timeout=10, reset=_keep_session, **mode
         )
     except _CONNECT_ERRORS as exc:
         raise _describe(dsn, exc) from exc
