@@ -96,12 +96,26 @@ def page(browser: Any) -> Iterator[Any]:
 def until(driver: Any, predicate: Any, timeout: float = WAIT) -> Any:
     """Poll `predicate(driver)` until truthy; a page that reloads itself meanwhile (its elements
     gone stale or not there yet) is polled again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def settled(driver: Any) -> Any:
+        try:
+            return predicate(driver)
+        except WebDriverException as exc:
+            # Chromium's way of saying stale when the page reloads between finding an element
+            # and reading it.
+            if "does not belong to the document" in str(exc):
+                return False
+            raise
 
     ignored = (NoSuchElementException, StaleElementReferenceException)
     return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=ignored).until(
-        predicate
+        settled
     )
 
 
