@@ -4,7 +4,7 @@
 -- commits; its payload is now a JSON object rather than the bare queue name:
 --   {"queue": "default", "id": 1041, "count": 3, "types": ["email"]}
 -- the queue, the smallest new job id, how many pending jobs arrived, and their type when they all
--- have the same one (null otherwise: min and max cost no sort). A worker reads it to decide
+-- have the same one (null otherwise: min and max cost no sort, and byte order no collation). A worker reads it to decide
 -- whether the claim is its turn (pgworker/_turns.py). A bare queue name (sent by the rescue and
 -- by replay) still wakes every worker of that queue. Workers of earlier versions still running
 -- after this migration no longer wake on new jobs: they find them at their next poll
@@ -17,7 +17,7 @@ BEGIN
         'count', q.n,
         'types', CASE WHEN q.first_type = q.last_type THEN json_build_array(q.first_type) END)::text)
     FROM (SELECT queue, min(id) AS first_id, count(*) AS n,
-                 min(type) AS first_type, max(type) AS last_type
+                 min(type COLLATE "C") AS first_type, max(type COLLATE "C") AS last_type
           FROM new_jobs WHERE status = 'pending' GROUP BY queue) AS q;
     RETURN NULL;
 END
