@@ -1,5 +1,5 @@
 """Throughput of a fleet of 1 to 16 worker processes on one PostgreSQL, directly and through one
-PgBouncer in transaction mode (issue 22, item 7): the curves of docs/operations/scaling.md.
+PgBouncer in transaction mode (issue 22, item 7): the curves of docs/scaling.md.
 
     PYTHONPATH=. python -m bench.fleet [--dsn DSN] [--workers 1,2,4,8,16] [--runs 1]
 

@@ -1,4 +1,4 @@
-"""Server connections per worker (docs/operations/scaling.md, "Connections"): at most 3 in direct
+"""Server connections per worker (docs/scaling.md, "Connections"): at most 3 in direct
 mode whatever the concurrency (claims; outcomes, heartbeat, maintenance and the steps' records
 taking turns on one; LISTEN), plus one per transactional step for its transaction only, closed
 once idle for IDLE_LIFETIME. Sampled from pg_stat_activity while real worker processes run at

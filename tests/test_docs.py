@@ -344,7 +344,7 @@ async def test_every_sql_block_runs(conn):
 
 def test_a_block_no_rule_covers_is_found():
     """The checker itself: a block of an unknown kind, or that names a file it is not, fails."""
-    doc = ROOT / "docs" / "operations" / "scaling.md"
+    doc = ROOT / "docs" / "scaling.md"
     assert check(Block(doc, 1, "ruby", "puts 1")) is None
     with pytest.raises(AssertionError, match="differs"):
         check(Block(doc, 1, "python", "# examples/recipes/retry.py\nnot the recipe"))

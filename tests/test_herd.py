@@ -1,6 +1,6 @@
 """No thundering herd (issue 22, item 3): idle workers take turns to claim and to poll, so that a
 fleet costs about one claim per job and one poll per interval in all; a job whose chosen worker
-is full or gone still starts within the documented bound (docs/operations/scaling.md), and every
+is full or gone still starts within the documented bound (docs/scaling.md), and every
 job runs once. Claims are counted by wrapping the one method that sends the claim statement."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ K = 6
 POLL = 0.5
 BOUND = 2 * POLL
 """The longest a job waits when its chosen worker cannot take it: one poll interval, two while
-the worker due to poll is the one that is gone (docs/operations/scaling.md)."""
+the worker due to poll is the one that is gone (docs/scaling.md)."""
 SLACK = 2.0
 """For a loaded test machine: the broken promise waits forever, not a few seconds."""
 
