@@ -326,6 +326,22 @@ async def unfinished(conn: asyncpg.Connection, batch: str | None = None) -> int:
     return n
 
 
+async def unfinished_jobs(conn: asyncpg.Connection) -> list[str]:
+    """The first unfinished jobs, described: what a failed wait for them must show."""
+    rows = await conn.fetch(
+        "SELECT id, type, status, worker_id, attempts,"
+        " extract(epoch FROM run_at - now())::float8 AS run_in,"
+        " extract(epoch FROM lease_expires_at - now())::float8 AS lease_in"
+        " FROM pgworker.jobs WHERE status IN ('pending', 'running') ORDER BY id LIMIT 10"
+    )
+    return [
+        f"{r['id']} {r['type']} {r['status']} worker={r['worker_id']} attempts={r['attempts']}"
+        f" run_in={r['run_in']:.1f}s"
+        + ("" if r["lease_in"] is None else f" lease_in={r['lease_in']:.1f}s")
+        for r in rows
+    ]
+
+
 async def serving(conn: asyncpg.Connection, hosts: list[Host]) -> None:
     names = [h.name for h in hosts]
 
@@ -587,9 +603,12 @@ async def cut(
         raise Broken(
             f"cut ({label}): {victim.name} claimed no job within 90 s of the heal"
         ) from None
-    await wait_until(
-        f"the jobs of cut ({label}) finished", lambda: _none(unfinished(conn)), HOLD + 30
-    )
+    try:
+        await wait_until(
+            f"the jobs of cut ({label}) finished", lambda: _none(unfinished(conn)), HOLD + 30
+        )
+    except Broken as e:
+        raise Broken(f"{e}; unfinished: {await unfinished_jobs(conn)}") from None
     c.dropped_logged = sum("outcome dropped" in str(e.get("event")) for e in victim.entries(since))
     if fence is not None:
         if c.to_stopped is None or not c.before_lease:
