@@ -229,13 +229,14 @@ class Completer:
     ) -> None:
         """Account for a written batch: requeued jobs wake the producer at their time; outcomes
         not written were fenced, unless a try lost with its connection (`uncertain`) had
-        committed them. `on_settled` learns each attempt's outcome as its row holds it (None:
-        not written), which the metrics count."""
+        committed them: asked on the shared connection, since the worker's pool has no third
+        one to lend. `on_settled` learns each attempt's outcome as its row holds it (None: not
+        written), which the metrics count."""
         missing = [r for r in batch if r.job_id not in written]
         if missing and uncertain:
             with contextlib.suppress(Exception):
                 recorded = await self._q.attempt_outcomes(
-                    self._pool, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
+                    self.shared, [(r.job_id, r.attempt, r.claimed_at) for r in missing]
                 )
                 for r in missing:
                     outcome = recorded.get(r.job_id)

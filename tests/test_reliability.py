@@ -309,3 +309,35 @@ async def test_terminated_backends_do_not_stop_the_worker(dsn, conn, pool):
     assert (
         await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'") == 51
     )
+
+
+async def test_an_uncertain_batch_is_checked_on_the_shared_connection(dsn, conn):
+    """After a write lost with its connection, the completer asks which of the outcomes it could
+    not write had committed. A worker's pool holds two connections, both kept by their users
+    (the claims', and the shared one): asking the pool for a third waited forever, and every
+    later outcome of the worker with it (seen in `make scale` after a silent cut)."""
+    from pgworker._completer import Completer
+
+    r = await pgworker.enqueue(conn, "t", {})
+    first = await fake_claim(conn, r.job.id)
+    await fake_claim(conn, r.job.id)  # rescued and claimed again: attempt 1 no longer holds it
+    pool = await create_pool(dsn, size=2)
+    try:
+        claims = await pool.acquire()  # held by the producer, as in a worker
+        try:
+            completer = Completer(pool, "pgworker", "w")
+            shared = await completer.shared.fetchval("SELECT pg_backend_pid()")  # kept
+            await conn.execute("SELECT pg_terminate_backend($1)", shared)
+            late = AttemptResult(r.job.id, 1, first, JobStatus.COMPLETED, Outcome.COMPLETED)
+            completer.submit(late)
+            with pytest.raises(Exception, match="connection"):  # lost: did it commit?
+                await completer.step()
+            await completer.reset(Exception("lost"))
+            with anyio.fail_after(10):
+                await completer.step()
+            assert completer.dropped == 1
+        finally:
+            await pool.release(claims)
+            await completer.shared.drop()
+    finally:
+        await pool.close()
