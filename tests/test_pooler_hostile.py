@@ -141,6 +141,7 @@ async def test_every_command_in_pooler_mode_from_the_environment(empty_dsn, narr
     assert ok("failed", "list") == "(no failed jobs)\n"
     assert "cancelled" in ok("show", str(job))
     ok("replay", str(job), "--reason", "from the environment")
+    assert "0" in ok("prune", "--older-than", "1d", "--dry-run")
     conn = await asyncpg.connect(empty_dsn)
     try:
         assert await statuses(conn) == {"pending": 2}
@@ -317,3 +318,58 @@ async def test_a_service_that_forgot_the_statement_cache_is_told_the_fix(dsn, na
     said = outs[1].stdout
     assert said.startswith("ConfigError: conn: ") and fix in said and "pooler" in said, said
     assert len(said.strip().splitlines()) == 1, said
+
+
+# --- transactional steps ---------------------------------------------------------------------
+
+steps = pgworker.Registry()
+
+
+@steps.task("step", max_retries=0)
+async def step_with(ctx: pgworker.JobContext, payload: dict) -> object:
+    async def reads(conn: asyncpg.Connection) -> object:
+        if payload["how"] == "cursor":
+            return [r[0] async for r in conn.cursor("SELECT 1")]
+        if payload["how"] == "prepare":
+            return await (await conn.prepare("SELECT 1")).fetchval()
+        if payload["how"] == "records":
+            await conn.execute("CREATE TEMP TABLE t (n int) ON COMMIT DROP")
+            return await conn.copy_records_to_table("t", records=[(1,)])
+        return await conn.fetchval("SELECT 1")
+
+    return await ctx.transactional_step("read", reads)
+
+
+async def test_a_transactional_step_in_pooler_mode_refuses_named_statements(dsn, conn, narrow):
+    """conn.prepare(), conn.cursor() and copy_records_to_table() prepare a statement by name,
+    which would stay on the server session after the step: in pooler mode the step refuses
+    them, saying what to use instead; its unnamed statements run."""
+    hows = ["cursor", "prepare", "records", "fetch"]
+    jobs = {h: (await pgworker.enqueue(conn, "step", {"how": h})).job.id for h in hows}
+    async with serving_guarded(steps, narrow.dsn(dsn), pooler=True):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 4 FROM pgworker.jobs WHERE status IN ('completed', 'failed')"
+            ),
+            timeout=30,
+        )
+    rows = await conn.fetch(
+        "SELECT j.id, j.status, a.error_message FROM pgworker.jobs j "
+        "JOIN pgworker.job_attempts a ON a.job_id = j.id"
+    )
+    found = {r["id"]: (r["status"], r["error_message"] or "") for r in rows}
+    assert found[jobs["fetch"]] == ("completed", "")
+    for how, method in [
+        ("cursor", "cursor"),
+        ("prepare", "prepare"),
+        ("records", "copy_records_to_table"),
+    ]:
+        status, error = found[jobs[how]]
+        assert status == "failed", (how, error)
+        assert f"conn.{method}(), which prepares a named statement" in error, error
+        assert "conn.fetch()" in error, error
+    other = await asyncpg.connect(narrow.dsn(dsn), statement_cache_size=0)
+    try:  # the one server session every client had: no statement left there
+        assert await other.fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
+    finally:
+        await other.close()
