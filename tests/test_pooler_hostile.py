@@ -373,3 +373,41 @@ async def test_a_transactional_step_in_pooler_mode_refuses_named_statements(dsn,
         assert await other.fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
     finally:
         await other.close()
+
+
+async def test_a_pooler_worker_leaves_nothing_on_the_server_session(dsn, conn, narrow):
+    """Through one server session for every client, after a pooler worker ran jobs (claims,
+    outcomes, heartbeats, maintenance, a transactional step): no named statement, no portal,
+    no LISTEN, no advisory lock, no setting left for the next client."""
+    for how in ("fetch", "fetch"):
+        await pgworker.enqueue(conn, "step", {"how": how})
+    async with serving_guarded(steps, narrow.dsn(dsn), pooler=True, lease=1.5):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 2 FROM pgworker.jobs WHERE status = 'completed'"
+            ),
+            timeout=30,
+        )
+    other = await asyncpg.connect(narrow.dsn(dsn), statement_cache_size=0)
+    try:
+        left = await other.fetchrow(
+            "SELECT (SELECT count(*) FROM pg_prepared_statements) AS statements, "
+            "(SELECT count(*) FROM pg_cursors WHERE name <> '') AS cursors, "
+            "(SELECT count(*) FROM pg_listening_channels()) AS channels, "
+            "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+            " AND pid = pg_backend_pid()) AS locks, "
+            "current_setting('lock_timeout') AS lock_timeout, "
+            "current_setting('enable_bitmapscan') AS bitmapscan, "
+            "current_setting('synchronous_commit') AS synchronous_commit"
+        )
+        assert dict(left) == {
+            "statements": 0,
+            "cursors": 0,
+            "channels": 0,
+            "locks": 0,
+            "lock_timeout": "0",
+            "bitmapscan": "on",
+            "synchronous_commit": "on",
+        }
+    finally:
+        await other.close()
