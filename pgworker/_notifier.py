@@ -66,6 +66,8 @@ class Notifier:
     ) -> None:
         self._dsn = dsn
         self._where = where
+        self.database: str | None = None
+        """The database of the worker's jobs (the worker sets it before `connect`)."""
         self._schema = schema
         self._q = queries(schema)
         self._jobs_channel = self._q.jobs_channel
@@ -126,14 +128,24 @@ class Notifier:
         self._wakeup.set()
 
     async def _direct(self, conn: asyncpg.Connection) -> None:
-        """Refuse a connection that reaches PostgreSQL through a pooler: a transaction pooler
-        gives the LISTEN session to other clients, and its notifications are lost, silently."""
-        if await self._q.backend_pid(conn) != conn.get_server_pid():
+        """Refuse a connection where LISTEN would hear nothing, silently: through a pooler (a
+        transaction pooler gives the LISTEN session to other clients), or to another database
+        than the worker's (NOTIFY stays within its database)."""
+        pid, database = await self._q.session_identity(conn)
+        if pid != conn.get_server_pid():
             raise ConfigError(
                 "listen_dsn",
                 f"the LISTEN connection ({self._where}) reaches PostgreSQL through a pooler such "
                 "as PgBouncer, where LISTEN hears nothing: give --listen-dsn a URL that reaches "
                 "PostgreSQL directly, or leave it out to poll every --poll-interval",
+            )
+        if self.database is not None and database != self.database:
+            raise ConfigError(
+                "listen_dsn",
+                f"the LISTEN connection ({self._where}) reaches database {database!r}, the "
+                f"worker's jobs are in {self.database!r}: NOTIFY reaches only the sessions of "
+                "its own database, LISTEN there would hear nothing; give --listen-dsn the "
+                "worker's database",
             )
 
     async def _healthy(self, conn: asyncpg.Connection) -> bool:

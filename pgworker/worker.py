@@ -29,6 +29,7 @@ from ._db.connection import (
     too_many_connections,
 )
 from ._db.migrations import check_direct, check_privileges, check_schema
+from ._db.queries import queries
 from ._heartbeat import Heartbeat
 from ._logs import get_logger
 from ._maintenance import Maintenance
@@ -259,6 +260,7 @@ class Worker:
                 await services.heartbeat.register()
                 registered = True
                 if services.notifier is not None:
+                    _, services.notifier.database = await queries(s.schema).session_identity(pool)
                     await services.notifier.connect()
                     stack.callback(services.notifier.close)
             except Exception as exc:

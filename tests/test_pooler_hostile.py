@@ -179,6 +179,17 @@ async def test_a_listen_dsn_through_the_pooler_is_refused_in_one_line(dsn, bounc
     assert await live_workers(dsn) == 0
 
 
+async def test_a_listen_dsn_to_another_database_is_refused_in_one_line(dsn, server_dsn, bouncer):
+    """NOTIFY reaches only the sessions of its own database: LISTEN on another one (an admin
+    DSN pasted by mistake) would hear nothing, silently."""
+    out = cli(
+        "run", "tests.apps.basic", "--pooler", "--dsn", bouncer.dsn(dsn), "--listen-dsn", server_dsn
+    )
+    error = one_line(out)
+    assert "--listen-dsn" in error and "reaches database 'postgres'" in error, error
+    assert await live_workers(dsn) == 0
+
+
 SECRET = "s3?cr\x1b[2Jet"
 """A password holding a character that ends a URL's password (?) and a terminal escape."""
 

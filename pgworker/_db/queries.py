@@ -577,9 +577,11 @@ class Queries:
         assert row is not None
         return str(row["version"]), int(row["major"])
 
-    async def backend_pid(self, conn: Conn) -> int:
-        """The server process of the session `conn` reaches."""
-        return int(await conn.fetchval(self._sql["backend_pid"]))
+    async def session_identity(self, conn: Runner) -> tuple[int, str]:
+        """The server process of the session `conn` reaches, and its database."""
+        row = await conn.fetchrow(self._sql["session_identity"])
+        assert row is not None  # one row, always
+        return int(row["pid"]), str(row["database"])
 
     async def session_settings(self, conn: Runner) -> str:
         """The session's plan_cache_mode, which a direct pool sets at connection."""
