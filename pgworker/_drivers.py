@@ -23,7 +23,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from ._db.connection import Executor, migrate_command
-from .errors import DatabaseUnavailable, PgWorkerError, SchemaError
+from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 
 T = TypeVar("T")
 
@@ -44,6 +44,17 @@ _SAVEPOINT = "pgworker_enqueue"
 
 _ABORTED_STATES = frozenset({"25P02"})  # in_failed_sql_transaction
 _MISSING_STATES = frozenset({"42P01", "3F000"})  # undefined table, invalid schema name
+# duplicate_prepared_statement, invalid_sql_statement_name: a statement prepared by name on one
+# server session, met on another (or by another client) behind a transaction pooler.
+_KEPT_STATEMENT_STATES = frozenset({"42P05", "26000"})
+_STATEMENT_CACHE = {
+    "asyncpg": "create its pool or connection with statement_cache_size=0",
+    "psycopg": "connect with prepare_threshold=None",
+}
+_ANY_CACHE = (
+    "turn its driver's statement cache off (asyncpg: statement_cache_size=0; psycopg: "
+    "prepare_threshold=None)"
+)
 
 
 def _kinds(conn: object) -> set[str]:
@@ -184,6 +195,19 @@ def aborted(driver: str) -> PgWorkerError:
     )
 
 
+def kept_statements(driver: str, exc: BaseException) -> ConfigError:
+    """The error of a connection that keeps prepared statements across transactions, through a
+    transaction pooler such as PgBouncer, which hands them to other clients."""
+    fix = _STATEMENT_CACHE.get(driver.partition(" ")[0], _ANY_CACHE)
+    seen = str(exc).partition("\n")[0]  # asyncpg appends a long hint about PgBouncer
+    return ConfigError(
+        "conn",
+        f"the {driver} keeps prepared statements, and reaches PostgreSQL through a transaction "
+        f"pooler such as PgBouncer, which gives them to other clients ({type(exc).__name__}: "
+        f"{seen}); nothing was written: {fix}, then enqueue again",
+    )
+
+
 def closed(driver: str) -> DatabaseUnavailable:
     return DatabaseUnavailable(
         f"the {driver} is closed; reconnect (or take another connection from the pool), then "
@@ -191,10 +215,17 @@ def closed(driver: str) -> DatabaseUnavailable:
     )
 
 
+KEPT_STATEMENT: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+)
+"""What asyncpg raises when its cached statements meet a transaction pooler."""
+
 UNUSABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InFailedSQLTransactionError,
     asyncpg.exceptions.InterfaceError,
     asyncpg.exceptions.ConnectionDoesNotExistError,
+    *KEPT_STATEMENT,
 )
 """What asyncpg raises on a connection that cannot enqueue (see `unusable`)."""
 
@@ -217,6 +248,8 @@ def unusable(conn: Any, exc: BaseException) -> PgWorkerError | None:
     driver = "asyncpg Pool" if isinstance(conn, asyncpg.Pool) else "asyncpg Connection"
     if isinstance(exc, asyncpg.exceptions.InFailedSQLTransactionError):
         return aborted(driver)
+    if isinstance(exc, KEPT_STATEMENT):
+        return kept_statements(driver, exc)
     if _native_closed(conn):
         return closed(driver)
     return None
@@ -235,6 +268,8 @@ def _driver_errors(driver: str, schema: str) -> Iterator[None]:
             "TransactionManagementError",
         ):
             raise aborted(driver) from exc
+        if state in _KEPT_STATEMENT_STATES:
+            raise kept_statements(driver, exc) from exc
         if state in _MISSING_STATES:
             raise SchemaError(
                 f"the pgworker schema {schema!r} is missing ({exc}); run "

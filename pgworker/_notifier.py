@@ -14,13 +14,16 @@ import anyio
 import asyncpg
 
 from . import _limits as limits
-from ._db.connection import connect
+from ._db.connection import DSN_OPTIONS, connect
 from ._db.queries import queries
 from ._logs import get_logger
 from ._turns import Turns
+from .errors import ConfigError
 
 CHECK_EVERY = 5.0
 CHECK_TIMEOUT = 5.0
+LISTEN_DSN_OPTIONS = "--listen-dsn or PGWORKER_LISTEN_DSN"
+"""Where a listen DSN of its own comes from, for the messages about it."""
 
 
 class Wakeup:
@@ -58,8 +61,13 @@ class Notifier:
         wakeup: Wakeup,
         on_cancel: Callable[[int], None],
         worker_id: str,
+        *,
+        where: str = DSN_OPTIONS,
     ) -> None:
         self._dsn = dsn
+        self._where = where
+        self.database: str | None = None
+        """The database of the worker's jobs (the worker sets it before `connect`)."""
         self._schema = schema
         self._q = queries(schema)
         self._jobs_channel = self._q.jobs_channel
@@ -96,9 +104,15 @@ class Notifier:
         """Open the LISTEN connection; the worker calls this at start-up, so that an unusable
         database is an error there, and each step calls it again after a loss."""
         conn = await connect(
-            self._dsn, server_settings={"application_name": f"pgworker-listen:{self._worker_id}"}
+            self._dsn,
+            where=self._where,
+            # Its few statements are not worth a cache, and none may linger on a pooler's
+            # session before `_direct` has refused it.
+            statement_cache_size=0,
+            server_settings={"application_name": f"pgworker-listen:{self._worker_id}"},
         )
         try:
+            await self._direct(conn)
             await conn.add_listener(self._jobs_channel, self._on_job)
             await conn.add_listener(self._cancel_channel, self._on_cancel_request)
             await conn.add_listener(self._ping_channel, self._on_ping)
@@ -112,6 +126,27 @@ class Notifier:
         self._conn = conn
         # Notifications sent while no connection listened are lost: look for work now.
         self._wakeup.set()
+
+    async def _direct(self, conn: asyncpg.Connection) -> None:
+        """Refuse a connection where LISTEN would hear nothing, silently: through a pooler (a
+        transaction pooler gives the LISTEN session to other clients), or to another database
+        than the worker's (NOTIFY stays within its database)."""
+        pid, database = await self._q.session_identity(conn)
+        if pid != conn.get_server_pid():
+            raise ConfigError(
+                "listen_dsn",
+                f"the LISTEN connection ({self._where}) reaches PostgreSQL through a pooler such "
+                "as PgBouncer, where LISTEN hears nothing: give --listen-dsn a URL that reaches "
+                "PostgreSQL directly, or leave it out to poll every --poll-interval",
+            )
+        if self.database is not None and database != self.database:
+            raise ConfigError(
+                "listen_dsn",
+                f"the LISTEN connection ({self._where}) reaches database {database!r}, the "
+                f"worker's jobs are in {self.database!r}: NOTIFY reaches only the sessions of "
+                "its own database, LISTEN there would hear nothing; give --listen-dsn the "
+                "worker's database",
+            )
 
     async def _healthy(self, conn: asyncpg.Connection) -> bool:
         self._pong = anyio.Event()

@@ -264,14 +264,17 @@ def _comment_end(sql: str, pos: int) -> int:
 class StepConnection(PoolConnectionProxy):
     """A transactional step's connection, while its function runs."""
 
-    __slots__ = ("_fn", "_step", "refused")
+    __slots__ = ("_fn", "_pooler", "_step", "refused")
 
-    def __init__(self, conn: Any, step: str, fn: Callable[..., Any]) -> None:
+    def __init__(
+        self, conn: Any, step: str, fn: Callable[..., Any], *, pooler: bool = False
+    ) -> None:
         # Not PoolConnectionProxy.__init__: the connection underneath stays the pool's.
         self._con = conn
         self._holder = None  # type: ignore[assignment]  # not the pool's to release
         self._step = step
         self._fn = fn
+        self._pooler = pooler
         self.refused: ValidationError | None = None
         """The first refusal, kept for the step to raise should the function swallow it."""
 
@@ -291,14 +294,29 @@ class StepConnection(PoolConnectionProxy):
         if control is not None:
             self._refuse(f"sent {control} (conn.{method}())")
 
-    def _refuse(self, what: str) -> None:
+    def _named(self, method: str) -> None:
+        """In pooler mode, refuse what prepares a statement by name: it would stay on the server
+        session after the step, where the pooler's next client meets it (its own statement of
+        the same name fails)."""
+        if self._pooler:
+            self._refuse(
+                f"called conn.{method}(), which prepares a named statement",
+                "through a transaction pooler (pooler mode) it would stay on the server session "
+                "that other clients get next, and break theirs of the same name",
+                "use conn.fetch(), fetchrow(), fetchval() or execute(), whose statements are "
+                "unnamed, and copy_to_table() rather than copy_records_to_table()",
+            )
+
+    def _refuse(self, what: str, why: str = "", fix: str = "") -> None:
+        why = why or (
+            "which would end or change the step's transaction so that its writes and its "
+            "checkpoint could no longer commit together"
+        )
+        fix = fix or "for a savepoint, use `async with conn.transaction()` inside the function"
         refused = ValidationError(
             "fn",
-            f"transactional step {self._step!r}: {self._fn!r} {what}, which would end or change "
-            "the step's transaction so that its writes and its checkpoint could no longer commit "
-            "together; it was not sent, the step's transaction is rolled back and the step is "
-            "not recorded (for a savepoint, use `async with conn.transaction()` inside the "
-            "function)",
+            f"transactional step {self._step!r}: {self._fn!r} {what}, {why}; it was not sent, "
+            f"the step's transaction is rolled back and the step is not recorded ({fix})",
         )
         if self.refused is None:
             self.refused = refused
@@ -330,10 +348,12 @@ class StepConnection(PoolConnectionProxy):
 
     async def prepare(self, query: str, *args: Any, **kwargs: Any) -> Any:
         self._check(query, "prepare")
+        self._named("prepare")
         return await super().prepare(query, *args, **kwargs)
 
     def cursor(self, query: str, *args: Any, **kwargs: Any) -> Any:
         self._check(query, "cursor")
+        self._named("cursor")
         return super().cursor(query, *args, **kwargs)
 
     async def copy_from_query(self, query: str, *args: Any, **kwargs: Any) -> Any:
@@ -346,6 +366,7 @@ class StepConnection(PoolConnectionProxy):
 
     async def copy_records_to_table(self, table_name: str, *args: Any, **kwargs: Any) -> Any:
         self._check(kwargs.get("where") or "", "copy_records_to_table")
+        self._named("copy_records_to_table")
         return await super().copy_records_to_table(table_name, *args, **kwargs)
 
     async def reset(self, *args: Any, **kwargs: Any) -> None:

@@ -37,6 +37,7 @@ class StepStore:
         shared: Runner | None = None,
     ) -> None:
         self.q = queries(schema)
+        self.pooler = pooler
         self._dsn = dsn
         # Through a transaction pooler: no startup parameter, no prepared statement kept.
         self._options: dict[str, Any] = (

@@ -183,7 +183,7 @@ class Steps:
             pool = await self._store.pool()
             async with pool.acquire() as conn, conn.transaction():
                 began_in = await self._store.q.step_transaction(conn)
-                guarded = StepConnection(conn, name, fn)
+                guarded = StepConnection(conn, name, fn, pooler=self._store.pooler)
                 inside = _inside.set(name)
                 try:
                     pending = fn(guarded, *args, **kwargs)

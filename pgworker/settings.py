@@ -27,6 +27,9 @@ _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 8640
 KEEP_FOREVER = ("0", "none")
 """What `--retain-completed`, `--retain-failed` and their variables take to keep jobs forever."""
 
+FLAGS = ("listen", "durable_claims", "pooler")
+"""The settings read from a PGWORKER_* variable as true or false."""
+
 
 def duration(field: str, raw: str, *, error: type[Exception] = ValidationError) -> float:
     """Seconds from a duration as people write it: `30s`, `15m`, `2h`, `7d`, `1w`, or a plain
@@ -143,7 +146,7 @@ class Settings:
             object.__setattr__(self, "queues", tuple(self.queues))
             for q in self.queues:
                 limits.name("queues", q, limits.MAX_QUEUE_LENGTH, error=ConfigError)
-        for name in ("listen", "durable_claims", "pooler"):
+        for name in FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
         listen_dsn: object = self.listen_dsn
@@ -205,6 +208,8 @@ class Settings:
             raw = env.get(f"PGWORKER_{f.name.upper()}")
             if raw is None or f.name == "dsn":
                 continue
+            if f.name in FLAGS and not raw.strip():  # `PGWORKER_POOLER=`: not set, as in the CLI
+                continue
             values[f.name] = _parse(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -231,13 +236,21 @@ def _parse(name: str, raw: str) -> Any:
         return raw or None
     if name in ("retain_completed", "retain_failed"):
         return retention(f"PGWORKER_{name.upper()}", raw)
-    if name in ("listen", "durable_claims", "pooler"):
+    if name in FLAGS:
         return flag(name, raw)
     return raw
 
 
-def flag(name: str, raw: str) -> bool:
-    """The value of variable PGWORKER_<NAME>, true or false (1/0, yes/no, on/off)."""
-    if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-        raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} must be true or false")
-    return raw.lower() in ("1", "true", "yes", "on")
+def flag(name: str, raw: str, default: bool = False) -> bool:
+    """The value of variable PGWORKER_<NAME>, true or false (1/0, yes/no, on/off, in any case,
+    spaces around ignored); empty is not set: `default`."""
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ConfigError(
+            name,
+            f"PGWORKER_{name.upper()}={raw!r} must be true or false (1/0, yes/no, on/off), or "
+            "empty for the default",
+        )
+    return value in ("1", "true", "yes", "on")

@@ -21,6 +21,7 @@ import asyncpg
 from . import _health_file, _threads
 from ._completer import Completer
 from ._db.connection import (
+    DSN_OPTIONS,
     create_pool,
     migrate_command,
     pooler_refusal,
@@ -28,10 +29,11 @@ from ._db.connection import (
     too_many_connections,
 )
 from ._db.migrations import check_direct, check_privileges, check_schema
+from ._db.queries import queries
 from ._heartbeat import Heartbeat
 from ._logs import get_logger
 from ._maintenance import Maintenance
-from ._notifier import Notifier, Wakeup
+from ._notifier import LISTEN_DSN_OPTIONS, Notifier, Wakeup
 from ._producer import Producer
 from ._redact import describe
 from ._service import Health, supervise
@@ -91,6 +93,7 @@ class _Services:
                 worker._wakeup,
                 self.producer.cancel,
                 s.worker_id,
+                where=LISTEN_DSN_OPTIONS if s.listen_dsn is not None else DSN_OPTIONS,
             )
             if self.turns is not None
             else None
@@ -248,16 +251,23 @@ class Worker:
             services = _Services(self, pool, metrics)
             if metrics is not None:
                 self._watch(metrics, services)
+            registered = False
             try:
                 await check_schema(pool, s.schema)
                 if not s.pooler:
                     await check_direct(pool, s.schema)
                 await check_privileges(pool, s.schema)
                 await services.heartbeat.register()
+                registered = True
                 if services.notifier is not None:
+                    _, services.notifier.database = await queries(s.schema).session_identity(pool)
                     await services.notifier.connect()
                     stack.callback(services.notifier.close)
             except Exception as exc:
+                if registered:  # a worker that never served is no live worker in `status`
+                    with contextlib.suppress(Exception), anyio.move_on_after(5):
+                        await services.heartbeat.unregister()
+                        await services.completer.shared.drop()
                 raise _start_error(s.schema, exc) from exc
             yield services
 

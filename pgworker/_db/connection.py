@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -120,7 +121,11 @@ def pooler_needed(seen: str) -> ConfigError:
     )
 
 
-def _describe(dsn: str, exc: BaseException) -> PgWorkerError:
+DSN_OPTIONS = "--dsn, PGWORKER_DSN or DATABASE_URL"
+"""Where the DSN comes from, for the messages about it."""
+
+
+def _describe(dsn: str, exc: BaseException, where: str = DSN_OPTIONS) -> PgWorkerError:
     """What went wrong, for a person: the server answered (no such database, login refused) or
     it did not (down, unreachable, a malformed DSN), or a transaction pooler refused what only a
     session keeps. Never the DSN's password: a malformed DSN may be quoted back by the
@@ -128,11 +133,19 @@ def _describe(dsn: str, exc: BaseException) -> PgWorkerError:
     pooler = pooler_refusal(exc)
     if pooler is not None:
         return pooler
-    return DatabaseUnavailable(redact_dsn(_connect_problem(exc), dsn))
+    return DatabaseUnavailable(redact_dsn(_connect_problem(dsn, exc, f"({where})"), dsn))
 
 
-def _connect_problem(exc: BaseException) -> str:
-    where = "(--dsn, PGWORKER_DSN or DATABASE_URL)"
+def _cut_userinfo(dsn: str) -> bool:
+    """Whether the user or password part of a URL DSN holds a character that ends that part
+    (/ ? #): the driver then reads a piece of the password as the host, port or options, and
+    quotes it back in its error, where no redaction can find it whole."""
+    _, scheme, rest = dsn.partition("://")
+    userinfo = rest.rpartition("@")[0] if scheme else ""
+    return any(c in userinfo for c in "/?#")
+
+
+def _connect_problem(dsn: str, exc: BaseException, where: str) -> str:
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
         return str(too_many_connections(exc))
     if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
@@ -144,22 +157,29 @@ def _connect_problem(exc: BaseException) -> str:
     ):
         fix = f"check the user and password in the DSN {where}"
         return f"the server refused the login ({exc}); {fix}"
+    if isinstance(exc, ValueError) and _cut_userinfo(dsn):
+        return (
+            f"the DSN {where} is not a valid URL: its user or password holds / ? or #, which "
+            "end that part of a URL; percent-encode them (%2F, %3F, %23; @ is %40, : is %3A)"
+        )
     return (
         f"cannot reach the database ({type(exc).__name__}: {exc}); check the DSN "
         f"{where} and that PostgreSQL is running"
     )
 
 
-async def connect(dsn: str, *, pooler: bool = False, **kwargs: Any) -> asyncpg.Connection:
+async def connect(
+    dsn: str, *, pooler: bool = False, where: str = DSN_OPTIONS, **kwargs: Any
+) -> asyncpg.Connection:
     """A connection of one's own; with `pooler`, one that keeps no prepared statement (see
-    `create_pool`)."""
+    `create_pool`). `where` names the options the DSN comes from, in the errors."""
     kwargs.setdefault("timeout", 10)
     if pooler:
         kwargs["statement_cache_size"] = 0
     try:
         return await asyncpg.connect(dsn, **kwargs)
     except _CONNECT_ERRORS as exc:
-        raise _describe(dsn, exc) from exc
+        raise _describe(dsn, exc, where) from exc
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -167,20 +187,27 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     no SET), so releasing one needs no reset query: that would cost a round trip per statement."""
 
 
+_BEGIN = re.compile(r"\s*(BEGIN|START\s+TRANSACTION)\b[^;]*;?\s*", re.IGNORECASE)
+"""A statement that only opens a transaction (asyncpg's `transaction()` sends `BEGIN ...;`)."""
+
+
 class PoolerConnection(asyncpg.Connection):
     """A pooled connection through a transaction pooler, which starts each transaction on any
     server session: what a direct pool sets once per session as startup parameters is set here
-    in each transaction, with SET LOCAL. A statement sent outside a transaction gets a
-    transaction of its own that begins with `prelude`: one round trip more for BEGIN and the
-    settings (sent together), one for COMMIT. Statements without arguments (BEGIN, COMMIT, a
-    migration's text) pass as they are."""
+    in each transaction, with SET LOCAL (`settings`). A transaction opened by `transaction()` or
+    a plain BEGIN gets them with its BEGIN, in the same round trip. A statement sent outside a
+    transaction gets a transaction of its own that begins with them: one round trip more for
+    BEGIN and the settings (sent together), one for COMMIT. Other statements without arguments
+    (COMMIT, a migration's text) pass as they are."""
 
-    prelude = "BEGIN"
+    settings = ""
+    through_pooler = True
+    """What `through_pooler` reads, through a pool's proxy too."""
 
     async def _settled(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         if self.is_in_transaction():
             return await call(*args, **kwargs)
-        await super().execute(self.prelude)
+        await super().execute(_joined("BEGIN", self.settings))
         try:
             result = await call(*args, **kwargs)
         except Exception:
@@ -193,6 +220,8 @@ class PoolerConnection(asyncpg.Connection):
 
     async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
         if not args:
+            if self.settings and not self.is_in_transaction() and _BEGIN.fullmatch(query):
+                query = _joined(query, self.settings)
             return await super().execute(query, **kwargs)
         return await self._settled(super().execute, query, *args, **kwargs)
 
@@ -206,8 +235,18 @@ class PoolerConnection(asyncpg.Connection):
         return await self._settled(super().fetchval, query, *args, **kwargs)
 
 
-def _pooler_prelude(lock_timeout: float | None) -> str:
-    """BEGIN and the settings of a direct pool's sessions that still matter through a pooler.
+def _joined(begin: str, settings: str) -> str:
+    return f"{begin.strip().rstrip(';')}; {settings}" if settings else begin
+
+
+def through_pooler(conn: Any) -> bool:
+    """Whether `conn` (a connection, or a pool's proxy of one) is a pooler mode connection,
+    which must not keep a named statement or a portal past its transaction."""
+    return getattr(conn, "through_pooler", False) is True
+
+
+def _pooler_settings(lock_timeout: float | None) -> str:
+    """The settings of a direct pool's sessions that still matter through a pooler.
 
     Not set: plan_cache_mode (no statement is prepared twice: each is planned with its values
     at each execution either way) and application_name (the server session is anyone's; and a
@@ -216,7 +255,7 @@ def _pooler_prelude(lock_timeout: float | None) -> str:
     settings = ["SET LOCAL enable_bitmapscan = off"]
     if lock_timeout:
         settings.append(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
-    return "; ".join(["BEGIN", *settings])
+    return "; ".join(settings)
 
 
 async def create_pool(
@@ -237,10 +276,10 @@ async def create_pool(
     guard against); the settings go into each transaction (`PoolerConnection`)."""
     mode: dict[str, Any]
     if pooler:
-        prelude = _pooler_prelude(lock_timeout)
+        per_transaction = _pooler_settings(lock_timeout)
 
         async def init(conn: asyncpg.Connection) -> None:
-            cast(PoolerConnection, conn).prelude = prelude
+            cast(PoolerConnection, conn).settings = per_transaction
 
         mode = {"statement_cache_size": 0, "connection_class": PoolerConnection, "init": init}
     else:

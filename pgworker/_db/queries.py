@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any, NamedTuple
@@ -17,7 +17,14 @@ from asyncpg.pool import PoolConnectionProxy
 from .. import _limits as limits
 from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
-from .connection import Conn, Runner, SharedConnection, privilege_error, schema_errors
+from .connection import (
+    Conn,
+    Runner,
+    SharedConnection,
+    privilege_error,
+    schema_errors,
+    through_pooler,
+)
 
 Row = asyncpg.Record
 """A row, read by column name."""
@@ -570,6 +577,12 @@ class Queries:
         assert row is not None
         return str(row["version"]), int(row["major"])
 
+    async def session_identity(self, conn: Runner) -> tuple[int, str]:
+        """The server process of the session `conn` reaches, and its database."""
+        row = await conn.fetchrow(self._sql["session_identity"])
+        assert row is not None  # one row, always
+        return int(row["pid"]), str(row["database"])
+
     async def session_settings(self, conn: Runner) -> str:
         """The session's plan_cache_mode, which a direct pool sets at connection."""
         return str(await conn.fetchval(self._sql["session_settings"]))
@@ -688,10 +701,13 @@ class Queries:
         a page of a thousand of them would not fit in memory."""
         rows: list[Row] = []
         size = 0
-        args = (status, type_, queue, correlation_id, before, limit)
+        filters = (status, type_, queue, correlation_id)
         with schema_errors(self.schema):
-            async with transaction(conn) as c:
-                async for row in c.cursor(self._sql["http_jobs_list"], *args, prefetch=1):
+            async with (
+                transaction(conn) as c,
+                contextlib.aclosing(self._one_by_one(c, filters, before, limit)) as found,
+            ):
+                async for row in found:
                     more = sum(len(row[k] or "") for k in ("payload", "result", "progress"))
                     if rows and size + more > budget:
                         return rows, True
@@ -700,6 +716,24 @@ class Queries:
                     if len(rows) >= limit:
                         return rows, True
         return rows, False
+
+    async def _one_by_one(
+        self, c: Conn, filters: tuple[Any, ...], before: int | None, limit: int
+    ) -> AsyncGenerator[Row, None]:
+        """The rows of http_jobs_list one at a time: from a cursor, whose statement asyncpg
+        prepares by name; through a transaction pooler, where a named statement stays on a
+        server session that other clients get, one row per statement, each below the last id."""
+        sql = self._sql["http_jobs_list"]
+        if not through_pooler(c):
+            async for row in c.cursor(sql, *filters, before, limit, prefetch=1):
+                yield row
+            return
+        for _ in range(limit):
+            found = await c.fetchrow(sql, *filters, before, 1)
+            if found is None:
+                return
+            yield found
+            before = found["id"]
 
     async def http_workers(self, conn: Runner) -> list[Row]:
         return await self._rows(conn, "http_workers")

@@ -115,7 +115,7 @@ def _pooler(args: argparse.Namespace) -> bool:
     """--pooler, else PGWORKER_POOLER."""
     if getattr(args, "pooler", None):
         return True
-    return flag("pooler", os.environ.get("PGWORKER_POOLER") or "false")
+    return flag("pooler", os.environ.get("PGWORKER_POOLER", ""))
 
 
 async def _connect(args: argparse.Namespace, dsn: str | None = None) -> asyncpg.Connection:
@@ -154,7 +154,12 @@ def _user_error(exc: BaseException) -> PgWorkerError | None:
     transaction pooler does to a command not in pooler mode is one too."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return exc if isinstance(exc, PgWorkerError) else pooler_refusal(exc)
+    # Before pgworker's own: enqueue's advice on the same refusal is for a service's own pool.
+    for seen in (exc, exc.__cause__):
+        pooler = None if seen is None else pooler_refusal(seen)
+        if pooler is not None:
+            return pooler
+    return exc if isinstance(exc, PgWorkerError) else None
 
 
 def _refusal(exc: BaseException) -> str | None:
