@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import uuid
@@ -37,6 +38,12 @@ def _docker_answers() -> bool:
         return False
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:
     if os.environ.get("PGWORKER_TEST_DSN"):
@@ -49,7 +56,10 @@ def server_dsn() -> Iterator[str]:
             yield pg.get_connection_url()
         return
     data = tempfile.mkdtemp(prefix="pgw-test-")
-    cluster = devdb.Cluster(data, bindir=devdb.local_bindir(), fsync=False)
+    # On TCP as well as its socket: a PgBouncer the tests start runs as another user, who
+    # cannot reach the socket's directory.
+    port = _free_port()
+    cluster = devdb.Cluster(data, bindir=devdb.local_bindir(), fsync=False, port=port)
     try:
         yield cluster.start()
     finally:

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 START_TIMEOUT = 10.0
@@ -51,6 +51,10 @@ class PgBouncer:
         max_client_conn: int = 200,
     ) -> None:
         server = urlsplit(server_dsn)
+        # A throwaway cluster of the tests listens on a socket, named in the query.
+        query = {k: v[-1] for k, v in parse_qs(server.query).items()}
+        host = query.get("host") or server.hostname or "127.0.0.1"
+        port = query.get("port") or server.port or 5432
         self._user = server.username or "postgres"
         self._server = server
         self.port = _free_port()
@@ -60,7 +64,7 @@ class PgBouncer:
         (self.directory / "users.txt").write_text(f'"{self._user}" ""\n')
         lines = [
             "[databases]",
-            f"* = host={server.hostname or '127.0.0.1'} port={server.port or 5432}",
+            f"* = host={host} port={port}",
             "[pgbouncer]",
             "listen_addr = 127.0.0.1",
             f"listen_port = {self.port}",
