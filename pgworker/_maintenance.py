@@ -7,7 +7,12 @@ backoff; out of retries, it fails.
 Retention (Settings.retain_completed, retain_failed) deletes old finished jobs with everything
 recorded about them, at most RETENTION_BATCH per statement and RETENTION_BATCHES statements per
 tick: a backlog (the first run on an old database) drains over the following ticks, each short,
-never holding many locks, and never delaying the rescue by more than a tick."""
+never holding many locks, and never delaying the rescue by more than a tick.
+
+Every statement runs on the connection the worker's outcome writes use (SharedConnection), which
+it gives back between statements: a batch is small enough (PAGE, RETENTION_BATCH) that an
+outcome write never waits behind one for more than a few milliseconds, and a backlog is worked
+through in more statements per tick rather than larger ones."""
 
 from __future__ import annotations
 
@@ -34,11 +39,15 @@ PRUNE_EVERY = 60
 REFUSED_KEPT = 1000
 """How many jobs the database refused to rescue are remembered and left out (tried again every
 PRUNE_EVERY ticks: what refused them may have been fixed)."""
-PAGE = 1000
-"""The most jobs jobs_expired.sql returns at once."""
-RETENTION_BATCH = 1000
-"""The most jobs one retention statement deletes."""
-RETENTION_BATCHES = 10
+PAGE = 250
+"""The most jobs jobs_expired.sql returns at once, and one rescue statement writes."""
+RESCUE_PAGES = 4
+"""The most pages of expired jobs rescued per tick; fewer once half the tick's interval is
+spent."""
+RETENTION_BATCH = 250
+"""The most jobs one retention statement deletes (with their records: 5 ms, against 16 ms and
+up to 55 for 1,000 at once)."""
+RETENTION_BATCHES = 40
 """The most retention statements per tick; fewer once half the tick's interval is spent."""
 GAUGES_SHARE = 20
 """With metrics on, the queue gauges are refreshed at each tick, unless their query took more
@@ -125,8 +134,25 @@ class Maintenance:
         if not await self.leadership.renew():
             self._clear_gauges()
             return
+        budget = anyio.current_time() + interval(self._s.lease) / 2
+        for _ in range(RESCUE_PAGES):
+            if not await self._rescue_page() or anyio.current_time() > budget:
+                break
+        now_and_then = self._ticks % PRUNE_EVERY == 0
+        if now_and_then:
+            await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
+            if self._ticks:
+                self._refused.clear()
+        self._ticks += 1
+        if self._ages and (now_and_then or self._backlog):
+            await self._retain()
+        if self._metrics is not None and anyio.current_time() >= self._gauges_due:
+            await self._refresh_gauges(self._metrics)
+
+    async def _rescue_page(self) -> bool:
+        """Rescue one page of expired jobs; True when the page was full (more may wait)."""
         expired = await self._q.jobs_expired(self._pool, self._refused, self._after)
-        # A full page: the next tick goes on after it, so that jobs the rescue leaves (refused,
+        # A full page: the next goes on after it, so that jobs the rescue leaves (refused,
         # locked) never hide those behind them; a short one: back to the oldest next time.
         last = expired[-1] if len(expired) >= PAGE else None
         self._after = None if last is None else (last["lease_expires_at"], last["id"])
@@ -147,16 +173,7 @@ class Maintenance:
                     run_at=row["run_at"].isoformat(),
                     lost_worker=row["worker_id"],
                 )
-        now_and_then = self._ticks % PRUNE_EVERY == 0
-        if now_and_then:
-            await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
-            if self._ticks:
-                self._refused.clear()
-        self._ticks += 1
-        if self._ages and (now_and_then or self._backlog):
-            await self._retain()
-        if self._metrics is not None and anyio.current_time() >= self._gauges_due:
-            await self._refresh_gauges(self._metrics)
+        return last is not None
 
     async def _refresh_gauges(self, metrics: Metrics) -> None:
         from ._metrics import MAX_QUEUES

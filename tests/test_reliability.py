@@ -216,9 +216,9 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
             await c.execute("DEALLOCATE w")
     finally:
         await pool.close()
-    assert "Index Cond: (id = o.id)" in plan
-    assert "Index Cond: ((job_id = d.id) AND (attempt = d.attempts))" in plan
-    assert "Join Filter" not in plan and "ANY" not in plan
+    assert "Index Cond: (id = ANY (ARRAY[o.id]))" in plan
+    assert "Index Cond: ((job_id = ANY (ARRAY[d.id])) AND (attempt = d.attempts))" in plan
+    assert "Join Filter" not in plan and "ANY ($1)" not in plan
 
 
 @pytest.mark.parametrize("listen", [True, False])

@@ -191,6 +191,7 @@ async def test_the_leader_prunes_in_batches_per_tick_each_status_after_its_own_a
     dsn, pool, monkeypatch
 ):
     monkeypatch.setattr(_maintenance, "RETENTION_BATCHES", 2)
+    monkeypatch.setattr(_maintenance, "RETENTION_BATCH", 1000)
     completed = await finished(pool, 2500, "completed", days_ago=2, records=True)
     failed_young = await finished(pool, 3, "failed", days_ago=2)
     failed_old = await finished(pool, 3, "cancelled", days_ago=40)
@@ -240,6 +241,7 @@ async def test_a_worker_prunes_5000_old_jobs_in_batches_while_it_completes_new_o
     """The acceptance: one batch per tick (a tick each second with a 2 s lease), while the same
     worker claims and completes jobs enqueued meanwhile; recent and pending jobs are kept."""
     monkeypatch.setattr(_maintenance, "RETENTION_BATCHES", 1)
+    monkeypatch.setattr(_maintenance, "RETENTION_BATCH", 1000)
     old = await finished(pool, 5000, "completed", days_ago=10, records=True)
     recent = await finished(pool, 10, "completed", days_ago=1)
     unserved = (await pgworker.enqueue(pool, "nobody-serves", {})).job.id

@@ -392,13 +392,21 @@ class Queries:
     ) -> tuple[bool, str | None]:
         """Record a step under `attempt`'s fence and, given `transaction`, only inside that
         transaction. (False, None) when `conn` is in another transaction; else (True, the stored
-        result as JSON text), or (True, None) when the attempt no longer holds its job."""
+        result as JSON text), or (True, None) when the attempt no longer holds its job. In a
+        transactional step's transaction, planned with its values (plan_with_values.sql): the
+        steps' sessions are not set up as the worker's, which plan by index only."""
+        if transaction is not None:
+            await self.plan_with_values(conn)
         row = await conn.fetchrow(
             self._sql["job_step_record"], *attempt, name, result, started_at, transaction
         )
         assert row is not None  # one row, always
         stored = row["result"]
         return bool(row["own"]), None if stored is None else str(stored)
+
+    async def plan_with_values(self, conn: Runner) -> None:
+        """Plan each statement of the rest of `conn`'s transaction anew, with its values."""
+        await conn.execute(self._sql["plan_with_values"])
 
     async def job_progress(
         self, conn: Runner, attempt: AttemptKey, milestone: str, detail: str | None

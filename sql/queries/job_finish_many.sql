@@ -12,7 +12,10 @@
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
 -- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
--- fell behind writes batches of hundreds.
+-- fell behind writes batches of hundreds. Each probe matches its key by `= ANY(ARRAY[...])`, which
+-- no merge or hash join can use: the plan has no other way to join than the probes, even one made
+-- while the tables were empty (on an empty table a scan of the whole primary key, joined by filter,
+-- costs less, and a cached plan would keep it once the table fills).
 WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = CASE WHEN o.status <> 'completed' AND j.cancel_requested_at IS NOT NULL
@@ -33,7 +36,7 @@ WITH done AS (
                 $7::text[], $8::float8[], $9::integer[], $10::timestamptz[], $11::text[])
          AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried,
               claimed_at, error_detail)
-    WHERE j.id = o.id AND j.status = 'running' AND j.attempts = o.attempt
+    WHERE j.id = ANY(ARRAY[o.id]) AND j.status = 'running' AND j.attempts = o.attempt
       AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts,
               CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE o.outcome END AS outcome,
@@ -43,6 +46,6 @@ WITH done AS (
     SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
         error_message = d.error_message, error_detail = d.error_detail
     FROM done AS d
-    WHERE a.job_id = d.id AND a.attempt = d.attempts
+    WHERE a.job_id = ANY(ARRAY[d.id]) AND a.attempt = d.attempts
 )
 SELECT id, outcome FROM done

@@ -5,12 +5,15 @@
 -- workers of the queues that got jobs back are woken.
 -- Fenced twice: by the leadership (nothing happens unless worker $7 holds a live maintenance
 -- lease) and by the attempt (a job renewed, finished or claimed again since is left alone).
+-- One probe of each table's primary key per job, whatever the tables held when the plan was made
+-- (see job_finish_many.sql).
 WITH expired AS (
     SELECT j.id, o.status, o.delay, o.retried
     FROM unnest($1::bigint[], $2::integer[], $3::timestamptz[], $4::text[], $5::float8[],
                 $6::integer[]) AS o(id, attempt, claimed_at, status, delay, retried)
-    JOIN {schema}.jobs AS j ON j.id = o.id
-    WHERE j.status = 'running' AND j.lease_expires_at < now() AND j.attempts = o.attempt
+    JOIN {schema}.jobs AS j ON j.id = ANY(ARRAY[o.id])
+    -- The lease's check IS TRUE: no index condition, so that the jobs are found by id alone.
+    WHERE j.status = 'running' AND (j.lease_expires_at < now()) IS TRUE AND j.attempts = o.attempt
       -- A row written by hand may hold a lease without a claim time: it is rescued all the same.
       AND j.claimed_at IS NOT DISTINCT FROM o.claimed_at
       AND EXISTS (SELECT FROM {schema}.leader
@@ -30,7 +33,7 @@ WITH expired AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM expired AS e
-    WHERE j.id = e.id
+    WHERE j.id = ANY(ARRAY[e.id])
     RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id, j.run_at
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
@@ -39,7 +42,7 @@ WITH expired AS (
     FROM rescued AS r
     -- Every attempt of the job still open, not only the one numbered `attempts` (an operator
     -- may have reset that counter): the job runs nowhere now.
-    WHERE a.job_id = r.id AND a.outcome = 'running'
+    WHERE a.job_id = ANY(ARRAY[r.id]) AND a.outcome = 'running'
 ), woken AS (
     SELECT pg_notify({jobs_channel}, q.queue)
     FROM (SELECT DISTINCT queue FROM rescued WHERE status = 'pending') AS q
