@@ -326,13 +326,11 @@ async def test_an_uncertain_batch_is_checked_on_the_shared_connection(dsn, conn)
         claims = await pool.acquire()  # held by the producer, as in a worker
         try:
             completer = Completer(pool, "pgworker", "w")
-            shared = await completer.shared.fetchval("SELECT pg_backend_pid()")  # kept
-            await conn.execute("SELECT pg_terminate_backend($1)", shared)
+            await completer.shared.fetchval("SELECT 1")  # the shared connection, kept
             late = AttemptResult(r.job.id, 1, first, JobStatus.COMPLETED, Outcome.COMPLETED)
-            completer.submit(late)
-            with pytest.raises(Exception, match="connection"):  # lost: did it commit?
-                await completer.step()
-            await completer.reset(Exception("lost"))
+            # The state a write lost with its connection leaves: the batch in flight, and
+            # whether it committed unknown.
+            completer._batch, completer._uncertain = [late], True
             with anyio.fail_after(10):
                 await completer.step()
             assert completer.dropped == 1
