@@ -15,7 +15,7 @@ figures come from the drain's interval, the first attempt's start to the last at
 
 Printed per point: jobs/s, CPU per 1,000 jobs (workers, PostgreSQL, PgBouncer), the machine's
 busy cores, WAL bytes per job (`pg_stat_wal`) and the most server sessions of the database at
-once.
+once (direct: the workers'; pooled: every one but the benchmark's, all of them PgBouncer's).
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ async def point(
             sessions = max(
                 sessions,
                 await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND ($1 OR application_name LIKE 'pgworker%')",
+                    bouncer is not None,
                 ),
             )
             await asyncio.sleep(0.1)
