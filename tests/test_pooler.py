@@ -21,6 +21,7 @@ from pgworker._db.connection import create_pool
 
 from .helpers import ROOT, all_finished, attempts, spawn_worker, statuses, wait_for
 from .pgbouncer import PgBouncer, available
+from .webserver import free_port
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="session"),
@@ -271,11 +272,21 @@ async def test_python_enqueue_through_the_pooler_client_after_client(dsn, conn, 
     assert await statuses(conn) == {"pending": 10}
 
 
-async def test_a_worker_without_pooler_exits_with_one_line_naming_it(dsn, server_dsn, bouncer):
+SERVE = ("serve", "--insecure-no-auth", "--host", "127.0.0.1", "--no-maintenance", "--port")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("run", "tests.apps.basic"), (*SERVE, str(free_port()))],
+    ids=["run", "serve"],
+)
+async def test_a_worker_without_pooler_exits_with_one_line_naming_it(
+    dsn, server_dsn, bouncer, command
+):
     """PgBouncer refuses the worker's startup parameters; told to ignore them, it drops them:
-    either way the worker says to pass --pooler, with the exit status of a configuration
-    error."""
-    out = cli("run", "tests.apps.basic", "--dsn", bouncer.dsn(dsn))
+    either way the worker (and `serve`, whose pool has the same options) says to pass --pooler,
+    with the exit status of a configuration error."""
+    out = cli(*command, "--dsn", bouncer.dsn(dsn), timeout=30)
     assert out.returncode == 2, out
     assert "unsupported startup parameter" in out.stderr and ONE_LINE_POOLER in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -284,7 +295,7 @@ async def test_a_worker_without_pooler_exits_with_one_line_naming_it(dsn, server
         ignore_startup_parameters="plan_cache_mode,enable_bitmapscan,enable_seqscan,jit,lock_timeout",
     )
     with ignoring:
-        out = cli("run", "tests.apps.basic", "--dsn", ignoring.dsn(dsn))
+        out = cli(*command, "--dsn", ignoring.dsn(dsn), timeout=30)
     assert out.returncode == 2, out
     assert "plan_cache_mode was ignored" in out.stderr and ONE_LINE_POOLER in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

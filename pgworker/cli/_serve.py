@@ -8,7 +8,8 @@ import re
 from typing import cast
 
 from .. import _limits as limits
-from .._db.migrations import check_schema
+from .._db.connection import create_pool
+from .._db.migrations import check_direct, check_schema
 from .._logs import LEVELS, LogFormat, configure_logging
 from .._version import DISTRIBUTION
 from ..errors import ConfigError, PgWorkerError
@@ -164,6 +165,16 @@ async def _serve(args: argparse.Namespace) -> int:
         await check_schema(conn, schema)
     finally:
         await conn.close()
+    pooler = _pooler(args)
+    # The server's pool connects as its lifespan begins, where a refusal would only be logged:
+    # one connection with the same options first, so that a pooler met without --pooler is one
+    # line and exit status 2, as for every command.
+    probe = await create_pool(dsn, size=1, application_name="pgworker:serve", pooler=pooler)
+    try:
+        if not pooler:
+            await check_direct(probe, schema)
+    finally:
+        await probe.close()
     worker_id = f"serve-{default_worker_id()}"
     maintenance = args.maintenance and not args.read_only  # read-only: no write of any kind
     if maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
@@ -178,7 +189,7 @@ async def _serve(args: argparse.Namespace) -> int:
         maintenance=maintenance,
         worker_id=worker_id,
         registry=registry,
-        pooler=_pooler(args),
+        pooler=pooler,
     )
     await serve(config, args.host, args.port, log_level=level)
     return 0
