@@ -327,8 +327,10 @@ class HeldConnection:
 
     async def get(self) -> PoolConnectionProxy:
         if self._conn is not None and _gone(self._conn):
-            # The server ended it and the pool took it back: a new one, without a failed try.
-            self._conn = None
+            # The server ended it: a new one, without a failed try. Given back first: after a
+            # protocol abort the pool still counts it as lent until it is released, and a worker's
+            # pool of two would be a connection short for good (its claims waiting forever).
+            await self.drop()
         if self._conn is None:
             self._conn = await self._pool.acquire()
         return self._conn
