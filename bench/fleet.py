@@ -34,7 +34,7 @@ import asyncpg
 
 import pgworker
 from bench.measure import postmaster_of
-from bench.procstat import TICK, CpuMeter
+from bench.procstat import TICK, CpuMeter, _stat
 from tests.pgbouncer import PgBouncer
 
 DATABASE = "bench_fleet"
@@ -62,13 +62,8 @@ def spawn(dsn: str, worker_id: str, log: Path, pooler: bool) -> subprocess.Popen
 
 def cpu_of(pid: int) -> float:
     """CPU seconds of one process with its threads (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return 0.0
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    stat = _stat(pid)
+    return 0.0 if stat is None else stat[2] / TICK
 
 
 async def wal_bytes(conn: asyncpg.Connection) -> int:
