@@ -237,7 +237,9 @@ async def test_a_write_that_fails_later_is_logged_once_and_the_worker_serves_on(
             beats = len(logged(logs, "health file"))
             directory.mkdir()
             await wait_for(lambda: healthy(path))
-            assert {h["state"] for h in worker.health().values()} == {"ok"}
+            # Every service serves on. A heartbeat late on a loaded machine (the lease is 0.6 s)
+            # may be `retrying` for a moment: the worker must come back to `ok`, not stay there.
+            await wait_for(lambda: {h["state"] for h in worker.health().values()} == {"ok"})
     [warning] = logged(logs, "could not write the health file")
     assert warning["log_level"] == "warning" and warning["path"] == str(path)
     assert "FileNotFoundError" in warning["error"] and beats == 1

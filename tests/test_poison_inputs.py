@@ -360,7 +360,8 @@ async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
     log = tmp_path / "worker.log"
     worker = spawn_worker("tests.apps.basic", dsn, log, "--log-format", "json")
     try:
-        await wait_for(lambda: conn.fetchval("SELECT count(*) = 1 FROM pgworker.workers"), 30)
+        # Started, not only registered: a start-up whose LISTEN connection is refused exits 2.
+        await wait_for(lambda: "worker started" in log.read_text(), 30)
         admin = await asyncpg.connect(server_dsn)
         await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
         try:
