@@ -76,7 +76,7 @@ def test_a_schedule_of_an_unknown_task_is_refused_with_the_close_names():
     with pytest.raises(pgworker.ConfigError, match="did you mean 'refresh-rates'") as caught:
         registry.periodic("refresh-rate", "*/5 * * * *")
     assert caught.value.field == "task"
-    other, handle = registry_with("refresh-rates")
+    _other, handle = registry_with("refresh-rates")
     with pytest.raises(pgworker.ConfigError) as caught:
         registry.periodic(handle, every=60)  # a handle of another registry
     assert caught.value.field == "task"
