@@ -418,3 +418,93 @@ async def test_the_leader_wakes_at_each_slot_not_at_its_maintenance_tick(dsn: st
     jobs = await jobs_of(conn, "tick")
     lags = sorted((j["created_at"] - j["scheduled_at"]).total_seconds() for j in jobs)
     assert lags[len(lags) // 2] < 1.0, lags
+
+
+# --- pgworker periodic list, GET /periodic, the dashboard's page -------------------------------
+
+
+def cli(*args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+@aio
+async def test_periodic_list_in_the_cli_the_http_api_and_the_dashboard(dsn: str, conn: Any):
+    registry, handle = registry_with("tick")
+    registry.periodic(handle, every=1, name="tick\x1b[2J<b>bold</b>")
+    registry.periodic(handle, "0 3 * * *", name="nightly", timezone="Europe/Paris")
+    async with pgworker.Worker(registry, dsn, lease=4.0, poll_interval=0.2):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) FROM pgworker.jobs WHERE status = 'completed' AND scheduled_at ="
+                " (SELECT last_slot FROM pgworker.periodic WHERE name LIKE 'tick%')"
+            ),
+            timeout=20,
+        )
+    row = await conn.fetchrow("SELECT * FROM pgworker.periodic WHERE name LIKE 'tick%'")
+    listed = await pgworker.list_periodic(conn)
+    assert [s.name for s in listed] == ["nightly", row["name"]]
+    nightly, tick = listed
+    assert (nightly.last_slot, nightly.last_job_id, nightly.schedule) == (
+        None,
+        None,
+        "cron 0 3 * * * Europe/Paris",
+    )
+    assert nightly.next_slot.astimezone(PARIS).hour == 3
+    assert tick.last_slot == row["last_slot"] and tick.last_job_status == "completed"
+
+    table = cli("periodic", "list", "--dsn", dsn)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["name", "task", "schedule"]
+    assert "\x1b" not in table.stdout and "tick\\x1b[2J<b>bold</b>" in table.stdout
+    assert f"{tick.last_job_id} completed" in table.stdout
+    assert row["last_slot"].strftime("%Y-%m-%dT%H:%M:%SZ") in table.stdout
+    as_json = cli("periodic", "list", "--json", "--dsn", dsn)
+    assert as_json.returncode == 0, as_json.stderr
+    found = json.loads(as_json.stdout)
+    assert [s["name"] for s in found] == ["nightly", row["name"]]
+    assert found[1]["last_slot"] == row["last_slot"].isoformat()
+    assert set(found[1]) == {
+        "name",
+        "task",
+        "schedule",
+        "last_slot",
+        "next_slot",
+        "last_job_id",
+        "last_job_status",
+        "checked_at",
+    }
+    wrong = cli("periodic", "list", "--limit", "0", "--dsn", dsn)
+    assert wrong.returncode == 2 and wrong.stderr.startswith("pgworker periodic list: error: limit")
+    assert len(wrong.stderr.strip().splitlines()) == 1
+
+    from .test_dashboard import http
+    from .webserver import serving
+
+    async with serving(dsn) as served:
+        async with served.client() as client:
+            answer = await client.get("/periodic")
+        assert answer.status_code == 200, answer.text
+        schedules = answer.json()["schedules"]
+        assert [s["name"] for s in schedules] == ["nightly", row["name"]]
+        assert schedules[1]["last_job_status"] == "completed"
+        async with http(served) as client:
+            page = await client.get("/ui/periodic")
+        assert page.status_code == 200
+        assert "&lt;b&gt;bold&lt;/b&gt;" in page.text and "<b>bold</b>" not in page.text
+        assert "cron 0 3 * * * Europe/Paris" in page.text
