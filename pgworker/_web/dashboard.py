@@ -438,9 +438,7 @@ class _Dashboard:
 
         async def render(session: Session) -> Response:
             async with self.database() as conn:
-                schedules = await list_periodic(
-                    conn, limit=SHOWN_SCHEDULES, schema=self.q.schema
-                )
+                schedules = await list_periodic(conn, limit=SHOWN_SCHEDULES, schema=self.q.schema)
                 return self.page(
                     request,
                     "periodic.html",
