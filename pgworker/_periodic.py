@@ -93,6 +93,9 @@ class Periodic:
 
     async def step(self) -> None:
         if self._stopping():
+            # A stopping worker (draining its jobs) leaves the schedules to the others at once,
+            # and looks again only at the next renewal (never in a loop while it drains).
+            self._renew_at = anyio.current_time() + interval(self._s.lease)
             await self.resign()
             return
         if anyio.current_time() >= self._renew_at:

@@ -508,3 +508,25 @@ async def test_periodic_list_in_the_cli_the_http_api_and_the_dashboard(dsn: str,
         assert page.status_code == 200
         assert "&lt;b&gt;bold&lt;/b&gt;" in page.text and "<b>bold</b>" not in page.text
         assert "cron 0 3 * * * Europe/Paris" in page.text
+
+
+@aio
+async def test_a_stopping_worker_gives_the_lease_up_and_does_not_spin(dsn: str, conn: Any):
+    registry, handle = registry_with("tick")
+    schedule = registry.periodic(handle, every=1)
+    pool = await pgworker_pool(dsn)
+    stopping = False
+    try:
+        service = Periodic(
+            pool, Settings(dsn=dsn, worker_id="w", lease=60.0), [schedule], lambda: stopping
+        )
+        await service.step()
+        assert service.leading and 0 < service.wait() <= 1.1
+        stopping = True
+        service._renew_at = 0.0  # a renewal due: a stopping worker must not look at once
+        await service.step()
+        assert not service.leading
+        assert await conn.fetchval("SELECT count(*) FROM pgworker.leader") == 0
+        assert service.wait() > 1.0  # the next look is at the next renewal, not at once
+    finally:
+        await pool.close()
