@@ -32,6 +32,8 @@ MAX_NAME_LENGTH = 200
 MAX_EVERY = 10 * 365 * 86400
 """Ten years: the longest `every`."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+NEVER = datetime(9999, 12, 31, tzinfo=UTC)
+"""The next slot of a cron expression that has none in the next 50 years."""
 _SECOND = timedelta(seconds=1)
 _BLANKS = re.compile(r"\s+")
 
@@ -73,7 +75,11 @@ class Schedule:
             micros = (moment - _EPOCH) // timedelta(microseconds=1)
             return _EPOCH + timedelta(microseconds=(micros // period + 1) * period)
         assert self.cron is not None
-        return next(CronSim(self.cron, moment.astimezone(ZoneInfo(self.timezone)))).astimezone(UTC)
+        try:
+            found = next(CronSim(self.cron, moment.astimezone(ZoneInfo(self.timezone))))
+        except StopIteration:  # none in the 50 years cronsim looks ahead: none for now
+            return NEVER
+        return found.astimezone(UTC)
 
     def slots_back(self, since: datetime, until: datetime, limit: int) -> list[datetime]:
         """The slots from `since` (included) to `until` (included), the most recent first, at most
