@@ -263,7 +263,7 @@ class Worker:
                 await check_schema(pool, s.schema)
                 if not s.pooler:
                     await check_direct(pool, s.schema)
-                await check_privileges(pool, s.schema)
+                await check_privileges(pool, s.schema, periodic=bool(self.registry.schedules()))
                 await services.heartbeat.register()
                 registered = True
                 if services.notifier is not None:

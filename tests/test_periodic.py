@@ -530,3 +530,36 @@ async def test_a_stopping_worker_gives_the_lease_up_and_does_not_spin(dsn: str, 
         assert service.wait() > 1.0  # the next look is at the next renewal, not at once
     finally:
         await pool.close()
+
+
+@aio
+async def test_the_periodic_table_privileges_are_needed_only_by_workers_with_schedules(
+    dsn: str, conn: Any
+):
+    """A role granted the tables before migration 14 runs workers without schedules as before;
+    a worker with schedules says in one PrivilegeError which grant it lacks."""
+    import uuid
+
+    name = f"pgw_role_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {name} LOGIN")
+    try:
+        await conn.execute(f"GRANT USAGE ON SCHEMA pgworker TO {name}")
+        await conn.execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON pgworker.jobs, pgworker.job_attempts,"
+            f" pgworker.workers, pgworker.leader, pgworker.migrations TO {name}"
+        )
+        role_dsn = dsn.replace("//postgres@", f"//{name}@", 1)
+        plain, _ = registry_with("tick")
+        async with pgworker.Worker(plain, role_dsn, lease=4.0):
+            pass
+        scheduled, handle = registry_with("tick")
+        scheduled.periodic(handle, every=1)
+        with pytest.raises(pgworker.PrivilegeError, match=r"on pgworker\.periodic"):
+            async with pgworker.Worker(scheduled, role_dsn, lease=4.0):
+                pytest.fail("the worker started without its privileges")
+    finally:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
+        )
+        await conn.execute(f"DROP OWNED BY {name}")
+        await conn.execute(f"DROP ROLE {name}")
