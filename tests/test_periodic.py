@@ -563,3 +563,26 @@ async def test_the_periodic_table_privileges_are_needed_only_by_workers_with_sch
         )
         await conn.execute(f"DROP OWNED BY {name}")
         await conn.execute(f"DROP ROLE {name}")
+
+
+@aio
+async def test_catch_up_all_over_1000_missed_slots_enqueues_the_last_1000_and_says_so(
+    dsn: str, conn: Any, caplog: pytest.LogCaptureFixture
+):
+    registry, handle = registry_with("tick")
+    schedule = registry.periodic(handle, every=1, name="owed", catch_up="all")
+    pool = await pgworker_pool(dsn)
+    try:
+        service = Periodic(pool, Settings(dsn=dsn, worker_id="w", lease=60.0), [schedule])
+        clock = Clock(datetime(2027, 1, 1, tzinfo=UTC))
+        service.now = clock  # type: ignore[method-assign]
+        await service.step()
+        clock.now += timedelta(seconds=1500)  # 1,500 slots due, 1,435 of them missed
+        with caplog.at_level("WARNING", logger="pgworker"):
+            assert await service.enqueue_due() == MAX_CATCH_UP
+        [capped] = [r for r in caplog.records if "more than 1,000 slots missed" in r.getMessage()]
+        assert capped.levelname == "WARNING"
+    finally:
+        await pool.close()
+    slots = [j["scheduled_at"] for j in await jobs_of(conn, "owed")]
+    assert slots[0] == clock.now - timedelta(seconds=MAX_CATCH_UP - 1) and slots[-1] == clock.now
