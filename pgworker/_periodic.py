@@ -110,8 +110,8 @@ class Periodic:
         self._next.clear()
 
     async def _renew(self) -> None:
-        """Take or renew the schedule set's lease; on taking it, read where each schedule
-        stands (a new one starts from now)."""
+        """Take or renew the schedule set's lease, and read where each schedule stands (a new
+        one starts from now): a leader of another set may have moved a shared name's row."""
         before = datetime.now(UTC)
         found = await self._q.periodic_lease(
             self._pool, self._s.worker_id, self._s.lease, self.lease
