@@ -254,6 +254,12 @@ class Registry:
                 "task its own name=",
             )
         zone = _schedule.check_timezone(timezone)
+        if every is not None and zone != "UTC":
+            raise ConfigError(
+                "timezone",
+                f"applies to cron only, got {zone!r} with every=: `every` slots are multiples "
+                "of it since the Unix epoch in UTC; for local times give a cron expression",
+            )
         expression = None if cron is None else _schedule.check_cron(cron, zone)
         period = None if every is None else _schedule.check_every(every)
         policy = _schedule.check_catch_up(catch_up)

@@ -49,6 +49,7 @@ BAD = [
     ({"every": 0.5}, "every"),
     ({"every": "1"}, "every"),
     ({"every": 1, "catch_up": "some"}, "catch_up"),
+    ({"every": 86400, "timezone": "Europe/Paris"}, "timezone"),
     ({}, "cron"),
     ({"cron": "* * * * *", "every": 1}, "cron"),
     ({"every": 1, "payload": {"when": datetime.now(UTC)}}, "payload"),
