@@ -177,6 +177,32 @@ def test_dst_fall_back_a_0230_slot_runs_once_not_twice():
     assert passes(s, night) == [datetime(2027, 10, 31, 0, 30, tzinfo=UTC)]
 
 
+def test_dst_expressions_on_the_clock_as_it_is_skip_and_repeat():
+    """Not Debian's special case: a minute or hour field starting with `*`, or 6 fields."""
+    half_hourly = schedule("*/30 * * * *", timezone="Europe/Paris")
+    spring = half_hourly.slots_back(
+        datetime(2027, 3, 28, 1, 30, tzinfo=PARIS), datetime(2027, 3, 28, 3, 0, tzinfo=PARIS), 10
+    )
+    assert [x.astimezone(PARIS).strftime("%H:%M") for x in spring[::-1]] == ["01:30", "03:00"]
+    fall = half_hourly.slots_back(
+        datetime(2027, 10, 31, 0, 0, tzinfo=UTC), datetime(2027, 10, 31, 1, 30, tzinfo=UTC), 10
+    )
+    assert [x.astimezone(PARIS).strftime("%H:%M%z") for x in fall[::-1]] == [
+        "02:00+0200",
+        "02:30+0200",
+        "02:00+0100",
+        "02:30+0100",
+    ]
+    six = schedule("0 30 2 * * *", timezone="Europe/Paris")
+    twice = six.slots_back(
+        datetime(2027, 10, 30, 12, tzinfo=PARIS), datetime(2027, 10, 31, 12, tzinfo=PARIS), 10
+    )
+    assert [x.isoformat() for x in twice[::-1]] == [
+        "2027-10-31T00:30:00+00:00",
+        "2027-10-31T01:30:00+00:00",
+    ]
+
+
 def passes(s: Any, clock: list[datetime]) -> list[datetime]:
     """What a leader that passes at each moment of `clock` enqueues, from the first one on."""
     enqueued: list[datetime] = []
