@@ -92,6 +92,12 @@ class Attempt:
         return self._job
 
     @property
+    def scheduled_at(self) -> datetime | None:
+        """The slot of a periodic job (see _periodic.py); None for any other job."""
+        slot: datetime | None = self._record["scheduled_at"]
+        return slot
+
+    @property
     def progress(self) -> str | None:
         """The job's progress (JSON text) as the claim found it: the last milestone before this
         attempt."""

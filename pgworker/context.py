@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,9 @@ class JobContext:
     queue: str = _forward("_attempt.queue")
     log: Any = _forward("_attempt.log")
     """A logger bound to the job's keys."""
+    scheduled_at: datetime | None = _forward("_attempt.scheduled_at")
+    """The slot a periodic job was enqueued for (`registry.periodic`), timezone-aware in UTC;
+    None for a job enqueued any other way. The same as `ctx.job.scheduled_at`."""
 
     @property
     def stopped(self) -> bool:

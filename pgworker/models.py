@@ -91,6 +91,8 @@ class Job:
     """When the retry budget in time started: the first claim, or the first after a replay."""
     traceparent: str | None = None
     """The W3C traceparent of the span active when the job was enqueued (see _tracing.py)."""
+    scheduled_at: datetime | None = None
+    """The slot a periodic job was enqueued for (`registry.periodic`); None for other jobs."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""

@@ -464,3 +464,44 @@ async def show_job(
             for r in await q.job_events_of(conn, job_id)
         ],
     }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PeriodicSchedule:
+    """One periodic schedule as the database knows it (the `periodic` table, written by the
+    leader of a fleet defining it: `pgworker periodic list`, the dashboard, `GET /periodic`).
+    `schedule` says when it runs (`cron 30 2 * * * Europe/Paris`, `every 60s`); `last_slot` is the
+    last slot enqueued and `last_job_status` its job's status (None once pruned, or before the
+    first); `next_slot` the next one due; `checked_at` when a leader defining it last looked: a
+    schedule removed from every fleet's code keeps its row, its `checked_at` getting old."""
+
+    name: str
+    task: str
+    schedule: str
+    last_slot: datetime | None
+    next_slot: datetime
+    last_job_id: int | None
+    last_job_status: str | None
+    checked_at: datetime
+
+
+async def list_periodic(
+    conn: Executor, *, limit: int = 1000, schema: str = DEFAULT_SCHEMA
+) -> list[PeriodicSchedule]:
+    """The periodic schedules recorded in the database, by name, at most `limit`."""
+    q = queries(limits.identifier("schema", schema))
+    limit = limits.count("limit", limit, minimum=1, maximum=limits.MAX_INT)
+    rows = await q.periodic_list(conn, limit)
+    return [
+        PeriodicSchedule(
+            name=r["name"],
+            task=r["type"],
+            schedule=r["schedule"],
+            last_slot=r["last_slot"],
+            next_slot=r["next_slot"],
+            last_job_id=r["last_job_id"],
+            last_job_status=r["last_job_status"],
+            checked_at=r["checked_at"],
+        )
+        for r in rows
+    ]

@@ -11,16 +11,19 @@ import inspect
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from . import _limits as limits
+from . import _schedule
 from ._payloads import payload_type
+from ._schedule import Schedule
 from ._task import Handler as Handler
 from ._task import Task as Task
 from ._task import Upgrader as Upgrader
 from ._task import served_key as served_key
-from .enqueue import enqueue, enqueue_many
+from .enqueue import _payload, enqueue, enqueue_many
 from .errors import ConfigError, ValidationError
 from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, DEFAULT_SCHEMA, EnqueueResult, JobSpec
 from .retry import RetryPolicy
@@ -130,6 +133,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self._schedules: dict[str, Schedule] = {}
 
     def task(
         self,
@@ -208,6 +212,88 @@ class Registry:
             return TaskHandle(task)
 
         return register
+
+    def periodic(
+        self,
+        task: str | TaskHandle[Any, Any],
+        cron: str | None = None,
+        *,
+        every: float | timedelta | None = None,
+        payload: Any = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        catch_up: str = "latest",
+        queue: str | None = None,
+        priority: int | str | None = None,
+    ) -> Schedule:
+        """Enqueue a job of `task` (its type name, or the handle `@registry.task` gave; a task
+        of this registry, registered before) at each slot of `cron` (5 fields, or 6 with the
+        seconds first) in `timezone`, or `every` seconds (a number or a timedelta, whole
+        seconds; slots are the multiples of it since the Unix epoch). One worker of the fleet
+        enqueues each slot once, with the idempotency key `periodic:{name}:{slot}` and the slot
+        as `ctx.scheduled_at` (docs/guide/periodic.md). `name` (default the task's) tells apart
+        several schedules of one task; `payload`, `queue` and `priority` are those of each job
+        (default: `{}`, the task's queue and priority). `catch_up` says which slots missed while
+        no worker ran are enqueued: "latest" (the last one), "all" (up to 1,000), "none".
+
+        Every option is checked here, each a ConfigError naming it: a worker never finds out at
+        run time that a schedule cannot run."""
+        if (cron is None) == (every is None):
+            raise ConfigError("cron", "give exactly one of cron and every")
+        found = self._tasks.get(task) if isinstance(task, str) else None
+        if isinstance(task, TaskHandle) and self._tasks.get(task.name) is task.task:
+            found = task.task
+        if found is None:
+            shown = task.name if isinstance(task, TaskHandle) else task
+            raise ConfigError("task", self._unknown(shown).split(". To enqueue", 1)[0])
+        label = _schedule.check_name(found.name if name is None else name)
+        if label in self._schedules:
+            raise ConfigError(
+                "name",
+                f"a schedule named {label!r} is already registered; give each schedule of a "
+                "task its own name=",
+            )
+        zone = _schedule.check_timezone(timezone)
+        if every is not None and zone != "UTC":
+            raise ConfigError(
+                "timezone",
+                f"applies to cron only, got {zone!r} with every=: `every` slots are multiples "
+                "of it since the Unix epoch in UTC; for local times give a cron expression",
+            )
+        expression = None if cron is None else _schedule.check_cron(cron, zone)
+        period = None if every is None else _schedule.check_every(every)
+        policy = _schedule.check_catch_up(catch_up)
+        lane = limits.name(
+            "queue", queue, limits.MAX_QUEUE_LENGTH, required=False, error=ConfigError
+        )
+        prio = (
+            found.priority
+            if priority is None
+            else limits.priority("priority", priority, error=ConfigError)
+        )
+        try:
+            checked = _checked(found, {} if payload is None else payload, "payload")
+            text = _payload(None, checked)
+        except ValidationError as exc:
+            raise ConfigError(exc.field, str(exc)[len(exc.field) + 2 :]) from None
+        schedule = Schedule(
+            name=label,
+            task=found.name,
+            cron=expression,
+            every=period,
+            timezone=zone,
+            catch_up=policy,
+            payload=text,
+            queue=lane or found.queue,
+            priority=prio,
+            version=found.version,
+        )
+        self._schedules[label] = schedule
+        return schedule
+
+    def schedules(self) -> list[Schedule]:
+        """The periodic schedules of this registry, by name."""
+        return [self._schedules[n] for n in sorted(self._schedules)]
 
     def __getitem__(self, name: str) -> Task:
         return self._tasks[name]

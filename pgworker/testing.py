@@ -656,6 +656,7 @@ def _record(
     correlation_id: str,
     version: int,
     progress: str | None,
+    scheduled_at: datetime | None = None,
 ) -> dict[str, Any]:
     """A claimed row of `jobs`, as job_claim.sql returns it (JSON columns as text)."""
     now = datetime.now(UTC)
@@ -684,6 +685,7 @@ def _record(
         "version": version,
         "budget_started_at": now,
         "traceparent": None,
+        "scheduled_at": scheduled_at,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"
@@ -697,7 +699,7 @@ def run_job(registry: Registry, type: str, payload: Any = None, **options: Any) 
     loop runs (a plain `def` test), it runs the attempt in a loop of its own and returns the JobRun.
 
     Options: `attempt`, `retry_count`, `max_retries`, `job_id`, `correlation_id`, `version`,
-    `steps`, `last_progress`, `conn`, `redact_keys` (see `_run_job`)."""
+    `steps`, `last_progress`, `scheduled_at`, `conn`, `redact_keys` (see `_run_job`)."""
     call = _run_job(registry, type, payload, **options)
     try:
         asyncio.get_running_loop()
@@ -719,6 +721,7 @@ async def _run_job(
     version: int | None = None,
     steps: Mapping[str, Any] | None = None,
     last_progress: Mapping[str, Any] | None = None,
+    scheduled_at: datetime | None = None,
     conn: Any = None,
     redact_keys: Iterable[str] = DEFAULT_KEYS,
 ) -> JobRun:
@@ -729,7 +732,8 @@ async def _run_job(
     `ctx.last_progress` returns. `ctx.transactional_step` needs `conn` (an asyncpg connection),
     on which its function runs in a transaction. `attempt` is the attempt's number (1: the first),
     `retry_count` the retries spent before it (default `attempt - 1`), `max_retries` the job's
-    (default the task's), `version` the payload's (default the task's)."""
+    (default the task's), `version` the payload's (default the task's), `scheduled_at` the slot
+    of a periodic job (`ctx.scheduled_at`; timezone-aware, default None)."""
     task = _task(registry, type)
     text = _payload(None, {} if payload is None else payload)
     number = limits.count("attempt", attempt, minimum=1)
@@ -762,6 +766,7 @@ async def _run_job(
         or str(uuid.uuid4()),
         version=given_version,
         progress=progress,
+        scheduled_at=None if scheduled_at is None else limits.moment("scheduled_at", scheduled_at),
     )
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):

@@ -34,6 +34,7 @@ from ._heartbeat import Heartbeat
 from ._logs import get_logger
 from ._maintenance import Maintenance
 from ._notifier import LISTEN_DSN_OPTIONS, Notifier, Wakeup
+from ._periodic import Periodic
 from ._producer import Producer
 from ._redact import describe
 from ._service import Health, supervise
@@ -84,6 +85,12 @@ class _Services:
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(
             self.completer.shared, s, worker.registry, stopping=self.producer.done, metrics=metrics
+        )
+        schedules = worker.registry.schedules()
+        self.periodic = (
+            Periodic(self.completer.shared, s, schedules, stopping=self.producer.done)
+            if schedules
+            else None
         )
         self.notifier = (
             Notifier(
@@ -256,7 +263,7 @@ class Worker:
                 await check_schema(pool, s.schema)
                 if not s.pooler:
                     await check_direct(pool, s.schema)
-                await check_privileges(pool, s.schema)
+                await check_privileges(pool, s.schema, periodic=bool(self.registry.schedules()))
                 await services.heartbeat.register()
                 registered = True
                 if services.notifier is not None:
@@ -300,6 +307,8 @@ class Worker:
         s = self.settings
         producer, completer = services.producer, services.completer
         running: list[Any] = [services.completer, services.heartbeat, services.maintenance]
+        if services.periodic is not None:
+            running.append(services.periodic)
         if services.notifier is not None:
             running.append(services.notifier)
         self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
@@ -339,6 +348,8 @@ class Worker:
                 with anyio.move_on_after(5):
                     try:
                         await services.maintenance.resign()
+                        if services.periodic is not None:
+                            await services.periodic.resign()
                         await services.heartbeat.unregister()
                     except Exception as exc:
                         self._log.warning(

@@ -238,9 +238,23 @@ async def test_no_horizontal_scroll_on_a_phone_and_a_table_at_1280_px(page, dsn,
     long_type = "reconcile-" + "x" * 190
     job_id = await failed_job(conn, dsn, tmp_path, "E" * 400, blob="y" * 3000)
     await pgworker.enqueue(conn, long_type, {"note": "z" * 2000}, queue="q" * 63)
+    await conn.execute(
+        "INSERT INTO pgworker.periodic (name, type, schedule, next_slot)"
+        " VALUES ($1, $2, $3, now())",
+        "nightly-" + "n" * 190,
+        long_type,
+        "cron 0 3 * * * America/Argentina/ComodRivadavia",
+    )
     async with serving(dsn) as served:
         log_in(page, served)
-        paths = ["/", "/ui/jobs", f"/ui/jobs/{job_id}", "/ui/workers", "/ui/jobs?status=failed"]
+        paths = [
+            "/",
+            "/ui/jobs",
+            f"/ui/jobs/{job_id}",
+            "/ui/workers",
+            "/ui/jobs?status=failed",
+            "/ui/periodic",
+        ]
         for path in paths:
             page.get(f"{served.url}{path}")
             assert page.execute_script("return document.documentElement.scrollWidth") <= 1280
@@ -447,7 +461,14 @@ async def _done(conn: Any, type_: str, n: int) -> bool:
 
 async def test_every_page_needs_a_login_and_a_wrong_token_is_refused(dsn):
     async with serving(dsn) as served, http(served, login=False) as client:
-        for path in ["/", "/ui/jobs", "/ui/jobs/1", "/ui/workers", "/ui/jobs?status=failed"]:
+        for path in [
+            "/",
+            "/ui/jobs",
+            "/ui/jobs/1",
+            "/ui/workers",
+            "/ui/jobs?status=failed",
+            "/ui/periodic",
+        ]:
             answer = await client.get(path)
             assert answer.status_code == 303, path
             assert answer.headers["location"].startswith("/ui/login?next=")

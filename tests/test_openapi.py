@@ -50,6 +50,7 @@ async def test_openapi_document_describes_every_route(server: Served) -> None:
         ("POST", "/jobs/{id}/replay"),
         ("GET", "/queues"),
         ("GET", "/workers"),
+        ("GET", "/periodic"),
         ("GET", "/healthz"),
     } <= operations
     assert "bearer" in str(document["components"]["securitySchemes"]).lower()

@@ -317,6 +317,59 @@ class Queries:
             worker_id,
         )
 
+    # --- periodic schedules (pgworker/_periodic.py) -------------------------------------------
+
+    async def periodic_lease(
+        self, conn: Runner, worker_id: str, lease: float, name: str
+    ) -> datetime | None:
+        """Take or renew the lease `name` of a schedule set for `lease` seconds; the database's
+        clock when `worker_id` holds it, else None."""
+        now: datetime | None = await conn.fetchval(
+            self._sql["periodic_lease"], worker_id, lease, name
+        )
+        return now
+
+    async def periodic_release(self, conn: Runner, worker_id: str, name: str) -> None:
+        await conn.execute(self._sql["periodic_release"], worker_id, name)
+
+    async def periodic_sync(
+        self,
+        conn: Runner,
+        worker_id: str,
+        lease: str,
+        schedules: Sequence[tuple[str, str, str, datetime]],
+    ) -> list[Row]:
+        """Make sure each (name, task, definition, first slot) has its row, fenced by `lease`;
+        (name, schedule, next_slot) of each, none when `worker_id` does not hold the lease."""
+        return await conn.fetch(
+            self._sql["periodic_sync"],
+            worker_id,
+            lease,
+            *(list(column) for column in zip(*schedules, strict=True)),
+        )
+
+    async def periodic_enqueue(
+        self,
+        conn: Runner,
+        worker_id: str,
+        lease: str,
+        jobs: Sequence[tuple[str, str, str, int, str, datetime, str, int]],
+        rows: Sequence[tuple[str, str, str, datetime, datetime | None, str | None]],
+    ) -> tuple[bool, list[str]]:
+        """Insert the due slots' jobs (name, type, queue, priority, payload, slot, key, version)
+        and move the schedules' rows (name, type, definition, next slot, last slot, last key),
+        fenced by `lease`: whether `worker_id` still held it, and the keys of the jobs created."""
+        job_columns = [list(c) for c in zip(*jobs, strict=True)] or [[] for _ in range(8)]
+        row_columns = [list(c) for c in zip(*rows, strict=True)] or [[] for _ in range(6)]
+        found = await conn.fetchrow(
+            self._sql["periodic_enqueue"], worker_id, lease, *job_columns, *row_columns
+        )
+        assert found is not None  # one row, always
+        return bool(found["leading"]), list(found["created"])
+
+    async def periodic_list(self, conn: Runner, limit: int) -> list[Row]:
+        return await self._rows(conn, "periodic_list", limit)
+
     async def metrics_queues(self, conn: Runner, max_queues: int) -> list[Row]:
         """Per queue (the first `max_queues` by name): `jobs` by `status`, and
         `oldest_pending_seconds` (None when no pending job is due). Its counts read the whole

@@ -48,7 +48,7 @@ from ..models import (
     JobStatus,
     Outcome,
 )
-from ..operations import cancel, replay_uncommitted
+from ..operations import cancel, list_periodic, replay_uncommitted
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
@@ -623,6 +623,34 @@ def install(app: FastAPI, config: WebConfig) -> None:
         """The workers known (Python and HTTP ones), with the ids of the jobs each runs."""
         async with database() as conn:
             return _answer({"workers": [plain(dict(r)) for r in await q.http_workers(conn)]})
+
+    @api.get("/periodic", response_model=Json, tags=["operators"])
+    async def list_schedules() -> Response:
+        """The periodic schedules the database records, by name (at most 1,000): each one's
+        task, `schedule` (when it runs), `last_slot` enqueued and its job (`last_job_id`,
+        `last_job_status`), `next_slot`, and `checked_at` (when a worker defining it last
+        looked)."""
+        async with database() as conn:
+            found = await list_periodic(conn, schema=q.schema)
+            return _answer(
+                {
+                    "schedules": [
+                        plain(
+                            {
+                                "name": s.name,
+                                "task": s.task,
+                                "schedule": s.schedule,
+                                "last_slot": s.last_slot,
+                                "next_slot": s.next_slot,
+                                "last_job_id": s.last_job_id,
+                                "last_job_status": s.last_job_status,
+                                "checked_at": s.checked_at,
+                            }
+                        )
+                        for s in found
+                    ]
+                }
+            )
 
     app.include_router(api)
 

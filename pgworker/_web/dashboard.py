@@ -39,6 +39,7 @@ from ..operations import (
     CancelResult,
     cancel,
     list_failed,
+    list_periodic,
     replay_uncommitted,
     show_job,
     status,
@@ -63,6 +64,7 @@ SHOWN_WORKERS = 500
 SHOWN_OVERDUE = 100
 SHOWN_FAILURES = 20
 SHOWN_HISTORY = 200
+SHOWN_SCHEDULES = 500
 """The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
 that snoozed for weeks may have thousands of attempts."""
 LIVE_WITHIN = 60.0
@@ -133,6 +135,7 @@ def install(app: FastAPI, config: Any) -> None:
         (f"{PREFIX}/jobs/{{job_id}}/replay", dashboard.replay, ["POST"]),
         (f"{PREFIX}/jobs/{{job_id}}/cancel", dashboard.cancel, ["POST"]),
         (f"{PREFIX}/workers", dashboard.workers, ["GET"]),
+        (f"{PREFIX}/periodic", dashboard.periodic, ["GET"]),
     ]
     for path, handler, methods in routes:
         app.router.add_route(path, dashboard.guarded(handler), methods=methods)
@@ -426,6 +429,20 @@ class _Dashboard:
                         "live_within": LIVE_WITHIN,
                         "now": datetime.now(UTC),
                     },
+                    session=session,
+                )
+
+        return await self._with_session(request, render)
+
+    async def periodic(self, request: Request) -> Response:
+
+        async def render(session: Session) -> Response:
+            async with self.database() as conn:
+                schedules = await list_periodic(conn, limit=SHOWN_SCHEDULES, schema=self.q.schema)
+                return self.page(
+                    request,
+                    "periodic.html",
+                    {"title": "Periodic", "schedules": schedules, "now": datetime.now(UTC)},
                     session=session,
                 )
 

@@ -19,7 +19,7 @@ from .._terminal import cell
 from ..models import JOB_FIELDS, JobStatus
 
 if TYPE_CHECKING:
-    from ..operations import FailedJob, ReplayResult
+    from ..operations import FailedJob, PeriodicSchedule, ReplayResult
 
 STATUSES = tuple(s.value for s in JobStatus)
 
@@ -332,3 +332,44 @@ def prune_text(pruned: Mapping[str, int], dry_run: bool) -> str:
     verb = "would prune" if dry_run else "pruned"
     by_status = ", ".join(f"{status} {n}" for status, n in pruned.items())
     return f"{verb} {sum(pruned.values())} jobs ({by_status})"
+
+
+def periodic_text(schedules: Sequence[PeriodicSchedule]) -> str:
+    """`pgworker periodic list`: one line per schedule under a header; `(no periodic schedules)`."""
+    if not schedules:
+        return "(no periodic schedules)"
+    header = ("name", "task", "schedule", "last slot", "last job", "next slot", "checked")
+    rows = [
+        (
+            s.name,
+            s.task,
+            s.schedule,
+            when(s.last_slot),
+            "-" if s.last_job_id is None else f"{s.last_job_id} {s.last_job_status}",
+            when(s.next_slot),
+            when(s.checked_at),
+        )
+        for s in schedules
+    ]
+    return "\n".join(_aligned([header, *rows]))
+
+
+def periodic_json(schedules: Sequence[PeriodicSchedule]) -> str:
+    """The same as a JSON array of objects with exactly the keys name, task, schedule,
+    last_slot, next_slot, checked_at (ISO 8601 or null), last_job_id and last_job_status."""
+    return json.dumps(
+        [
+            {
+                "name": s.name,
+                "task": s.task,
+                "schedule": s.schedule,
+                "last_slot": _iso(s.last_slot),
+                "next_slot": _iso(s.next_slot),
+                "last_job_id": s.last_job_id,
+                "last_job_status": s.last_job_status,
+                "checked_at": _iso(s.checked_at),
+            }
+            for s in schedules
+        ],
+        indent=2,
+    )
