@@ -21,13 +21,17 @@ from .models import PRIORITY_LABELS, EnqueueResult, Job, JobSpec, JobStatus
 from .operations import (
     CancelResult,
     FailedJob,
+    QueueState,
     ReplayResult,
     cancel,
     get_job,
     list_failed,
+    list_queues,
     migrate,
+    pause_queue,
     prune,
     replay,
+    resume_queue,
 )
 from .registry import Registry, Task, TaskHandle
 from .retry import RetryPolicy
@@ -49,6 +53,7 @@ __all__ = [
     "PermanentError",
     "PgWorkerError",
     "PrivilegeError",
+    "QueueState",
     "Registry",
     "ReplayResult",
     "Retry",
@@ -67,8 +72,11 @@ __all__ = [
     "enqueue_many",
     "get_job",
     "list_failed",
+    "list_queues",
     "migrate",
+    "pause_queue",
     "prune",
     "replay",
+    "resume_queue",
     "sync",
 ]

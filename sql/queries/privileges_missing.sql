@@ -8,7 +8,8 @@ FROM (VALUES ('SCHEMA', '', 'USAGE'),
              ('TABLE', 'workers', 'SELECT'), ('TABLE', 'workers', 'INSERT'),
              ('TABLE', 'workers', 'UPDATE'), ('TABLE', 'workers', 'DELETE'),
              ('TABLE', 'leader', 'SELECT'), ('TABLE', 'leader', 'INSERT'),
-             ('TABLE', 'leader', 'UPDATE'), ('TABLE', 'leader', 'DELETE'))
+             ('TABLE', 'leader', 'UPDATE'), ('TABLE', 'leader', 'DELETE'),
+             ('TABLE', 'queues', 'SELECT'))
      AS p(kind, tbl, privilege)
 CROSS JOIN LATERAL (
     SELECT CASE WHEN p.kind = 'SCHEMA' THEN format('SCHEMA %I', $1::text)
