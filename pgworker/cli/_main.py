@@ -27,6 +27,7 @@ _COMMANDS = (
     _jobs.add_show,
     _failed.add_replay,
     _queues.add_prune,
+    _queues.add_queue,
     _health.add,
     _serve.add,
 )
