@@ -573,6 +573,13 @@ async def resume_queue(
     return _queue_state(row)
 
 
+async def queue_controls(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[QueueState]:
+    """The controls of the queues that have any (a pause, past or present), by name, without
+    counting their jobs (`pending` and `running` None): for pages that count them already."""
+    q = queries(limits.identifier("schema", schema))
+    return [_queue_state(r) for r in await q.queue_controls(conn)]
+
+
 async def list_queues(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[QueueState]:
     """Every queue that a job names or that has controls, by name: paused or not (by whom, since
     when, why), its limits, and its pending and running jobs. Counts the whole jobs table, as

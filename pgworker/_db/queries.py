@@ -447,6 +447,10 @@ class Queries:
         assert row is not None  # one row, always
         return row
 
+    async def queue_controls(self, conn: Runner) -> list[Row]:
+        """The controls of every queue that has a row, by name; no counts."""
+        return await self._rows(conn, "queue_controls")
+
     async def queue_list(self, conn: Runner) -> list[Row]:
         """Every queue a job or a controls row names: its pause, pending and running jobs."""
         return await self._rows(conn, "queue_list")
