@@ -1,0 +1,200 @@
+"""Pausing a queue (issue 23, item 5), with real `pgworker run` processes: a pause stops the
+claims of its queue on every worker within a second of its commit (measured on the database's
+clock, from `job_attempts.started_at`), the jobs running then finish as completed, enqueue still
+works (the jobs wait as pending), the other queues go on; a resume wakes every worker of the
+queue at once (well within their poll interval); each is a row of the operator log. Also through
+PgBouncer in pooler mode, and in one process: the claim statement itself and its plan."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pgworker
+from pgworker import JobSpec
+
+from .helpers import spawn_worker, wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+WORKERS = 3
+POLL = 60.0
+"""The workers' poll interval: long, so that only a notification explains a prompt claim (the
+three poll in turn, once per interval in all: a poll falls within SLACK of the resume one time
+in 40)."""
+WITHIN = 1.0
+"""The promise: no claim of a paused queue later than this after the pause committed."""
+SLACK = 1.5
+"""For a loaded test machine, on the resume's wake-up (a missing one waits for a poll)."""
+
+
+def stop(worker: subprocess.Popen[bytes]) -> int:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        return worker.wait(timeout=30)
+    finally:
+        worker.kill()
+
+
+@contextlib.contextmanager
+def fleet(dsn: str, tmp_path: Path, *args: str, n: int = WORKERS) -> Iterator[list[Path]]:
+    """`n` real workers of tests.apps.basic serving queues a and b; their logs."""
+    logs = [tmp_path / f"worker-{i}.log" for i in range(n)]
+    workers = [
+        spawn_worker(
+            "tests.apps.basic",
+            dsn,
+            log,
+            "--queue",
+            "a",
+            "--queue",
+            "b",
+            "--worker-id",
+            f"pause-{i}",
+            *args,
+        )
+        for i, log in enumerate(logs)
+    ]
+    try:
+        yield logs
+    finally:
+        codes = [stop(w) for w in workers]
+        assert codes == [0] * n, [log.read_text()[-2000:] for log in logs]
+
+
+async def count(conn: Any, queue: str, status: str) -> int:
+    return await conn.fetchval(
+        "SELECT count(*) FROM pgworker.jobs WHERE queue = $1 AND status = $2", queue, status
+    )
+
+
+async def last_claim(conn: Any, queue: str) -> Any:
+    return await conn.fetchval(
+        "SELECT max(started_at) FROM pgworker.job_attempts WHERE queue = $1", queue
+    )
+
+
+async def test_a_pause_stops_every_worker_within_a_second_and_a_resume_wakes_them_all(
+    dsn, conn, tmp_path
+):
+    with fleet(dsn, tmp_path, "--concurrency", "4", "--poll-interval", str(POLL)):
+        await wait_for(
+            lambda: conn.fetchval("SELECT count(*) = 3 FROM pgworker.workers"), timeout=60
+        )
+        long = (await pgworker.enqueue(conn, "sleep", {"seconds": 6}, queue="a")).job.id
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'running' FROM pgworker.jobs WHERE id = $1", long
+            ),
+            timeout=30,
+        )
+        backlog = 1500
+        await pgworker.enqueue_many(
+            conn, [JobSpec("sleep", {"seconds": 0.05}, queue="a") for _ in range(backlog)]
+        )
+        # Claims flow on every worker before the pause.
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(DISTINCT worker_id) = 3 AND count(*) >= 60 "
+                "FROM pgworker.job_attempts WHERE queue = 'a' AND outcome = 'completed'"
+            ),
+            timeout=60,
+        )
+
+        state = await pgworker.pause_queue(conn, "a", "mail provider down", by="tester")
+        paused = await conn.fetchval("SELECT clock_timestamp()")  # after the pause committed
+        assert state.paused and state.changed and state.known
+        assert await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", long) == (
+            "running"
+        ), "the long job ended before the pause: nothing was proven about running jobs"
+
+        # Claims have stopped: the running jobs end and none starts (a worker that kept claiming
+        # would keep some running while the backlog lasts).
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 0 FROM pgworker.jobs WHERE queue = 'a' AND status = 'running'"
+            ),
+            timeout=30,
+        )
+        late = await conn.fetchval(
+            "SELECT extract(epoch FROM max(started_at) - $1::timestamptz)::float8 "
+            "FROM pgworker.job_attempts WHERE queue = 'a'",
+            paused,
+        )
+        assert late <= WITHIN, f"a job of the paused queue was claimed {late:.3f}s after it"
+        waiting = await count(conn, "a", "pending")
+        assert waiting > 0, "the backlog was done before the pause: nothing was proven"
+        # The job that ran through the pause finished, once, not interrupted.
+        outcomes = await conn.fetch(
+            "SELECT outcome FROM pgworker.job_attempts WHERE job_id = $1", long
+        )
+        assert [r["outcome"] for r in outcomes] == ["completed"]
+
+        # Enqueue still works; other queues go on meanwhile.
+        held = (await pgworker.enqueue(conn, "echo", {"n": 1}, queue="a")).job.id
+        others = await pgworker.enqueue_many(
+            conn, [JobSpec("echo", {"n": n}, queue="b") for n in range(30)]
+        )
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 30 FROM pgworker.jobs WHERE queue = 'b' AND status = 'completed'"
+            ),
+            timeout=30,
+        )
+        assert len(others) == 30
+        assert await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", held) == (
+            "pending"
+        )
+        assert await count(conn, "a", "pending") == waiting + 1
+        assert await last_claim(conn, "a") <= paused
+
+        resumed_state = await pgworker.resume_queue(conn, "a", by="tester")
+        resumed = await conn.fetchval("SELECT clock_timestamp()")
+        assert resumed_state.changed and not resumed_state.paused
+        # Every worker claims the backlog at once: a notification, not a poll.
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(DISTINCT worker_id) = 3 FROM pgworker.job_attempts "
+                "WHERE queue = 'a' AND started_at > $1",
+                resumed,
+            ),
+            timeout=10 * SLACK,
+        )
+        firsts = await conn.fetch(
+            "SELECT worker_id, extract(epoch FROM min(started_at) - $1::timestamptz)::float8 AS s "
+            "FROM pgworker.job_attempts WHERE queue = 'a' AND started_at > $1 GROUP BY worker_id",
+            resumed,
+        )
+        assert max(r["s"] for r in firsts) < SLACK, [dict(r) for r in firsts]
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 0 FROM pgworker.jobs WHERE status IN ('pending', 'running')"
+            ),
+            timeout=180,
+            every=0.2,
+        )
+    # Every job ran once, to completion: none was interrupted or lost by the pause.
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM pgworker.job_attempts WHERE outcome <> 'completed'"
+        )
+        == 0
+    )
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == backlog + 32
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.job_attempts") == backlog + 32
+    log = await conn.fetch(
+        "SELECT actor, action, queue, reason, detail FROM pgworker.operator_log ORDER BY id"
+    )
+    assert [(r["actor"], r["action"], r["queue"], r["reason"]) for r in log] == [
+        ("tester", "pause", "a", "mail provider down"),
+        ("tester", "resume", "a", None),
+    ]
+    ended = json.loads(log[1]["detail"])
+    assert (ended["paused_by"], ended["pause_reason"]) == ("tester", "mail provider down")
