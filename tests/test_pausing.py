@@ -19,8 +19,12 @@ import pytest
 
 import pgworker
 from pgworker import JobSpec
+from pgworker._db import files
+from pgworker._db.connection import create_pool
+from pgworker._db.queries import queries
 
 from .helpers import spawn_worker, wait_for
+from .pgbouncer import PgBouncer, available
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -198,3 +202,166 @@ async def test_a_pause_stops_every_worker_within_a_second_and_a_resume_wakes_the
     ]
     ended = json.loads(log[1]["detail"])
     assert (ended["paused_by"], ended["pause_reason"]) == ("tester", "mail provider down")
+
+
+# --- the claim itself, in one process --------------------------------------------------------
+
+PREPARE = "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[]) AS "
+
+
+def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [node]
+    for child in node.get("Plans", []):
+        found += nodes(child)
+    return found
+
+
+async def claim_plan(c: Any, queues: list[str]) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the claim prepared as `claim` (of type t in `queues`), rolled back."""
+    tr = c.transaction()
+    await tr.start()
+    try:
+        raw = await c.fetchval(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim('{{{','.join(queues)}}}', '{{t}}', "
+            "10, 'w', 30, '{3}', NULL, 'off', '{t}', '{1}')"
+        )
+    finally:
+        await tr.rollback()
+    return json.loads(raw)[0]["Plan"]
+
+
+async def test_the_claim_probes_the_controls_once_per_queue_and_reads_jobs_as_before(dsn, conn):
+    """The claim of a worker's generic plan (as a worker's pool runs it): one probe of the
+    queues' primary key per queue served, whatever the controls table holds, and the jobs read
+    by one index scan per (queue, type, version), none of a paused queue."""
+    await conn.execute(
+        "INSERT INTO pgworker.jobs (type, queue) SELECT 't', q FROM unnest($1::text[]) AS q, "
+        "generate_series(1, 50)",
+        ["a", "b", "c"],
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.queues (name) SELECT 'other-' || g FROM generate_series(1, 5000) g"
+    )
+    await conn.execute("VACUUM ANALYZE pgworker.jobs")
+    await conn.execute("VACUUM ANALYZE pgworker.queues")
+    pool = await create_pool(dsn, size=1, keyed=True)
+    try:
+        async with pool.acquire() as c:
+            await c.execute(PREPARE + files.queries("pgworker")["job_claim"])
+            for paused in ([], ["b"]):
+                for queue in paused:
+                    await pgworker.pause_queue(conn, queue)
+                plan = nodes(await claim_plan(c, ["a", "b", "c"]))
+                probes = [n for n in plan if n.get("Relation Name") == "queues"]
+                assert [(n["Node Type"], n["Index Name"], n["Actual Loops"]) for n in probes] == [
+                    ("Index Scan", "queues_pkey", 3)
+                ], probes
+                claims = [
+                    n
+                    for n in plan
+                    if n.get("Index Name") == "jobs_claim_type_idx" and n["Actual Loops"] > 0
+                ]
+                assert len(claims) == 1 and claims[0]["Actual Loops"] == 3 - len(paused), claims
+    finally:
+        await pool.close()
+
+
+async def test_a_claim_takes_nothing_of_a_paused_queue_and_everything_else(pool):
+    await pgworker.enqueue_many(
+        pool, [JobSpec("t", {"n": n}, queue=q) for q in ("a", "b") for n in range(5)]
+    )
+    await pgworker.pause_queue(pool, "a")
+    q = queries("pgworker")
+    claimed = await q.job_claim(
+        pool,
+        queues=["a", "b"],
+        types=["t"],
+        default_max_retries=[3],
+        limit=100,
+        worker_id="w",
+        lease=30,
+        code_version=None,
+    )
+    assert sorted(r["queue"] for r in claimed) == ["b"] * 5
+    await pgworker.resume_queue(pool, "a")
+    claimed = await q.job_claim(
+        pool,
+        queues=["a", "b"],
+        types=["t"],
+        default_max_retries=[3],
+        limit=100,
+        worker_id="w",
+        lease=30,
+        code_version=None,
+    )
+    assert sorted(r["queue"] for r in claimed) == ["a"] * 5
+
+
+async def test_drain_runs_past_a_paused_queues_jobs(conn):
+    """pgworker.testing's drain claims as a worker does: a paused queue's jobs stay pending,
+    and a job of another queue due after one of them still runs within `until` (a paused job
+    due first must not end the drain)."""
+    registry = pgworker.Registry()
+    ran: list[str] = []
+
+    @registry.task("t")
+    async def handle(ctx: pgworker.JobContext, payload: dict[str, Any]) -> None:
+        ran.append(payload["q"])
+
+    from pgworker.testing import drain
+
+    await pgworker.enqueue(conn, "t", {"q": "a"}, queue="a", delay=100)
+    await pgworker.enqueue(conn, "t", {"q": "b"}, queue="b", delay=200)
+    await pgworker.pause_queue(conn, "a")
+    await drain(conn, registry, queues=["a", "b"], until=300)
+    assert ran == ["b"]
+    assert await count(conn, "a", "pending") == 1
+
+
+# --- pooler mode ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not available(), reason="needs PgBouncer (/usr/sbin/pgbouncer)")
+async def test_a_pooler_worker_obeys_a_pause_and_a_resume(dsn, conn, server_dsn, tmp_path):
+    """Through PgBouncer in transaction mode, polling (no LISTEN): the pause holds from the
+    next claim; the resume is found at the next poll."""
+    await pgworker.enqueue_many(
+        conn, [JobSpec("sleep", {"seconds": 0.05}, queue="a") for _ in range(400)]
+    )
+    with PgBouncer(server_dsn, pool_size=4) as bouncer:
+        log = tmp_path / "worker.log"
+        worker = spawn_worker(
+            "tests.apps.basic",
+            bouncer.dsn(dsn),
+            log,
+            "--pooler",
+            "--queue",
+            "a",
+            "--concurrency",
+            "4",
+            "--poll-interval",
+            "0.2",
+        )
+        try:
+            await wait_for(lambda: count(conn, "a", "completed"), timeout=60)
+            await pgworker.pause_queue(conn, "a")
+            paused = await conn.fetchval("SELECT clock_timestamp()")
+            await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT count(*) = 0 FROM pgworker.jobs WHERE status = 'running'"
+                ),
+                timeout=30,
+            )
+            assert await last_claim(conn, "a") <= paused
+            assert await count(conn, "a", "pending") > 0, "done before the pause: nothing proven"
+            await pgworker.resume_queue(conn, "a")
+            await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT count(*) = 0 FROM pgworker.jobs WHERE status <> 'completed'"
+                ),
+                timeout=120,
+                every=0.2,
+            )
+            assert worker.poll() is None, log.read_text()[-3000:]
+        finally:
+            assert stop(worker) == 0, log.read_text()[-3000:]
