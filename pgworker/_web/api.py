@@ -93,6 +93,7 @@ page ends early with a `next_before` (a page holds at least one job, whatever it
 _log = get_logger()
 
 JobId = Annotated[UrlId, Path(description="the job's id, in ASCII digits")]
+QueuePath = Annotated[QueueName, Path(description="the queue's name, URL-encoded (`/` as %2F)")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
@@ -630,8 +631,6 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 entry = found.setdefault(state.name, _queue_entry(state.name))
                 entry.update(_control_json(state))
             return _answer({"queues": [found[name] for name in sorted(found)]})
-
-    QueuePath = Annotated[QueueName, Path(description="the queue's name (URL-encoded)")]
 
     # `{queue:path}`: a queue's name may hold any character, a `/` (sent as %2F) too.
     @api.post("/queues/{queue:path}/pause", response_model=Json, tags=["operators"])
