@@ -43,6 +43,7 @@ PUBLIC = {
     "PermanentError",
     "PgWorkerError",
     "PrivilegeError",
+    "QueueState",
     "Registry",
     "ReplayResult",
     "Retry",
@@ -61,9 +62,12 @@ PUBLIC = {
     "enqueue_many",
     "get_job",
     "list_failed",
+    "list_queues",
     "migrate",
+    "pause_queue",
     "prune",
     "replay",
+    "resume_queue",
     "sync",
 }
 PUBLIC_MODULES = {
