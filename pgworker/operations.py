@@ -547,11 +547,12 @@ async def pause_queue(
     `conn` is in one (the pause takes effect when it commits)."""
     q = queries(limits.identifier("schema", schema))
     name, actor, reason = _controller(queue, by, reason)
-    while True:
+    for _ in range(2):  # a second time when a concurrent pause created the row meanwhile
         async with transaction(conn) as c:
             row = await q.queue_pause(c, name, actor, reason)
-        if row is not None:  # None: a concurrent pause created the row (visible now)
+        if row is not None:
             return _queue_state(row)
+    raise PgWorkerError(f"queue {name!r}: its controls row could not be read back; try again")
 
 
 async def resume_queue(

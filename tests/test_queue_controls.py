@@ -6,6 +6,7 @@ input is one clear error naming the field, and nothing is written."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -65,6 +66,15 @@ async def test_a_second_pause_or_resume_changes_nothing_and_logs_nothing(conn):
         ("alice", "pause", "mail", "provider down"),
         ("alice", "resume", "mail", None),
     ]
+
+
+async def test_concurrent_pauses_of_a_new_queue_pause_it_once(pool):
+    states = await asyncio.gather(
+        *(pgworker.pause_queue(pool, "fresh", by=f"op-{i}") for i in range(8))
+    )
+    assert sum(s.changed for s in states) == 1
+    assert {s.paused_by for s in states} == {next(s.paused_by for s in states if s.changed)}
+    assert await written(pool) == (1, 1)
 
 
 async def test_the_actor_is_the_os_user_unless_given(conn):
