@@ -18,8 +18,9 @@ import pytest
 import pgworker
 from pgworker.operations import os_user
 
-from .helpers import ROOT
+from .helpers import ROOT, wait_for
 from .test_dashboard import csrf_of, http
+from .test_metrics import free_port, scrape, value
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -323,3 +324,28 @@ async def test_the_dashboard_button_pauses_and_resumes_as_the_dashboard(dsn, con
         ("dashboard", "pause", "mail", None),
         ("dashboard", "resume", "mail", None),
     ]
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+async def test_the_elected_worker_says_which_queues_are_paused(dsn, conn):
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx: pgworker.JobContext, payload: dict[str, Any]) -> None:
+        pass
+
+    for queue in ("a", "b"):
+        await pgworker.enqueue(conn, "t", {}, queue=queue, delay=3600)
+    await pgworker.pause_queue(conn, "a")
+    port = free_port()
+    async with pgworker.Worker(registry, dsn, metrics_port=port, lease=1):
+
+        def paused() -> tuple[float | None, float | None]:
+            samples = scrape(port)
+            return tuple(value(samples, "pgworker_queue_paused", queue=q) for q in ("a", "b"))
+
+        await wait_for(lambda: paused() == (1.0, 0.0), timeout=15)
+        await pgworker.resume_queue(conn, "a")
+        await wait_for(lambda: paused() == (0.0, 0.0), timeout=15)
