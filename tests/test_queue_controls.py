@@ -297,7 +297,7 @@ async def test_a_read_only_server_refuses_pause_and_resume(dsn, conn):
 
 
 async def test_the_dashboard_button_pauses_and_resumes_as_the_dashboard(dsn, conn):
-    await pgworker.enqueue(conn, "t", {}, queue="mail")
+    waiting = (await pgworker.enqueue(conn, "t", {}, queue="mail")).job.id
     async with serving(dsn) as served, http(served) as client:
 
         async def press(action: str, queue: str) -> str:
@@ -310,9 +310,12 @@ async def test_the_dashboard_button_pauses_and_resumes_as_the_dashboard(dsn, con
         assert 'action="/ui/queues/pause"' in page and 'value="mail"' in page
         shown = await press("pause", "mail")
         assert "Queue mail is paused" in shown and "Paused" in shown
+        job = (await client.get(f"/ui/jobs/{waiting}")).text
+        assert "Waiting: its queue is paused (by dashboard" in job
         assert 'action="/ui/queues/resume"' in shown
         assert "Queue mail was already paused" in await press("pause", "mail")
         assert "Queue mail is resumed" in await press("resume", "mail")
+        assert "its queue is paused" not in (await client.get(f"/ui/jobs/{waiting}")).text
         assert "Queue mail was not paused" in await press("resume", "mail")
         # Without this session's CSRF token, nothing happens.
         refused = await client.post("/ui/queues/pause", data={"csrf": "x", "queue": "mail"})

@@ -394,6 +394,14 @@ class _Dashboard:
                 if found is None:
                     raise _NotFound(job_id)
                 job = found["job"]
+                paused = next(
+                    (
+                        c
+                        for c in await queue_controls(conn, schema=self.config.schema)
+                        if c.name == job.queue and c.paused
+                    ),
+                    None,
+                )
                 row = {
                     "status": job.status.value,
                     "error": job.error,
@@ -414,6 +422,7 @@ class _Dashboard:
                         "replayable": job.status.value in ("failed", "cancelled"),
                         "cancellable": job.status.value in ("pending", "running"),
                         "refresh": job.status.value in ("pending", "running"),
+                        "paused": paused,
                         "now": datetime.now(UTC),
                     },
                     session=session,
