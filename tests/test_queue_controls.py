@@ -11,14 +11,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
+import asyncpg
 import pytest
 
 import pgworker
 from pgworker.operations import os_user
 
 from .helpers import ROOT, wait_for
+from .test_bounds import BOUND, serve_idle
 from .test_dashboard import csrf_of, http
 from .test_metrics import free_port, scrape, value
 from .webserver import serving
@@ -278,6 +281,31 @@ async def test_http_pause_resume_and_queues(dsn, conn):
         ("ops", "pause", "a/b", None),
         ("ops", "resume", "mail", "back"),
     ]
+
+
+async def test_a_pause_waiting_on_a_locked_queue_is_503_in_time_and_never_applied(dsn, conn):
+    """Another session holds the queue's row (an operator's transaction): the request gives up
+    within the API's bound, and the pause is never applied later, nor logged."""
+    await pgworker.pause_queue(conn, "mail")
+    await pgworker.resume_queue(conn, "mail")
+    async with serving(dsn) as served, served.client(timeout=30) as c:
+        locker = await asyncpg.connect(dsn)
+        try:
+            tx = locker.transaction()
+            await tx.start()
+            await locker.execute("SELECT 1 FROM pgworker.queues WHERE name = 'mail' FOR UPDATE")
+            started = time.monotonic()
+            answer = await c.post("/queues/mail/pause")
+            took = time.monotonic() - started
+            await tx.rollback()
+        finally:
+            await locker.close()
+        assert answer.status_code == 503 and took < BOUND, (answer.text, took)
+        assert int(answer.headers["Retry-After"]) >= 1
+        await wait_for(lambda: serve_idle(conn), timeout=30)
+        assert not (await pgworker.list_queues(conn))[0].paused
+        assert [r[1] for r in await log_of(conn)] == ["pause", "resume"]
+        assert (await c.post("/queues/mail/pause")).json()["changed"] is True
 
 
 async def test_a_read_only_server_refuses_pause_and_resume(dsn, conn):
