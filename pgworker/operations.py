@@ -542,9 +542,9 @@ async def pause_queue(
     jobs (its running jobs finish; enqueue still works, its jobs wait as pending). Recorded in
     `operator_log` with `by` (default: the OS user) and `reason`. A queue already paused is left
     as it is, its first pause's who, when and why kept, and nothing is logged (`changed` False).
-    A queue no job or worker names yet is paused all the same, its controls created (`known`
-    False), so that it can be paused before its first job. In the caller's transaction when
-    `conn` is in one (the pause takes effect when it commits)."""
+    A queue no pending job or worker names yet is paused all the same, its controls created
+    (`known` False), so that it can be paused before its first job. In the caller's transaction
+    when `conn` is in one (the pause takes effect when it commits)."""
     q = queries(limits.identifier("schema", schema))
     name, actor, reason = _controller(queue, by, reason)
     for _ in range(2):  # a second time when a concurrent pause created the row meanwhile
