@@ -22,14 +22,18 @@ from .operations import (
     CancelResult,
     FailedJob,
     PeriodicSchedule,
+    QueueState,
     ReplayResult,
     cancel,
     get_job,
     list_failed,
     list_periodic,
+    list_queues,
     migrate,
+    pause_queue,
     prune,
     replay,
+    resume_queue,
 )
 from .registry import Registry, Task, TaskHandle
 from .retry import RetryPolicy
@@ -52,6 +56,7 @@ __all__ = [
     "PermanentError",
     "PgWorkerError",
     "PrivilegeError",
+    "QueueState",
     "Registry",
     "ReplayResult",
     "Retry",
@@ -71,8 +76,11 @@ __all__ = [
     "get_job",
     "list_failed",
     "list_periodic",
+    "list_queues",
     "migrate",
+    "pause_queue",
     "prune",
     "replay",
+    "resume_queue",
     "sync",
 ]

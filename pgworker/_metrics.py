@@ -230,18 +230,28 @@ class Metrics:
             "worker only).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "pgworker_queue_paused",
+            "1 for a paused queue, else 0 (from the elected worker only).",
+            labels=["queue"],
+        )
         found = self._queues
         if found is not None:
             rows, ages = found
             by_queue: dict[str, dict[str, int]] = {}
+            stopped: set[str] = set()
             for r in rows:
                 by_queue.setdefault(r["queue"], dict.fromkeys(STATUSES, 0))[r["status"]] = r["jobs"]
+                if r["paused"]:
+                    stopped.add(r["queue"])
             for queue, statuses in by_queue.items():
                 for status, n in statuses.items():
                     counts.add_metric([queue, status], n)
                 oldest.add_metric([queue], ages.get(queue, 0.0))
+                paused.add_metric([queue], 1.0 if queue in stopped else 0.0)
         yield counts
         yield oldest
+        yield paused
 
     # --- the server ---------------------------------------------------------------------------
 

@@ -8,8 +8,8 @@ queue and that type, in worker_id order, take turns: the `count` of them from po
 claim (all of them when `count` >= N), the others stay idle. Each worker reads the same list from
 the `workers` table, so they agree without talking; a worker that starts (its listener connects)
 says so on the jobs channel and every worker reads the list again, one that stops says so and
-the others leave it out. A bare queue name (sent by the rescue and by replay) wakes every worker
-of that queue. Anyone may NOTIFY the channel: what cannot be read wakes no one.
+the others leave it out. A bare queue name (sent by the rescue, by replay and by a queue's resume)
+wakes every worker of that queue. Anyone may NOTIFY the channel: what cannot be read wakes no one.
 
 A chosen worker that is full passes its turn on at once: it sends the notification again, for
 the next workers in the list (at most PASSES times, and once per poll interval per worker, so

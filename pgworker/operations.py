@@ -505,3 +505,126 @@ async def list_periodic(
         )
         for r in rows
     ]
+
+
+# --- queue controls: pausing ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueState:
+    """A queue's controls, as `pause_queue`, `resume_queue` and `list_queues` return them.
+
+    `paused_at`, `paused_by` and `reason` say who paused it, when and why (None when it is not
+    paused). `pending` and `running` count its jobs (`list_queues` only; None from pause and
+    resume, which count nothing). `limits` is empty: the limits of later versions go there.
+    `changed` says whether this call of pause_queue or resume_queue changed the queue (False:
+    it already was so, and nothing was written or logged); `known` whether, before it, a
+    controls row, a pending job or a registered worker named the queue (False: a queue no one
+    named yet, perhaps a typo; its controls were created all the same)."""
+
+    name: str
+    paused_at: datetime | None = None
+    paused_by: str | None = None
+    reason: str | None = None
+    pending: int | None = None
+    running: int | None = None
+    limits: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    changed: bool = False
+    known: bool = True
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
+
+    def as_json(self) -> dict[str, Any]:
+        """The state as JSON keys (times in ISO 8601), as the CLI and the HTTP API show it."""
+        return {
+            "queue": self.name,
+            "paused": self.paused,
+            "paused_at": None if self.paused_at is None else self.paused_at.isoformat(),
+            "paused_by": self.paused_by,
+            "pause_reason": self.reason,
+            "pending": self.pending,
+            "running": self.running,
+            "limits": dict(self.limits),
+        }
+
+
+def _queue_state(row: Any, *, counted: bool = False) -> QueueState:
+    return QueueState(
+        name=row["name"],
+        paused_at=row["paused_at"],
+        paused_by=row["paused_by"],
+        reason=row["pause_reason"],
+        pending=row["pending"] if counted else None,
+        running=row["running"] if counted else None,
+        changed=bool(row.get("changed", False)) if not counted else False,
+        known=bool(row.get("known", True)) if not counted else True,
+    )
+
+
+def _controller(queue: object, by: str | None, reason: str | None) -> tuple[str, str, str | None]:
+    """The queue, actor and reason of a pause or resume, checked as enqueue and replay check
+    them."""
+    name = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH)
+    actor, reason = _replayer(by, reason)
+    return name, actor, reason
+
+
+async def pause_queue(
+    conn: Executor,
+    queue: str,
+    reason: str | None = None,
+    *,
+    by: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueueState:
+    """Pause `queue` on every worker: the claims that start once this commits take none of its
+    jobs (its running jobs finish; enqueue still works, its jobs wait as pending). Recorded in
+    `operator_log` with `by` (default: the OS user) and `reason`. A queue already paused is left
+    as it is, its first pause's who, when and why kept, and nothing is logged (`changed` False).
+    A queue no pending job or worker names yet is paused all the same, its controls created
+    (`known` False), so that it can be paused before its first job. In the caller's transaction
+    when `conn` is in one (the pause takes effect when it commits)."""
+    q = queries(limits.identifier("schema", schema))
+    name, actor, reason = _controller(queue, by, reason)
+    for _ in range(2):  # a second time when a concurrent pause created the row meanwhile
+        async with transaction(conn) as c:
+            row = await q.queue_pause(c, name, actor, reason)
+        if row is not None:
+            return _queue_state(row)
+    raise PgWorkerError(f"queue {name!r}: its controls row could not be read back; try again")
+
+
+async def resume_queue(
+    conn: Executor,
+    queue: str,
+    reason: str | None = None,
+    *,
+    by: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueueState:
+    """Resume a paused `queue`: every worker serving it is woken when this commits and claims
+    its backlog at once. Recorded in `operator_log` with `by` (default: the OS user), `reason`
+    and the pause it ended. A queue not paused is left as it is and nothing is logged
+    (`changed` False)."""
+    q = queries(limits.identifier("schema", schema))
+    name, actor, reason = _controller(queue, by, reason)
+    async with transaction(conn) as c:
+        row = await q.queue_resume(c, name, actor, reason)
+    return _queue_state(row)
+
+
+async def queue_controls(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[QueueState]:
+    """The controls of the queues that have any (a pause, past or present), by name, without
+    counting their jobs (`pending` and `running` None): for pages that count them already."""
+    q = queries(limits.identifier("schema", schema))
+    return [_queue_state(r) for r in await q.queue_controls(conn)]
+
+
+async def list_queues(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[QueueState]:
+    """Every queue that a job names or that has controls, by name: paused or not (by whom, since
+    when, why), its limits, and its pending and running jobs. Counts the whole jobs table, as
+    `status` does."""
+    q = queries(limits.identifier("schema", schema))
+    return [_queue_state(r, counted=True) for r in await q.queue_list(conn)]

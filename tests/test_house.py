@@ -44,6 +44,7 @@ PUBLIC = {
     "PermanentError",
     "PgWorkerError",
     "PrivilegeError",
+    "QueueState",
     "Registry",
     "ReplayResult",
     "Retry",
@@ -63,9 +64,12 @@ PUBLIC = {
     "get_job",
     "list_failed",
     "list_periodic",
+    "list_queues",
     "migrate",
+    "pause_queue",
     "prune",
     "replay",
+    "resume_queue",
     "sync",
 }
 PUBLIC_MODULES = {

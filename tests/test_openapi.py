@@ -49,6 +49,8 @@ async def test_openapi_document_describes_every_route(server: Served) -> None:
         ("POST", "/jobs/{id}/cancel"),
         ("POST", "/jobs/{id}/replay"),
         ("GET", "/queues"),
+        ("POST", "/queues/{queue}/pause"),
+        ("POST", "/queues/{queue}/resume"),
         ("GET", "/workers"),
         ("GET", "/periodic"),
         ("GET", "/healthz"),

@@ -481,6 +481,33 @@ class Queries:
     async def job_events_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
+    # --- queue controls -------------------------------------------------------------------------
+
+    async def queue_pause(
+        self, conn: Runner, queue: str, actor: str, reason: str | None
+    ) -> Row | None:
+        """Pause `queue` and log it, unless it is paused already; its controls after, whether
+        this paused it (`changed`) and whether anything named it before (`known`). None when a
+        concurrent pause created its row meanwhile: run it again."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(self._sql["queue_pause"], queue, actor, reason)
+
+    async def queue_resume(self, conn: Runner, queue: str, actor: str, reason: str | None) -> Row:
+        """Resume `queue`, log it and wake its workers at commit, if it is paused; its controls
+        after, `changed` and `known`."""
+        with schema_errors(self.schema):
+            row = await conn.fetchrow(self._sql["queue_resume"], queue, actor, reason)
+        assert row is not None  # one row, always
+        return row
+
+    async def queue_controls(self, conn: Runner) -> list[Row]:
+        """The controls of every queue that has a row, by name; no counts."""
+        return await self._rows(conn, "queue_controls")
+
+    async def queue_list(self, conn: Runner) -> list[Row]:
+        """Every queue a job or a controls row names: its pause, pending and running jobs."""
+        return await self._rows(conn, "queue_list")
+
     # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
 
     async def dashboard_jobs(

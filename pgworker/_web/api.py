@@ -48,7 +48,15 @@ from ..models import (
     JobStatus,
     Outcome,
 )
-from ..operations import cancel, list_periodic, replay_uncommitted
+from ..operations import (
+    QueueState,
+    cancel,
+    list_periodic,
+    pause_queue,
+    queue_controls,
+    replay_uncommitted,
+    resume_queue,
+)
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
@@ -64,6 +72,7 @@ from .schemas import (
     FailBody,
     HeartbeatBody,
     Problem,
+    QueueControlBody,
     QueueName,
     ReplayBody,
     TypeName,
@@ -85,6 +94,7 @@ page ends early with a `next_before` (a page holds at least one job, whatever it
 _log = get_logger()
 
 JobId = Annotated[UrlId, Path(description="the job's id, in ASCII digits")]
+QueuePath = Annotated[QueueName, Path(description="the queue's name, URL-encoded (`/` as %2F)")]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or a wrong one"},
@@ -606,8 +616,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     @api.get("/queues", response_model=Json, tags=["operators"])
     async def list_queues() -> Response:
-        """Per queue: the jobs by status, and the age in seconds of the oldest due pending job
-        (null when none is due)."""
+        """Per queue (each that a job names or that has controls): the jobs by status, the age in
+        seconds of the oldest due pending job (null when none is due), whether it is `paused`
+        (`paused_at`, `paused_by`, `pause_reason`: null when not) and its `limits` (an object,
+        empty: no limit can be set yet)."""
         found: dict[str, dict[str, Any]] = {}
         async with database() as conn:
             for r in await q.status_counts(conn):
@@ -616,7 +628,37 @@ def install(app: FastAPI, config: WebConfig) -> None:
             for r in await q.status_oldest_pending(conn):
                 entry = found.setdefault(r["queue"], _queue_entry(r["queue"]))
                 entry["oldest_pending_s"] = r["age"]
+            for state in await queue_controls(conn, schema=config.schema):
+                entry = found.setdefault(state.name, _queue_entry(state.name))
+                entry.update(_control_json(state))
             return _answer({"queues": [found[name] for name in sorted(found)]})
+
+    # `{queue:path}`: a queue's name may hold any character, a `/` (sent as %2F) too.
+    @api.post("/queues/{queue:path}/pause", response_model=Json, tags=["operators"])
+    async def pause(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+        """Pause the queue on every worker: no claim that starts once this commits takes its
+        jobs; running ones finish, new ones wait as pending. Recorded in the operator log. 200
+        with the queue's state and `changed` (false: it was paused already, left as it was,
+        nothing logged) and `known` (false: no pending job, worker or earlier control named it;
+        it is created, paused before its first job)."""
+        body = body or QueueControlBody.model_validate({})
+        async with database() as conn:
+            state = await pause_queue(
+                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+            )
+            return _answer(_change_json(state))
+
+    @api.post("/queues/{queue:path}/resume", response_model=Json, tags=["operators"])
+    async def resume(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+        """Resume the queue: its workers are woken when this commits and claim its backlog at
+        once. Recorded in the operator log. 200 with the queue's state, `changed` (false: it was
+        not paused; nothing logged) and `known`."""
+        body = body or QueueControlBody.model_validate({})
+        async with database() as conn:
+            state = await resume_queue(
+                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+            )
+            return _answer(_change_json(state))
 
     @api.get("/workers", response_model=Json, tags=["operators"])
     async def list_workers() -> Response:
@@ -664,7 +706,28 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
 
 def _queue_entry(name: str) -> dict[str, Any]:
-    return {"queue": name, "counts": {s.value: 0 for s in JobStatus}, "oldest_pending_s": None}
+    return {
+        "queue": name,
+        "counts": {s.value: 0 for s in JobStatus},
+        "oldest_pending_s": None,
+        **_control_json(QueueState(name)),
+    }
+
+
+def _control_json(state: QueueState) -> dict[str, Any]:
+    """A queue's controls: whether it is paused, when, by whom, why; its limits."""
+    found = state.as_json()
+    return {k: found[k] for k in ("paused", "paused_at", "paused_by", "pause_reason", "limits")}
+
+
+def _change_json(state: QueueState) -> dict[str, Any]:
+    """What pause and resume answer: the queue's controls, `changed` and `known`."""
+    return {
+        "queue": state.name,
+        **_control_json(state),
+        "changed": state.changed,
+        "known": state.known,
+    }
 
 
 def _host(request: Request) -> str:

@@ -40,7 +40,10 @@ from ..operations import (
     cancel,
     list_failed,
     list_periodic,
+    pause_queue,
+    queue_controls,
     replay_uncommitted,
+    resume_queue,
     show_job,
     status,
 )
@@ -70,7 +73,7 @@ that snoozed for weeks may have thousands of attempts."""
 LIVE_WITHIN = 60.0
 """A worker seen within this many seconds is live."""
 ACTOR = "dashboard"
-"""Who replays, as recorded in job_events."""
+"""Who replays, pauses and resumes, as recorded in job_events and operator_log."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -134,6 +137,8 @@ def install(app: FastAPI, config: Any) -> None:
         (f"{PREFIX}/jobs/{{job_id}}", dashboard.job, ["GET"]),
         (f"{PREFIX}/jobs/{{job_id}}/replay", dashboard.replay, ["POST"]),
         (f"{PREFIX}/jobs/{{job_id}}/cancel", dashboard.cancel, ["POST"]),
+        (f"{PREFIX}/queues/pause", dashboard.pause, ["POST"]),
+        (f"{PREFIX}/queues/resume", dashboard.resume, ["POST"]),
         (f"{PREFIX}/workers", dashboard.workers, ["GET"]),
         (f"{PREFIX}/periodic", dashboard.periodic, ["GET"]),
     ]
@@ -316,6 +321,11 @@ class _Dashboard:
                     queues.setdefault(r["queue"], dict.fromkeys(words.STATUS_WORDS, 0))[
                         r["status"]
                     ] = r["jobs"]
+                controls = {
+                    c.name: c for c in await queue_controls(conn, schema=self.config.schema)
+                }
+                for name in controls:  # a queue paused before its first job
+                    queues.setdefault(name, dict.fromkeys(words.STATUS_WORDS, 0))
                 failures = await list_failed(conn, limit=SHOWN_FAILURES, schema=self.config.schema)
                 overdue = await self.q.dashboard_overdue(conn, SHOWN_OVERDUE)
                 return self.page(
@@ -324,6 +334,7 @@ class _Dashboard:
                     {
                         "title": "Queues",
                         "queues": sorted(queues.items()),
+                        "controls": controls,
                         "oldest": oldest,
                         "totals": {
                             s: sum(c[s] for c in queues.values()) for s in words.STATUS_WORDS
@@ -386,6 +397,14 @@ class _Dashboard:
                 if found is None:
                     raise _NotFound(job_id)
                 job = found["job"]
+                paused = next(
+                    (
+                        c
+                        for c in await queue_controls(conn, schema=self.config.schema)
+                        if c.name == job.queue and c.paused
+                    ),
+                    None,
+                )
                 row = {
                     "status": job.status.value,
                     "error": job.error,
@@ -406,6 +425,7 @@ class _Dashboard:
                         "replayable": job.status.value in ("failed", "cancelled"),
                         "cancellable": job.status.value in ("pending", "running"),
                         "refresh": job.status.value in ("pending", "running"),
+                        "paused": paused,
                         "now": datetime.now(UTC),
                     },
                     session=session,
@@ -498,31 +518,78 @@ class _Dashboard:
     async def _button(
         self, request: Request, act: Callable[[Any, int], Awaitable[tuple[str, str]]]
     ) -> Response:
-        """A button's POST: refused in read-only mode (405), without a login (to the login
+        """A job's button's POST: refused in read-only mode (405), without a login (to the login
         form), or without the right CSRF token (403); else `act` in the request's transaction,
         then back to the job's page, which shows what `act` says happened."""
-        if self.config.read_only:
-            raise _Refused(
-                405,
-                "Read-only dashboard",
-                "This server runs with --read-only: jobs cannot be changed from here.",
-            )
-        session, _ = await self.checked_form(request)
-        if session is None or not (session.authenticated or self.config.insecure_no_auth):
+        session, _ = await self._checked_button(request)
+        if session is None:
             return self._redirect(f"{PREFIX}/login")
         job_id = _job_id(request.path_params["job_id"])
         async with self.database() as conn:
             kind, text = await act(conn, job_id)
             response = self._redirect(f"{PREFIX}/jobs/{job_id}")
-            response.set_cookie(
-                FLASH_COOKIE,
-                self.signer.flash(session, kind, text),
-                max_age=FLASH_LIFETIME,
-                path="/",
-                httponly=True,
-                samesite="strict",
-                secure=request.url.scheme == "https",
+            self._flash(request, response, session, kind, text)
+        return response
+
+    async def _checked_button(self, request: Request) -> tuple[Session | None, Mapping[str, Any]]:
+        """A button's session (None: not logged in) and form, once its POST is allowed."""
+        if self.config.read_only:
+            raise _Refused(
+                405,
+                "Read-only dashboard",
+                "This server runs with --read-only: nothing can be changed from here.",
             )
+        session, form = await self.checked_form(request)
+        if session is None or not (session.authenticated or self.config.insecure_no_auth):
+            return None, form
+        return session, form
+
+    def _flash(
+        self, request: Request, response: Response, session: Session, kind: str, text: str
+    ) -> None:
+        response.set_cookie(
+            FLASH_COOKIE,
+            self.signer.flash(session, kind, text),
+            max_age=FLASH_LIFETIME,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    async def pause(self, request: Request) -> Response:
+        return await self._queue_button(request, "pause")
+
+    async def resume(self, request: Request) -> Response:
+        return await self._queue_button(request, "resume")
+
+    async def _queue_button(self, request: Request, verb: str) -> Response:
+        """The pause or resume button of a queue (the form's `queue`), recorded as done by
+        ACTOR; then back to the queues page, which says what happened."""
+        session, form = await self._checked_button(request)
+        if session is None:
+            return self._redirect(f"{PREFIX}/login")
+        try:
+            queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
+        except ValidationError as exc:
+            raise _Refused(400, "Bad queue", str(exc)) from None
+        act = pause_queue if verb == "pause" else resume_queue
+        async with self.database() as conn:
+            state = await act(conn, queue, by=ACTOR, schema=self.config.schema)
+            if verb == "pause":
+                kind, text = (
+                    ("ok", f"Queue {queue} is paused: its jobs wait until it is resumed.")
+                    if state.changed
+                    else ("warn", f"Queue {queue} was already paused.")
+                )
+            else:
+                kind, text = (
+                    ("ok", f"Queue {queue} is resumed: the workers take its jobs again.")
+                    if state.changed
+                    else ("warn", f"Queue {queue} was not paused.")
+                )
+            response = self._redirect("/")
+            self._flash(request, response, session, kind, text)
         return response
 
     async def replay(self, request: Request) -> Response:

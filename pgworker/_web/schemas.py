@@ -235,6 +235,11 @@ class ReplayBody(_Body):
     reason: Reason | None = None
 
 
+class QueueControlBody(_Body):
+    by: Actor | None = Field(None, description="who pauses or resumes (default: api)")
+    reason: Reason | None = Field(None, description="why, kept in the operator log")
+
+
 class Problem(BaseModel):
     """Every error: what was wrong and what to do; `field` names the input at fault."""
 

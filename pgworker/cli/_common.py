@@ -173,8 +173,13 @@ def _refusal(exc: BaseException) -> str | None:
 
 
 def _name(args: argparse.Namespace) -> str:
-    """The command as typed: `failed list` has a subcommand."""
-    sub = getattr(args, "failed_command", None) or getattr(args, "periodic_command", None)
+    """The command as typed: `failed list`, `periodic list` and `queue pause` have a
+    subcommand."""
+    sub = (
+        getattr(args, "failed_command", None)
+        or getattr(args, "periodic_command", None)
+        or getattr(args, "queue_command", None)
+    )
     return f"{args.command} {sub}" if sub else str(args.command)
 
 

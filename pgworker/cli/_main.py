@@ -28,6 +28,7 @@ _COMMANDS = (
     _failed.add_replay,
     _queues.add_prune,
     _periodic.add,
+    _queues.add_queue,
     _health.add,
     _serve.add,
 )

@@ -1,12 +1,23 @@
-"""status and prune: the queues as a whole."""
+"""status, prune and queue (pause, resume, list): the queues as a whole."""
 
 from __future__ import annotations
 
 import argparse
+from typing import cast
 
+from .. import _limits as limits
 from .._db.migrations import check_schema
 from ..errors import ValidationError
-from ..operations import FINISHED, prune, status
+from ..operations import (
+    FINISHED,
+    MAX_ACTOR_LENGTH,
+    MAX_REASON_LENGTH,
+    list_queues,
+    pause_queue,
+    prune,
+    resume_queue,
+    status,
+)
 from ..settings import duration
 from . import _render
 from ._common import _command, _connect, _Parser, _schema, say
@@ -95,4 +106,120 @@ async def _prune(args: argparse.Namespace) -> int:
     finally:
         await conn.close()
     say(_render.prune_text(pruned, args.dry_run))
+    return 0
+
+
+def add_queue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    """queue pause, resume and list: the controls every worker obeys."""
+    queue = _command(
+        sub,
+        "queue",
+        [],
+        "pause, resume and list queues (see `pgworker queue list`)",
+        "Controls of a queue as a whole, kept in the database and obeyed by every worker at "
+        "once: `pause` stops the claims of a queue's jobs (running ones finish, new ones wait "
+        "as pending), `resume` starts them again, `list` shows each queue's state and jobs. "
+        "Each pause and resume is recorded in the operator log (who, when, why).",
+        [
+            "pgworker queue pause mail --reason 'SMTP provider down'",
+            "pgworker queue resume mail",
+            "pgworker queue list --json",
+        ],
+    )
+    queue_sub = cast(
+        "argparse._SubParsersAction[_Parser]",
+        queue.add_subparsers(
+            dest="queue_command", required=True, metavar="COMMAND", title="commands"
+        ),
+    )
+    for verb, summary, description, examples in (
+        (
+            "pause",
+            "stop every worker claiming the queue's jobs",
+            "Pause QUEUE on every worker: the claims that start once the pause commits take "
+            "none of its jobs; its running jobs finish, enqueue still works and its jobs wait "
+            "as pending. A queue already paused is left as it is (its first pause's who, when "
+            "and why stand) and nothing is logged. A queue that no pending job or worker names "
+            "yet is paused all the same (its controls are created, and said so), so that it "
+            "can be paused before its first job.",
+            [
+                "pgworker queue pause mail",
+                "pgworker queue pause mail --reason 'SMTP provider down' --by alice",
+            ],
+        ),
+        (
+            "resume",
+            "let the workers claim the queue's jobs again",
+            "Resume a paused QUEUE: every worker serving it is woken when the resume commits "
+            "and claims its backlog at once. A queue that is not paused is left as it is and "
+            "nothing is logged.",
+            ["pgworker queue resume mail", "pgworker queue resume mail --reason 'provider back'"],
+        ),
+    ):
+        command = _command(queue_sub, verb, [common], summary, description, examples)
+        command.prog = f"pgworker queue {verb}"
+        command.add_argument(
+            "queue",
+            metavar="QUEUE",
+            help=f"the queue, at most {limits.MAX_QUEUE_LENGTH} characters",
+        )
+        command.add_argument(
+            "--reason",
+            help=f"why, recorded in the operator log, at most {MAX_REASON_LENGTH} characters "
+            "(default: none)",
+        )
+        command.add_argument(
+            "--by", help="who, recorded in the operator log (default: the OS user)"
+        )
+        command.set_defaults(perform=_pause if verb == "pause" else _resume)
+    listing = _command(
+        queue_sub,
+        "list",
+        [common],
+        "each queue: paused or not, its pending and running jobs",
+        "Each queue that a job names or that has controls, by name: active or paused (since "
+        "when, by whom, why) and its pending and running jobs. --json prints an array of "
+        "objects with the keys queue, paused, paused_at, paused_by, pause_reason, pending, "
+        "running and limits (an object, empty: no limit can be set yet).",
+        ["pgworker queue list", "pgworker queue list --json | jq '.[] | select(.paused)'"],
+    )
+    listing.prog = "pgworker queue list"
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON array instead of a table (default: a table)",
+    )
+    listing.set_defaults(perform=_list)
+
+
+async def _pause(args: argparse.Namespace) -> int:
+    return await _control(args, "pause")
+
+
+async def _resume(args: argparse.Namespace) -> int:
+    return await _control(args, "resume")
+
+
+async def _control(args: argparse.Namespace, verb: str) -> int:
+    act = pause_queue if verb == "pause" else resume_queue
+    # Checked before connecting, named as typed: a bad argument is refused without a database.
+    limits.name("QUEUE", args.queue, limits.MAX_QUEUE_LENGTH)
+    limits.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
+    limits.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
+    conn = await _connect(args)
+    try:
+        state = await act(conn, args.queue, args.reason, by=args.by, schema=_schema(args))
+    finally:
+        await conn.close()
+    say(_render.queue_change_text(state, verb))
+    return 0
+
+
+async def _list(args: argparse.Namespace) -> int:
+    conn = await _connect(args)
+    try:
+        found = await list_queues(conn, schema=_schema(args))
+    finally:
+        await conn.close()
+    say(_render.queues_json(found) if args.json else _render.queues_text(found))
     return 0

@@ -1,6 +1,7 @@
 """What the commands print: pure functions from what `operations` returns to text or JSON. No
 database, no printing. `pgworker status` from the rows of `operations.status` (mappings with the
-columns of sql/queries/status_*.sql); `failed list`, `show`, `replay` and `prune` below.
+columns of sql/queries/status_*.sql); `failed list`, `show`, `replay`, `prune` and the `queue`
+commands below.
 
 Text from the database (types, queues, errors, tracebacks, worker ids, milestones, payloads) is
 anybody's: the CLI passes everything it prints through `_terminal.terminal` (cli.say), and a value
@@ -19,7 +20,7 @@ from .._terminal import cell
 from ..models import JOB_FIELDS, JobStatus
 
 if TYPE_CHECKING:
-    from ..operations import FailedJob, PeriodicSchedule, ReplayResult
+    from ..operations import FailedJob, PeriodicSchedule, QueueState, ReplayResult
 
 STATUSES = tuple(s.value for s in JobStatus)
 
@@ -354,6 +355,57 @@ def periodic_text(schedules: Sequence[PeriodicSchedule]) -> str:
     return "\n".join(_aligned([header, *rows]))
 
 
+# --- queue pause, resume, list -----------------------------------------------------------------
+
+
+def _paused_by(state: QueueState) -> str:
+    said = f"paused since {when(state.paused_at)} by {state.paused_by or '-'}"
+    return said + (f": {_cut(state.reason)}" if state.reason else "")
+
+
+def queue_change_text(state: QueueState, verb: str) -> str:
+    """What `queue pause` and `queue resume` print: what was done (or that nothing needed
+    doing), and, for a queue nothing named before, that its controls were created."""
+    name = cell(state.name)
+    if verb == "pause":
+        said = (
+            f"paused queue {name}" if state.changed else f"queue {name} was already paused"
+        ) + f" ({_paused_by(state).removeprefix('paused ')})"
+        if state.changed:
+            said += "; its running jobs finish, its pending jobs wait"
+    else:
+        said = (
+            f"resumed queue {name}: its workers claim its jobs now"
+            if state.changed
+            else f"queue {name} was not paused: nothing to resume"
+        )
+    if not state.known:
+        said += f"\nnote: no pending job, worker or earlier control named queue {name}"
+        if verb == "pause":
+            said += ": a new queue, paused before its first job (check the spelling)"
+    return said
+
+
+def queues_text(states: Sequence[QueueState]) -> str:
+    """`pgworker queue list`: one line per queue under a header; `(no queues)` when none."""
+    if not states:
+        return "(no queues)"
+    header = ("queue", "state", "pending", "running", "since", "by", "reason")
+    rows = [
+        (
+            q.name,
+            "paused" if q.paused else "active",
+            str(q.pending if q.pending is not None else "-"),
+            str(q.running if q.running is not None else "-"),
+            when(q.paused_at),
+            q.paused_by or "-",
+            _cut(q.reason, 60),
+        )
+        for q in states
+    ]
+    return "\n".join(_aligned([header, *rows]))
+
+
 def periodic_json(schedules: Sequence[PeriodicSchedule]) -> str:
     """The same as a JSON array of objects with exactly the keys name, task, schedule,
     last_slot, next_slot, checked_at (ISO 8601 or null), last_job_id and last_job_status."""
@@ -373,3 +425,10 @@ def periodic_json(schedules: Sequence[PeriodicSchedule]) -> str:
         ],
         indent=2,
     )
+
+
+def queues_json(states: Sequence[QueueState]) -> str:
+    """The same as a JSON array of objects with the keys queue, paused, paused_at (ISO 8601 or
+    null), paused_by, pause_reason, pending, running and limits (an object, empty until limits
+    exist)."""
+    return json.dumps([q.as_json() for q in states], indent=2)

@@ -1,6 +1,7 @@
--- The elected worker's queue gauges (pgworker_queue_jobs, pgworker_queue_oldest_pending_seconds):
--- per queue, its jobs by status, and the age in seconds of its oldest due pending job (NULL when
--- none is due). The first $1 queues by name: queue names come from whoever enqueues.
+-- The elected worker's queue gauges (pgworker_queue_jobs, pgworker_queue_oldest_pending_seconds,
+-- pgworker_queue_paused): per queue, its jobs by status, the age in seconds of its oldest due
+-- pending job (NULL when none is due), and whether it is paused. The first $1 queues by name:
+-- queue names come from whoever enqueues.
 WITH counts AS (
     SELECT queue, status, count(*) AS jobs
     FROM {schema}.jobs
@@ -17,7 +18,8 @@ WITH counts AS (
         WHERE j.status = 'pending' AND j.queue = s.queue AND j.run_at <= now()
     ) AS o
 )
-SELECT c.queue, c.status, c.jobs, d.oldest_pending_seconds
+SELECT c.queue, c.status, c.jobs, d.oldest_pending_seconds, p.paused_at IS NOT NULL AS paused
 FROM counts AS c
 JOIN due AS d ON d.queue = c.queue
+LEFT JOIN {schema}.queues AS p ON p.name = c.queue
 ORDER BY c.queue, c.status

@@ -10,7 +10,8 @@ FROM (VALUES ('SCHEMA', '', 'USAGE'),
              ('TABLE', 'leader', 'SELECT'), ('TABLE', 'leader', 'INSERT'),
              ('TABLE', 'leader', 'UPDATE'), ('TABLE', 'leader', 'DELETE'),
              ('TABLE', 'periodic', 'SELECT'), ('TABLE', 'periodic', 'INSERT'),
-             ('TABLE', 'periodic', 'UPDATE'))
+             ('TABLE', 'periodic', 'UPDATE'),
+             ('TABLE', 'queues', 'SELECT'))
      AS p(kind, tbl, privilege)
 CROSS JOIN LATERAL (
     SELECT CASE WHEN p.kind = 'SCHEMA' THEN format('SCHEMA %I', $1::text)
