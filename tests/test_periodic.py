@@ -575,6 +575,7 @@ async def test_the_periodic_table_privileges_are_needed_only_by_workers_with_sch
             "GRANT SELECT, INSERT, UPDATE, DELETE ON pgworker.jobs, pgworker.job_attempts,"
             f" pgworker.workers, pgworker.leader, pgworker.migrations TO {name}"
         )
+        await conn.execute(f"GRANT SELECT ON pgworker.queues TO {name}")
         role_dsn = dsn.replace("//postgres@", f"//{name}@", 1)
         plain, _ = registry_with("tick")
         async with pgworker.Worker(plain, role_dsn, lease=4.0):
