@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal, overload
+from typing import Any, Literal, NamedTuple, overload
 
 from .errors import MAX_DELAY as MAX_DELAY
 from .errors import ConfigError, ValidationError
@@ -240,3 +240,48 @@ def json_problem(text: str, value: Any) -> str | None:
             "(PGWORKER_MAX_PAYLOAD_BYTES)"
         )
     return None
+
+
+MAX_CONCURRENCY_KEY_LENGTH = 200
+MAX_RATE_COUNT = 10_000
+"""The most starts a rate limit allows per period: the window keeps one timestamp per start."""
+_RATE = re.compile(r"([0-9]{1,9})\s*/\s*([a-z]+)")
+RATE_PERIODS = {
+    "s": 1, "sec": 1, "second": 1,
+    "m": 60, "min": 60, "minute": 60,
+    "h": 3600, "hour": 3600,
+    "d": 86400, "day": 86400,
+}  # fmt: skip
+
+
+class Rate(NamedTuple):
+    """At most `count` starts in any `period` seconds (a sliding window)."""
+
+    count: int
+    period: int
+
+    def __str__(self) -> str:
+        unit = {1: "s", 60: "m", 3600: "h", 86400: "d"}[self.period]
+        return f"{self.count}/{unit}"
+
+
+def rate(field: str, value: Any, *, error: type[Exception] = ValidationError) -> Rate:
+    """A rate written `N/unit` (`10/s`, `600/m`, `1000/h`, `5000/d`; also `/second`, `/min`...),
+    N from 1 to MAX_RATE_COUNT."""
+    units = "s, m, h or d"
+    if not isinstance(value, str):
+        raise _bad(error, field, f"must be a rate such as '10/s' or '600/m', got {value!r}")
+    found = _RATE.fullmatch(value.strip().lower())
+    if found is None or found.group(2) not in RATE_PERIODS:
+        raise _bad(
+            error, field, f"must be N/unit with a unit of {units} (e.g. '10/s'), got {value!r}"
+        )
+    n = int(found.group(1))
+    if not 1 <= n <= MAX_RATE_COUNT:
+        raise _bad(error, field, f"must allow 1 to {MAX_RATE_COUNT:,} starts per period, got {n}")
+    return Rate(n, RATE_PERIODS[found.group(2)])
+
+
+def concurrency_key(value: Any, *, error: type[Exception] = ValidationError) -> str | None:
+    """A job's concurrency key: None, or a non-empty string of at most 200 characters."""
+    return name("concurrency_key", value, MAX_CONCURRENCY_KEY_LENGTH, required=False, error=error)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._limits import Rate
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -46,6 +47,21 @@ class Task:
     payload_type: PayloadType | None = None
     """The handler's payload type (a pydantic model, a dataclass or a TypedDict), or None: the
     payload is plain JSON."""
+    max_running: int | None = None
+    """At most this many jobs of the task running at once, fleet-wide (None: no limit)."""
+    max_running_per_key: int | None = None
+    """At most this many running at once per `concurrency_key`, keys served round-robin."""
+    rate_limit: Rate | None = None
+    """At most `count` starts per `period` seconds, fleet-wide."""
+
+    @property
+    def limited(self) -> bool:
+        """Whether the task's claims go through the limits (job_claim_limited.sql)."""
+        return (
+            self.max_running is not None
+            or self.max_running_per_key is not None
+            or self.rate_limit is not None
+        )
 
     @property
     def versions(self) -> range:

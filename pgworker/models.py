@@ -93,6 +93,8 @@ class Job:
     """The W3C traceparent of the span active when the job was enqueued (see _tracing.py)."""
     scheduled_at: datetime | None = None
     """The slot a periodic job was enqueued for (`registry.periodic`); None for other jobs."""
+    concurrency_key: str | None = None
+    """The key whose per-key limit the job shares (`enqueue(..., concurrency_key=)`), or None."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""

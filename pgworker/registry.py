@@ -146,6 +146,9 @@ class Registry:
         retry: RetryPolicy | None = None,
         version: int = 1,
         upgrade: Mapping[int, Upgrader] | None = None,
+        max_running: int | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit: str | None = None,
     ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of job type `name`, and give its
         TaskHandle (`await send_invoice.enqueue(conn, payload)`; calling it calls `fn`).
@@ -163,7 +166,12 @@ class Registry:
         version, and of each older version `v` from which `upgrade` leads to it: `upgrade[v]` is
         a plain function turning a payload of version `v` into one of `v + 1`, applied in turn
         before the handler runs (so `{1: f, 2: g}` lets a version-3 handler run jobs of versions
-        1 and 2)."""
+        1 and 2).
+
+        Limits hold across every worker of the fleet, enforced in the claim (docs/guide/limits.md):
+        `max_running` jobs of the task running at once; `max_running_per_key` running at once per
+        `concurrency_key` given at enqueue, the keys served round-robin; `rate_limit` starts per
+        period (`"10/s"`, `"600/m"`, `"1000/h"`, `"5000/d"`)."""
         if not isinstance(name, str) or not name:
             raise ConfigError("name", f"must be a non-empty string, got {name!r}")
         if name in self._tasks:
@@ -190,6 +198,15 @@ class Registry:
         prio = limits.priority("priority", priority, error=ConfigError)
         version = limits.count("version", version, minimum=1, error=ConfigError)
         upgraders = _upgraders(upgrade, version)
+        if max_running is not None:
+            max_running = limits.count("max_running", max_running, minimum=1, error=ConfigError)
+        if max_running_per_key is not None:
+            max_running_per_key = limits.count(
+                "max_running_per_key", max_running_per_key, minimum=1, error=ConfigError
+            )
+        rate = None
+        if rate_limit is not None:
+            rate = limits.rate("rate_limit", rate_limit, error=ConfigError)
 
         def register(fn: Callable[P, R]) -> TaskHandle[P, R]:
             if isinstance(fn, TaskHandle):  # stacked: the same handler under a second name
@@ -207,6 +224,9 @@ class Registry:
                 version=version,
                 upgrade=upgraders,
                 payload_type=payload_type(fn, name),
+                max_running=max_running,
+                max_running_per_key=max_running_per_key,
+                rate_limit=rate,
             )
             self._tasks[name] = task
             return TaskHandle(task)

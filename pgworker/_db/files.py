@@ -4,9 +4,10 @@
 to it in the repository and the directory itself in a wheel (see pyproject.toml), so the same
 `importlib.resources` lookup serves an editable install and an installed wheel.
 
-Placeholders: `{schema}` becomes the quoted schema name, `{jobs_channel}` and `{cancel_channel}`
-the NOTIFY channels as SQL literals, `{job_columns}` the columns of a `Job`, and `{name}` the
-fragment `_name.sql`.
+Placeholders: `{schema}` becomes the quoted schema name, `{schema_literal}` the schema name as
+a SQL string literal (a checked plain identifier: it holds no quote), `{jobs_channel}` and
+`{cancel_channel}` the NOTIFY channels as SQL literals, `{job_columns}` the columns of a `Job`,
+and `{name}` the fragment `_name.sql`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
         text.replace("{jobs_channel}", f"'{jobs_channel(schema)}'")
         .replace("{cancel_channel}", f"'{cancel_channel(schema)}'")
         .replace("{job_columns}", job_columns())
+        .replace("{schema_literal}", f"'{schema}'")
         .replace("{schema}", f'"{schema}"')
     )
 

@@ -11,7 +11,11 @@ FROM (VALUES ('SCHEMA', '', 'USAGE'),
              ('TABLE', 'leader', 'UPDATE'), ('TABLE', 'leader', 'DELETE'),
              ('TABLE', 'periodic', 'SELECT'), ('TABLE', 'periodic', 'INSERT'),
              ('TABLE', 'periodic', 'UPDATE'),
-             ('TABLE', 'queues', 'SELECT'))
+             ('TABLE', 'queues', 'SELECT'),
+             ('TABLE', 'rate_windows', 'SELECT'), ('TABLE', 'rate_windows', 'INSERT'),
+             ('TABLE', 'rate_windows', 'UPDATE'),
+             ('TABLE', 'key_turns', 'SELECT'), ('TABLE', 'key_turns', 'INSERT'),
+             ('TABLE', 'key_turns', 'UPDATE'), ('TABLE', 'key_turns', 'DELETE'))
      AS p(kind, tbl, privilege)
 CROSS JOIN LATERAL (
     SELECT CASE WHEN p.kind = 'SCHEMA' THEN format('SCHEMA %I', $1::text)

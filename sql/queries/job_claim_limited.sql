@@ -1,0 +1,150 @@
+-- Claim up to $4 due jobs of one (queue $1, type $2, version $3) that has limits (issue 23),
+-- inside a transaction that holds the advisory locks of those limits (limits_lock.sql): each
+-- limit's room is counted here from the table itself, and no other limited claim of the same
+-- limits runs until this one commits. The limits: the task's max_running ($10), max_running_per_key
+-- ($11) and rate ($12 starts per $13 seconds), declared in the worker's code; the queue's
+-- max_running and rate, from its `queues` row (none without a row; nothing at all while paused).
+-- $5-$9 are the plain claim's: worker id, lease, the task's max_retries, code version,
+-- synchronous_commit.
+--
+-- The claim's time is this statement's start, taken after the locks: a later claim of the same
+-- limits always sees a later time, so that the rate windows (rate_windows, a sliding window of
+-- the last starts) never count a start in the wrong order. It is the attempt's started_at.
+--
+-- With a per-key limit, candidates go round-robin between keys: each key's first jobs (as many
+-- as its room), the keys served least recently (key_turns) first, then each key's second job,
+-- and so on. The keys are listed by a skip scan of jobs_claim_key_idx, one probe per key with
+-- pending jobs. Jobs of the task that have no key are not limited per key: they are claimed in
+-- order among the first 50 pending jobs of the (queue, type, version), keys or not.
+WITH RECURSIVE at AS MATERIALIZED (
+    SELECT statement_timestamp() AS t
+), ctl AS MATERIALIZED (
+    SELECT c.paused_at IS NOT NULL AS paused, c.max_running, c.rate_limit, c.rate_period
+    FROM (SELECT 1) AS one
+    LEFT JOIN {schema}.queues AS c ON c.name = $1
+), running AS MATERIALIZED (
+    -- Running jobs hold a lease: the lease index lists them all, whatever the table's size.
+    SELECT count(*) FILTER (WHERE j.type = $2) AS of_type,
+           count(*) FILTER (WHERE j.queue = $1) AS of_queue
+    FROM {schema}.jobs AS j
+    WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running'
+      AND ($10::integer IS NOT NULL OR (SELECT max_running FROM ctl) IS NOT NULL)
+      AND (j.type = $2 OR j.queue = $1)
+), rates AS MATERIALIZED (
+    SELECT r.name, r.n, r.period,
+           ARRAY(SELECT s FROM unnest(w.starts) AS s
+                 WHERE s > (SELECT t FROM at) - make_interval(secs => r.period)
+                 ORDER BY s) AS kept
+    FROM (SELECT 'queue:' || $1, rate_limit, rate_period FROM ctl
+          UNION ALL
+          SELECT 'type:' || $2, $12::integer, $13::integer) AS r(name, n, period)
+    LEFT JOIN {schema}.rate_windows AS w ON w.name = r.name
+    WHERE r.n IS NOT NULL
+), room AS MATERIALIZED (
+    SELECT CASE WHEN (SELECT paused FROM ctl) THEN 0
+                ELSE greatest(0, least(
+                    $4::integer,
+                    $10::integer - (SELECT of_type FROM running),
+                    (SELECT max_running FROM ctl) - (SELECT of_queue FROM running),
+                    (SELECT min(n - cardinality(kept)) FROM rates)))
+           END AS n
+), keys(k) AS (
+    (SELECT j.concurrency_key
+     FROM {schema}.jobs AS j
+     WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
+       AND j.type = $2 AND j.version = $3 AND $11::integer IS NOT NULL
+       AND (SELECT n FROM room) > 0
+     ORDER BY j.concurrency_key
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.concurrency_key
+            FROM {schema}.jobs AS j
+            WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
+              AND j.type = $2 AND j.version = $3 AND j.concurrency_key > keys.k
+            ORDER BY j.concurrency_key
+            LIMIT 1)
+    FROM keys
+    WHERE keys.k IS NOT NULL
+), key_running AS MATERIALIZED (
+    SELECT j.concurrency_key AS k, count(*) AS n
+    FROM {schema}.jobs AS j
+    WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running' AND j.type = $2
+      AND j.concurrency_key IS NOT NULL AND $11::integer IS NOT NULL
+    GROUP BY j.concurrency_key
+), candidates AS (
+    SELECT c.id, c.priority, c.run_at,
+           row_number() OVER (PARTITION BY k.k ORDER BY c.priority DESC, c.run_at, c.id) AS turn,
+           tu.served_at
+    FROM keys AS k
+    LEFT JOIN {schema}.key_turns AS tu ON tu.type = $2 AND tu.key = k.k
+    LEFT JOIN key_running AS r ON r.k = k.k
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at
+        FROM {schema}.jobs AS j
+        WHERE j.status = 'pending' AND j.concurrency_key = k.k AND j.queue = $1
+          AND j.type = $2 AND j.version = $3 AND j.run_at <= (SELECT t FROM at)
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT greatest(0, least($11::integer - coalesce(r.n, 0), (SELECT n FROM room)))
+    ) AS c
+    WHERE k.k IS NOT NULL
+    UNION ALL
+    SELECT f.id, f.priority, f.run_at,
+           row_number() OVER (ORDER BY f.priority DESC, f.run_at, f.id), NULL
+    FROM (
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key
+        FROM {schema}.jobs AS j
+        WHERE j.status = 'pending' AND j.queue = $1 AND j.type = $2 AND j.version = $3
+          AND j.run_at <= (SELECT t FROM at) AND (SELECT n FROM room) > 0
+        ORDER BY j.priority DESC, j.run_at, j.id
+        LIMIT CASE WHEN $11::integer IS NULL THEN (SELECT n FROM room) ELSE 50 END
+    ) AS f
+    WHERE $11::integer IS NULL OR f.concurrency_key IS NULL
+), chosen AS MATERIALIZED (
+    -- Locked only once chosen: the claims of these limits wait on the advisory locks, so the
+    -- row locks only keep out claims that ignore them (another release, an HTTP worker).
+    SELECT j.id
+    FROM {schema}.jobs AS j
+    WHERE j.id = ANY(ARRAY(
+            SELECT c.id FROM candidates AS c
+            ORDER BY c.turn, c.served_at NULLS FIRST, c.priority DESC, c.run_at, c.id
+            LIMIT (SELECT n FROM room)))
+      AND j.status = 'pending'
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'running',
+        attempts = j.attempts + 1,
+        max_retries = coalesce(j.max_retries, $7::integer),
+        claimed_at = (SELECT t FROM at),
+        worker_id = $5,
+        lease_expires_at = (SELECT t FROM at) + make_interval(secs => $6::float8),
+        heartbeat_at = (SELECT t FROM at),
+        budget_started_at = coalesce(j.budget_started_at, (SELECT t FROM at)),
+        updated_at = (SELECT t FROM at)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING {job_columns}
+), opened AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
+                                       code_version, started_at)
+    SELECT id, attempts, type, queue, $5, correlation_id, $8, claimed_at FROM claimed
+), counted AS (
+    SELECT count(*)::integer AS n FROM claimed
+), rated AS (
+    INSERT INTO {schema}.rate_windows AS w (name, starts, updated_at)
+    SELECT r.name, r.kept || array_fill((SELECT t FROM at), ARRAY[c.n]), (SELECT t FROM at)
+    FROM rates AS r, counted AS c
+    WHERE c.n > 0
+    ON CONFLICT (name) DO UPDATE SET starts = EXCLUDED.starts, updated_at = EXCLUDED.updated_at
+), turned AS (
+    INSERT INTO {schema}.key_turns AS k (type, key, served_at)
+    SELECT DISTINCT $2, c.concurrency_key, (SELECT t FROM at)
+    FROM claimed AS c
+    WHERE c.concurrency_key IS NOT NULL
+    ON CONFLICT (type, key) DO UPDATE SET served_at = EXCLUDED.served_at
+)
+SELECT *
+FROM claimed
+WHERE (SELECT set_config('synchronous_commit',
+                         coalesce($9::text, current_setting('synchronous_commit')), true))
+      IS NOT NULL
+ORDER BY priority DESC, run_at, id
