@@ -39,6 +39,7 @@ class Completer:
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
         on_settled: Callable[[AttemptResult, str | None], None] = lambda result, outcome: None,
+        freed: Callable[[list[int]], set[str]] = lambda job_ids: set(),
         max_batch: int = 500,
         give_up_after: float = 30.0,
     ) -> None:
@@ -49,6 +50,7 @@ class Completer:
         self._q = queries(schema)
         self._on_requeued = on_requeued
         self._on_settled = on_settled
+        self._freed = freed
         self._schema = schema
         self._max_batch = max_batch
         self._buffer: list[AttemptResult] = []
@@ -253,6 +255,14 @@ class Completer:
                 self._log.warning(
                     "outcome dropped: this attempt no longer holds the job", **_keys(r)
                 )
+        await self._wake(self._freed([r.job_id for r in batch]))
+
+    async def _wake(self, queues: set[str]) -> None:
+        """Jobs claimed under a limit ended: wake the workers of their queues, which a limit
+        may have held back (the poll covers a notification that cannot be sent)."""
+        for queue in sorted(queues):
+            with contextlib.suppress(Exception):
+                await self._q.notify(self.shared, self._q.jobs_channel, queue)
 
 
 def _kept(result: AttemptResult, recorded: str | None) -> bool:

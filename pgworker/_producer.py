@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import asyncpg
@@ -20,6 +21,7 @@ import structlog
 
 from . import _tracing
 from ._attempt import Attempt
+from ._claim_limits import LimitedClaims
 from ._completer import Completer
 from ._db.connection import HeldConnection, SharedConnection, recover
 from ._db.queries import attempt_conflict, queries
@@ -36,6 +38,8 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from ._metrics import Metrics
+
+T = TypeVar("T")
 
 ABANDON_AFTER = 5.0
 """Seconds an interrupted handler gets to end before the worker stops waiting for it."""
@@ -101,11 +105,14 @@ class Producer:
         self._wakeup = wakeup
         self._types = [t.name for t in registry]
         self._default_max_retries = [t.retry.max_retries for t in registry]
+        self.limited = LimitedClaims(registry, settings, self._q)
         # The (type, payload version) pairs claimed: version 1 by type name, the others (none
-        # unless a task declares a version or upgraders) as `type@version`.
+        # unless a task declares a version or upgraders) as `type@version`. Tasks with limits
+        # are claimed apart (_claim_limits.py).
         served = registry.served()
-        self._version_1_types = [t for t, v in served if v == 1]
-        self._other_versions = [served_key(t, v) for t, v in served if v != 1]
+        plain = [(t, v) for t, v in served if t not in self.limited.limited_types]
+        self._version_1_types = [t for t, v in plain if v == 1]
+        self._other_versions = [served_key(t, v) for t, v in plain if v != 1]
         self._served = [served_key(t, v) for t, v in served]
         self._steps = StepStore(
             settings.dsn,
@@ -194,6 +201,14 @@ class Producer:
         self._cut_off = False
         self._wakeup.set()
 
+    def freed(self, job_ids: list[int]) -> set[str]:
+        """The outcomes of these jobs are written: the queues whose limits they held (the
+        completer wakes their workers), and this worker claims again too."""
+        queues = self.limited.freed(job_ids)
+        if queues:
+            self._wakeup.set()
+        return queues
+
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than
         at the next poll."""
@@ -272,20 +287,51 @@ class Producer:
         free = s.concurrency - len(self.running)
         if free <= 0 or self._cut_off:
             return
-        try:
-            records = await self._q.job_claim(
-                await self._conn.get(),
-                queues=s.served_queues,
-                types=self._types,
-                default_max_retries=self._default_max_retries,
-                limit=free,
-                worker_id=s.worker_id,
-                lease=s.lease,
-                code_version=s.code_version,
-                durable=s.durable_claims,
-                version_1_types=self._version_1_types,
-                other_versions=self._other_versions,
+        if self._polled or (self._turns is not None and self._turns.take_bare()):
+            self.limited.stale = True
+        records: list[asyncpg.Record] = []
+        if self.limited.wanted():
+            # Limited jobs first: the plain claim would otherwise take every free slot for as
+            # long as plain work waits.
+            limited, wait = await self._claiming(
+                self.limited.claim(await self._conn.get(), free), ([], None)
             )
+            if wait is not None:
+                self.requeued(max(wait, 0.0))
+            records += self._started(limited)
+        if len(records) < free and (self._version_1_types or self._other_versions):
+            plain = await self._claiming(
+                self._q.job_claim(
+                    await self._conn.get(),
+                    queues=s.served_queues,
+                    types=self._types,
+                    default_max_retries=self._default_max_retries,
+                    limit=free - len(records),
+                    worker_id=s.worker_id,
+                    lease=s.lease,
+                    code_version=s.code_version,
+                    durable=s.durable_claims,
+                    version_1_types=self._version_1_types,
+                    other_versions=self._other_versions,
+                ),
+                [],
+            )
+            records += self._started(plain)
+        self._saturated = len(records) == free
+        if self.cut_off():  # claimed by a statement sent before the worker was fenced
+            self.fence()
+        elif self._polled and self._saturated and self._turns is not None and self._turns.shared:
+            # Work no notification announced (jobs that became due): share it at once rather
+            # than one worker per poll slot.
+            conn = await self._conn.get()
+            for queue in sorted({r["queue"] for r in records}):
+                await self._q.notify(conn, self._q.jobs_channel, queue)
+
+    async def _claiming(self, claim: Awaitable[T], empty: T) -> T:
+        """The claim's result; `empty` when a job's attempt number was taken (its `attempts`
+        was reset by hand), which is repaired for the next claim."""
+        try:
+            return await claim
         except asyncpg.exceptions.UniqueViolationError as exc:
             job_id = attempt_conflict(exc)
             if job_id is None:
@@ -297,20 +343,15 @@ class Producer:
             )
             await self._q.job_attempts_repair(self.shared, job_id)
             self._wakeup.set()
-            return
-        self._saturated = len(records) == free
+            return empty
+
+    def _started(self, records: list[asyncpg.Record]) -> list[asyncpg.Record]:
+        """Hand the claimed jobs to the slots, as soon as each claim returns."""
         if self._metrics is not None:
             self._metrics.claimed(records)
         for record in records:
             self._start(Attempt(record, self._steps))
-        if self.cut_off():  # claimed by a statement sent before the worker was fenced
-            self.fence()
-        elif self._polled and self._saturated and self._turns is not None and self._turns.shared:
-            # Work no notification announced (jobs that became due): share it at once rather
-            # than one worker per poll slot.
-            conn = await self._conn.get()
-            for queue in sorted({r["queue"] for r in records}):
-                await self._q.notify(conn, self._q.jobs_channel, queue)
+        return records
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)

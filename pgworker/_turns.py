@@ -79,6 +79,7 @@ class Turns:
         self._passes: list[str] = []
         self._passed_at = -math.inf
         self._slot = self._polled_slot = 0
+        self._bare = False
         self.full: Callable[[], bool] = lambda: False
         """Whether every slot is taken (the producer says)."""
         self.nudged = anyio.Event()
@@ -118,6 +119,12 @@ class Turns:
         late = time.monotonic() >= self._refreshed_at + self.refresh_every
         return late or self._stale
 
+    def take_bare(self) -> bool:
+        """Whether a bare queue name came since the last call: a queue's controls may have
+        changed (a resume, a limit), or a limited job ended."""
+        bare, self._bare = self._bare, False
+        return bare
+
     def take(self) -> list[str]:
         """The turns to pass on (notifications to send), once each; re-arms `nudged`."""
         self.nudged = anyio.Event()
@@ -140,6 +147,7 @@ class Turns:
         if not isinstance(payload, str):
             return False
         if payload in self._me.queues:
+            self._bare = True
             return True
         try:
             note = json.loads(payload)

@@ -210,6 +210,59 @@ class Queries:
             [v for _, v in served],
         )
 
+    async def limits_lock(
+        self, conn: Runner, queues: Sequence[str], types: Sequence[str]
+    ) -> list[Row]:
+        """In the caller's transaction, lock the limits of these queues (those that have any)
+        and task types; the queues' limits: name, max_running, rate_limit, rate_period."""
+        return await conn.fetch(self._sql["limits_lock"], list(queues), list(types))
+
+    async def job_claim_limited(
+        self,
+        conn: Runner,
+        *,
+        queue: str,
+        type: str,
+        version: int,
+        limit: int,
+        worker_id: str,
+        lease: float,
+        max_retries: int,
+        code_version: str | None,
+        durable: bool,
+        max_running: int | None,
+        max_running_per_key: int | None,
+        rate: tuple[int, int] | None,
+    ) -> list[Row]:
+        """Claim up to `limit` jobs of one (queue, type, version) within its limits, after
+        `limits_lock` in the same transaction; the rows are whole jobs."""
+        return await conn.fetch(
+            self._sql["job_claim_limited"],
+            queue,
+            type,
+            version,
+            limit,
+            worker_id,
+            lease,
+            max_retries,
+            code_version,
+            None if durable else "off",
+            max_running,
+            max_running_per_key,
+            None if rate is None else rate[0],
+            None if rate is None else rate[1],
+        )
+
+    async def rate_next(self, conn: Runner, rates: Sequence[tuple[str, int, int]]) -> float | None:
+        """Seconds until the first of these full rate limits (name, count, period) allows a
+        start; None when none is full."""
+        return await conn.fetchval(
+            self._sql["rate_next"],
+            [n for n, _, _ in rates],
+            [c for _, c, _ in rates],
+            [p for _, _, p in rates],
+        )
+
     async def job_attempts_repair(self, conn: Runner, job_id: int) -> None:
         """Number the job's next attempt after its last recorded one."""
         await conn.execute(self._sql["job_attempts_repair"], job_id)
