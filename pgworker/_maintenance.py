@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
+LIMITS_PRUNE_BATCH = 10_000
+"""The most key turns, and rate windows, forgotten at each prune (limits_prune.sql)."""
 REFUSED_KEPT = 1000
 """How many jobs the database refused to rescue are remembered and left out (tried again every
 PRUNE_EVERY ticks: what refused them may have been fixed)."""
@@ -141,6 +143,7 @@ class Maintenance:
         now_and_then = self._ticks % PRUNE_EVERY == 0
         if now_and_then:
             await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
+            await self._q.limits_prune(self._pool, LIMITS_PRUNE_BATCH)
             if self._ticks:
                 self._refused.clear()
         self._ticks += 1

@@ -438,6 +438,11 @@ class Queries:
     async def workers_prune(self, conn: Runner, unseen_for: float) -> None:
         await conn.execute(self._sql["workers_prune"], unseen_for)
 
+    async def limits_prune(self, conn: Runner, batch: int) -> int:
+        """Forget keys not served and rate windows not written for a day (at most `batch`
+        rows of each); how many rows went."""
+        return await conn.fetchval(self._sql["limits_prune"], batch)
+
     # --- operators ----------------------------------------------------------------------------
 
     async def job_cancel(self, conn: Runner, job_id: int) -> Row | None:

@@ -5,7 +5,9 @@
 -- max_retries $7 (RetryPolicy()'s) where the enqueuer gave none. The claim commits only once its WAL
 -- is flushed (synchronous_commit on, whatever the server's default): an HTTP worker holds nothing
 -- but the attempt number, so a claim lost in a crash must not let another reuse that number.
--- Jobs of a paused queue (queues.paused_at set) are not claimed.
+-- Jobs of a paused queue (queues.paused_at set) are not claimed, nor those of a queue with a limit
+-- (max_running, a rate): only Python workers claim them, under the limit's lock. Limits that a
+-- task declares in Python code are not known here.
 WITH next AS MATERIALIZED (
     SELECT j.id
     FROM {schema}.jobs AS j
@@ -14,7 +16,8 @@ WITH next AS MATERIALIZED (
       AND ($3::text[] IS NULL OR j.type = ANY($3::text[]))
       AND (NOT j.type = ANY($4::text[]) OR j.type || '@' || j.version = ANY($5::text[]))
       AND j.queue <> ALL (ARRAY(SELECT c.name FROM {schema}.queues AS c
-                                WHERE c.paused_at IS NOT NULL))
+                                WHERE c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
+                                   OR c.rate_limit IS NOT NULL))
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED

@@ -13,7 +13,7 @@ FROM (VALUES ('SCHEMA', '', 'USAGE'),
              ('TABLE', 'periodic', 'UPDATE'),
              ('TABLE', 'queues', 'SELECT'),
              ('TABLE', 'rate_windows', 'SELECT'), ('TABLE', 'rate_windows', 'INSERT'),
-             ('TABLE', 'rate_windows', 'UPDATE'),
+             ('TABLE', 'rate_windows', 'UPDATE'), ('TABLE', 'rate_windows', 'DELETE'),
              ('TABLE', 'key_turns', 'SELECT'), ('TABLE', 'key_turns', 'INSERT'),
              ('TABLE', 'key_turns', 'UPDATE'), ('TABLE', 'key_turns', 'DELETE'))
      AS p(kind, tbl, privilege)
