@@ -60,6 +60,12 @@ class LimitedClaims:
         s = self._settings
         claimed: list[Row] = []
         wait = None
+        if not self._limited_types and not self.queues:
+            # Only looking for queue limits (a poll): without any, the statement takes no lock,
+            # and needs no transaction of its own.
+            self.stale = False
+            if not await self._q.limits_lock(conn, s.served_queues, ()):
+                return claimed, wait
         async with transaction(conn) as tx:
             rows = await self._q.limits_lock(tx, s.served_queues, self._limited_types)
             self.queues = {r["name"]: r for r in rows}

@@ -24,6 +24,7 @@ import pgworker
 from pgworker import ConfigError, JobSpec
 
 from .helpers import ROOT, spawn_worker, wait_for
+from .pgbouncer import PgBouncer, available
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -332,3 +333,39 @@ async def test_bad_limits_are_refused_at_registration(options, field):
         registry.task("t", **options)
     assert raised.value.field == field
     assert "t" not in [t.name for t in registry]
+
+
+@pytest.mark.skipif(not available(), reason="needs PgBouncer (/usr/sbin/pgbouncer)")
+async def test_limits_hold_through_a_transaction_pooler(dsn, conn, server_dsn, tmp_path):
+    """Two pooler-mode workers through PgBouncer in transaction mode, polling (no LISTEN): the
+    advisory locks of a limited claim are its transaction's, which the pooler keeps on one
+    server session."""
+    await pgworker.enqueue_many(conn, [JobSpec("capped", {"seconds": 0.1}) for _ in range(20)])
+    with PgBouncer(server_dsn, pool_size=4) as bouncer:
+        logs = [tmp_path / f"pooled-{i}.log" for i in range(2)]
+        workers = [
+            spawn_worker(
+                "tests.apps.limits",
+                bouncer.dsn(dsn),
+                log,
+                "--pooler",
+                "--concurrency",
+                "5",
+                "--poll-interval",
+                "0.2",
+            )
+            for log in logs
+        ]
+        try:
+            async with sampling(dsn, RUNNING_OF_TYPE, "capped") as sampler:
+                await wait_for(
+                    lambda: conn.fetchval(
+                        "SELECT count(*) = 20 FROM pgworker.jobs WHERE status = 'completed'"
+                    ),
+                    timeout=60,
+                )
+        finally:
+            codes = [stop(w) for w in workers]
+            assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
+    assert sampler.most == 2
+    assert await most_at_once(conn, "j.type = 'capped'") == 2
