@@ -32,8 +32,11 @@ WITH RECURSIVE at AS MATERIALIZED (
       AND (j.type = $2 OR j.queue = $1)
 ), rates AS MATERIALIZED (
     SELECT r.name, r.n, r.period,
+           -- A start after this claim's time cannot be (the claims of a limit are serialized
+           -- and their times grow): one written by hand is dropped here, not obeyed forever.
            ARRAY(SELECT s FROM unnest(w.starts) AS s
                  WHERE s > (SELECT t FROM at) - make_interval(secs => r.period)
+                   AND s <= (SELECT t FROM at)
                  ORDER BY s) AS kept
     FROM (SELECT 'queue:' || $1, rate_limit, rate_period FROM ctl
           UNION ALL
