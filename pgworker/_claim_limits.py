@@ -6,12 +6,13 @@ counted from the jobs table under a transaction-scoped advisory lock of the limi
 workers together exceed it, and no lock outlives a claim.
 
 A worker that a limit holds back does not claim again until something can have changed: a job
-of a limit it serves ended (the worker whose job it was sends a NOTIFY of the bare queue name
-once the outcome is written, which wakes every worker of that queue), a rate window frees a
-start (the claim says when), or its poll comes."""
+of a limit it serves ended (once its outcome is written, the worker whose job it was claims
+again, and passes on what it cannot take with a notification of new jobs, which wakes the next
+workers in turn), a rate window frees a start (the claim says when), or its poll comes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from ._db.connection import Conn
@@ -32,7 +33,7 @@ class LimitedClaims:
         self._limited_types = sorted(t.name for t in registry if t.limited)
         self.queues: dict[str, Row] = {}
         """The worker's queues that have limits, as the last claim read them."""
-        self._held: dict[int, str] = {}
+        self._held: dict[int, tuple[str, str]] = {}
         self.stale = True
         """Whether the queues' limits must be read again (a poll, a queue's bare notification)."""
 
@@ -92,7 +93,7 @@ class LimitedClaims:
             if len(claimed) < free and rates:
                 wait = await self._q.rate_next(tx, rates)
         for record in claimed:
-            self._held[record["id"]] = record["queue"]
+            self._held[record["id"]] = (record["queue"], record["type"])
         return claimed, wait
 
     def _rates(self) -> list[tuple[str, int, int]]:
@@ -107,7 +108,38 @@ class LimitedClaims:
                 rates.append((f"type:{name}", rate.count, rate.period))
         return rates
 
-    def freed(self, job_ids: Sequence[int]) -> set[str]:
-        """The queues to wake now that these jobs' outcomes are written: those of the jobs that
-        were claimed under a limit."""
-        return {q for q in (self._held.pop(j, None) for j in job_ids) if q is not None}
+    def freed(self, job_ids: Sequence[int]) -> list[tuple[int, str, str]]:
+        """(job id, queue, type) of those of these jobs that were claimed under a limit: their
+        outcomes are written, their room in the limits is free again."""
+        ends = []
+        for job_id in job_ids:
+            held = self._held.pop(job_id, None)
+            if held is not None:
+                ends.append((job_id, *held))
+        return ends
+
+
+def wake_ups(ends: Sequence[tuple[int, str, str]], own_room: int) -> list[str]:
+    """The notifications that pass on the room of limited jobs that ended, beyond what this
+    worker takes itself (`own_room` free slots, it claims at once): one per queue, in the form of
+    a notification of new jobs, so that the next workers in turn claim (_turns.py) rather than
+    every worker of the queue."""
+    if len(ends) <= own_room:
+        return []
+    by_queue: dict[str, list[tuple[int, str]]] = {}
+    for job_id, queue, type_ in ends:
+        by_queue.setdefault(queue, []).append((job_id, type_))
+    notes = []
+    for queue, jobs in sorted(by_queue.items()):
+        types = {t for _, t in jobs}
+        notes.append(
+            json.dumps(
+                {
+                    "queue": queue,
+                    "id": min(j for j, _ in jobs),
+                    "count": len(jobs),
+                    "types": sorted(types) if len(types) == 1 else None,
+                }
+            )
+        )
+    return notes

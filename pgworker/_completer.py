@@ -39,7 +39,7 @@ class Completer:
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
         on_settled: Callable[[AttemptResult, str | None], None] = lambda result, outcome: None,
-        freed: Callable[[list[int]], set[str]] = lambda job_ids: set(),
+        freed: Callable[[list[int]], list[str]] = lambda job_ids: [],
         max_batch: int = 500,
         give_up_after: float = 30.0,
     ) -> None:
@@ -257,12 +257,12 @@ class Completer:
                 )
         await self._wake(self._freed([r.job_id for r in batch]))
 
-    async def _wake(self, queues: set[str]) -> None:
-        """Jobs claimed under a limit ended: wake the workers of their queues, which a limit
-        may have held back (the poll covers a notification that cannot be sent)."""
-        for queue in sorted(queues):
+    async def _wake(self, notes: list[str]) -> None:
+        """Jobs claimed under a limit ended: pass their room on to the workers that a limit may
+        have held back (the poll covers a notification that cannot be sent)."""
+        for note in notes:
             with contextlib.suppress(Exception):
-                await self._q.notify(self.shared, self._q.jobs_channel, queue)
+                await self._q.notify(self.shared, self._q.jobs_channel, note)
 
 
 def _kept(result: AttemptResult, recorded: str | None) -> bool:

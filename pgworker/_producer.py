@@ -21,7 +21,7 @@ import structlog
 
 from . import _tracing
 from ._attempt import Attempt
-from ._claim_limits import LimitedClaims
+from ._claim_limits import LimitedClaims, wake_ups
 from ._completer import Completer
 from ._db.connection import HeldConnection, SharedConnection, recover
 from ._db.queries import attempt_conflict, queries
@@ -201,13 +201,16 @@ class Producer:
         self._cut_off = False
         self._wakeup.set()
 
-    def freed(self, job_ids: list[int]) -> set[str]:
-        """The outcomes of these jobs are written: the queues whose limits they held (the
-        completer wakes their workers), and this worker claims again too."""
-        queues = self.limited.freed(job_ids)
-        if queues:
-            self._wakeup.set()
-        return queues
+    def freed(self, job_ids: list[int]) -> list[str]:
+        """The outcomes of these jobs are written: claim again if a limit held them, and the
+        notifications (the completer sends them) that pass on the room this worker cannot
+        take."""
+        ends = self.limited.freed(job_ids)
+        if not ends:
+            return []
+        self._wakeup.set()
+        own = 0 if self._stopping.is_set() or self._cut_off else self._settings.concurrency
+        return wake_ups(ends, own - len(self.running))
 
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than

@@ -369,3 +369,43 @@ async def test_limits_hold_through_a_transaction_pooler(dsn, conn, server_dsn, t
             assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     assert sampler.most == 2
     assert await most_at_once(conn, "j.type = 'capped'") == 2
+
+
+async def test_a_draining_worker_passes_the_room_of_its_limited_jobs_on(dsn, conn, tmp_path):
+    """A worker that stops claims nothing more: when its limited jobs end, it tells the others,
+    which claim at once rather than at their poll (once a minute here)."""
+    await pgworker.enqueue_many(conn, [JobSpec("capped", {"seconds": 2}) for _ in range(2)])
+    first = spawn_worker("tests.apps.limits", dsn, tmp_path / "first.log", "--poll-interval", POLL)
+    try:
+        await wait_for(lambda: conn.fetchval(RUNNING_OF_TYPE + " HAVING count(*) = 2", "capped"))
+        await pgworker.enqueue_many(conn, [JobSpec("capped", {"seconds": 0}) for _ in range(4)])
+        second = spawn_worker(
+            "tests.apps.limits",
+            dsn,
+            tmp_path / "second.log",
+            "--poll-interval",
+            POLL,
+            "--worker-id",
+            "second",
+        )
+        try:
+            await wait_for(
+                lambda: conn.fetchval("SELECT count(*) = 2 FROM pgworker.workers"), timeout=60
+            )
+            first.send_signal(signal.SIGTERM)  # drains its two jobs, claims nothing
+            await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT count(*) = 6 FROM pgworker.jobs WHERE status = 'completed'"
+                ),
+                timeout=20,
+            )
+            ran = await conn.fetchval(
+                "SELECT count(*) FROM pgworker.job_attempts AS a JOIN pgworker.jobs AS j "
+                "ON j.id = a.job_id WHERE j.payload = '{\"seconds\": 0}' "
+                "AND a.worker_id = 'second'"
+            )
+            assert ran == 4
+        finally:
+            assert stop(second) == 0, (tmp_path / "second.log").read_text()[-2000:]
+    finally:
+        assert stop(first) == 0, (tmp_path / "first.log").read_text()[-2000:]
