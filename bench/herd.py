@@ -9,7 +9,9 @@ Starts `--workers` `pgworker run bench.apps.pgworker_app --concurrency 10` proce
 fresh database, then measures, in order:
 - idle: `--idle-seconds` with no job;
 - trickle: one job every `--every` seconds for `--seconds`, each enqueued by its own statement
-  (`SELECT pgworker.enqueue('noop')`, which every schema version since 9 has), until all ran.
+  (`SELECT pgworker.enqueue('noop')`, which every schema version since 9 has), until all ran;
+  `--type noop-capped` enqueues jobs of a task with `max_running=5` instead (issue 23), whose
+  claims (job_claim_limited.sql) are counted too.
 
 Claims are counted outside the workers: their connections go through a small proxy of this
 script's own, which reads the extended-protocol messages the client sends (Parse, Bind) and
@@ -35,15 +37,18 @@ import asyncpg
 
 REPO = Path(__file__).resolve().parent.parent
 
+APPS = {"noop": "bench.apps.pgworker_app", "noop-capped": "bench.apps.pgworker_capped_app"}
+"""The app the workers run, by the job type enqueued."""
+
 _SSL_REQUEST, _GSS_REQUEST, _CANCEL_REQUEST = 80877103, 80877104, 80877102
 
 
 class ClaimCounter:
     """A TCP proxy to PostgreSQL that counts the executions of one statement."""
 
-    def __init__(self, upstream: tuple[str, int], signature: str) -> None:
+    def __init__(self, upstream: tuple[str, int], signatures: list[str]) -> None:
         self._upstream = upstream
-        self._signature = signature
+        self._signatures = signatures
         self.claims = 0
         self._server: asyncio.Server | None = None
 
@@ -99,7 +104,7 @@ class ClaimCounter:
             if kind == b"P":
                 name, _, rest = body.partition(b"\0")
                 query = rest.partition(b"\0")[0].decode(errors="replace")
-                claims[name] = self._signature in query
+                claims[name] = any(s in query for s in self._signatures)
             elif kind == b"B":
                 statement = body.split(b"\0", 2)[1]
                 if claims.get(statement):
@@ -156,13 +161,22 @@ async def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="how long the trickle lasts")
     p.add_argument("--idle-seconds", type=float, default=10.0)
     p.add_argument("--settle", type=float, default=3.0, help="seconds between ready and measuring")
+    p.add_argument(
+        "--type",
+        default="noop",
+        choices=sorted(APPS),
+        help="the job type enqueued: noop, or noop-capped (a task with max_running=5)",
+    )
     a = p.parse_args()
     src = a.src.resolve()
-    signature = next(
-        line.strip()
-        for line in (src / "sql" / "queries" / "job_claim.sql").read_text().splitlines()
-        if line.strip()
-    )
+    signatures = [
+        next(line.strip() for line in path.read_text().splitlines() if line.strip())
+        for path in (
+            src / "sql" / "queries" / "job_claim.sql",
+            src / "sql" / "queries" / "job_claim_limited.sql",
+        )
+        if path.exists()
+    ]
     rev = subprocess.run(
         ["git", "-C", str(src), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -186,7 +200,7 @@ async def main() -> None:
         from urllib.parse import urlsplit
 
         parts = urlsplit(a.dsn)
-        counter = ClaimCounter((parts.hostname or "127.0.0.1", parts.port or 5432), signature)
+        counter = ClaimCounter((parts.hostname or "127.0.0.1", parts.port or 5432), signatures)
         port = await counter.start()
         proxied = _with_db(a.dsn, db, port)
         for _ in range(a.workers):
@@ -197,7 +211,7 @@ async def main() -> None:
                         "-m",
                         "pgworker",
                         "run",
-                        "bench.apps.pgworker_app",
+                        APPS[a.type],
                         "--concurrency",
                         str(a.concurrency),
                         "--log-level",
@@ -238,7 +252,7 @@ async def main() -> None:
             delay = t0 + i * a.every - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await conn.execute("SELECT pgworker.enqueue('noop')")
+            await conn.execute("SELECT pgworker.enqueue($1)", a.type)
 
         async def all_done() -> bool:
             done = await conn.fetchval(
@@ -259,6 +273,7 @@ async def main() -> None:
             "src": str(src),
             "rev": rev,
             "workers": a.workers,
+            "type": a.type,
             "idle_claims_per_s": round(idle, 2),
             "jobs": n,
             "claims": claims,
@@ -270,7 +285,7 @@ async def main() -> None:
         }
         print(
             f"{a.workers} workers ({src.name} {rev}): idle {idle:.2f} claims/s in all; "
-            f"{n} jobs, one every {a.every * 1000:.0f} ms: {claims} claims, "
+            f"{n} {a.type} jobs, one every {a.every * 1000:.0f} ms: {claims} claims, "
             f"{claims / n:.2f} per job; start p50 {out['start_p50_ms']} ms, "
             f"p95 {out['start_p95_ms']} ms, max {out['start_max_ms']} ms; "
             f"{once}/{n} ran exactly once"
