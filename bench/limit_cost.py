@@ -44,7 +44,6 @@ from pgworker._db import files
 from pgworker._db.queries import queries
 
 DATABASE = "bench_limit_cost"
-KEYS = 100
 PER_KEY = 100
 RATE = (1000, 1)
 RATE_STARTS = 300
@@ -62,19 +61,36 @@ class Case:
     per_key: int | None = None
     rate: tuple[int, int] | None = None
     running: int = 0
+    keys: int = 0
 
     @property
     def limited(self) -> bool:
         return self.max_running is not None or self.per_key is not None or self.rate is not None
 
 
-CASES = [
-    Case("plain (no option)", "plain"),
-    Case("max_running=5", "capped", max_running=5),
-    Case("max_running=5, 3 running", "capped", max_running=5, running=3),
-    Case(f"max_running_per_key=1, {KEYS} keys", "keyed", per_key=1),
-    Case(f"rate_limit {RATE[0]}/s, {RATE_STARTS} recent starts", "rated", rate=RATE),
-]
+def cases(keys: int) -> list[Case]:
+    return [
+        Case("plain (no option)", "plain"),
+        Case("max_running=5", "capped", max_running=5),
+        Case("max_running=5, 3 running", "capped", max_running=5, running=3),
+        Case(f"max_running_per_key=1, {keys} keys", "keyed", per_key=1, keys=keys),
+        Case(f"rate_limit {RATE[0]}/s, {RATE_STARTS} recent starts", "rated", rate=RATE),
+    ]
+
+
+@dataclass(frozen=True)
+class Around:
+    """What else the table holds: pending jobs of an unserved type, and running jobs of another
+    type, both in the same queue."""
+
+    backlog: int = 0
+    running: int = 0
+
+    @property
+    def label(self) -> str:
+        parts = [f"backlog {self.backlog:,}"] if self.backlog else []
+        parts += [f"{self.running:,} others running"] if self.running else []
+        return ", ".join(parts)
 
 
 def literal(value: Any) -> str:
@@ -228,8 +244,8 @@ async def measure(dsn: str, case: Case, claims: int) -> dict[str, Any]:
         await pool.close()
 
 
-async def fill(admin: Any, case: Case, backlog: int) -> None:
-    """The case's jobs alone in the table (and the backlog), vacuumed and analysed."""
+async def fill(admin: Any, case: Case, around: Around) -> None:
+    """The case's jobs alone in the table (and what is around), vacuumed and analysed."""
     await admin.execute(
         "TRUNCATE pgworker.jobs, pgworker.job_attempts, pgworker.rate_windows, pgworker.key_turns"
     )
@@ -239,14 +255,14 @@ async def fill(admin: Any, case: Case, backlog: int) -> None:
             "SELECT $1, 'customer-' || k, now() - interval '1 minute' + j * interval '1 ms' "
             "FROM generate_series(1, $2) AS k, generate_series(1, $3) AS j",
             case.type,
-            KEYS,
+            case.keys,
             PER_KEY,
         )
         await admin.execute(
             "INSERT INTO pgworker.key_turns (type, key, served_at) "
             "SELECT $1, 'customer-' || k, now() - k * interval '1 s' FROM generate_series(1, $2) k",
             case.type,
-            KEYS,
+            case.keys,
         )
     else:
         await admin.execute(
@@ -264,11 +280,19 @@ async def fill(admin: Any, case: Case, backlog: int) -> None:
             case.type,
             case.running,
         )
-    if backlog:
+    if around.backlog:
         await admin.execute(
             "INSERT INTO pgworker.jobs (type, run_at) "
             "SELECT 'unserved', now() - interval '1 hour' FROM generate_series(1, $1)",
-            backlog,
+            around.backlog,
+        )
+    if around.running:
+        await admin.execute(
+            "INSERT INTO pgworker.jobs (type, status, attempts, claimed_at, worker_id, "
+            "lease_expires_at, heartbeat_at, run_at) "
+            "SELECT 'elsewhere', 'running', 1, now(), 'other', now() + interval '1 hour', now(), "
+            "now() - interval '2 minutes' FROM generate_series(1, $1)",
+            around.running,
         )
     await admin.execute("VACUUM ANALYZE pgworker.jobs")
     await admin.execute("VACUUM ANALYZE pgworker.key_turns")
@@ -289,6 +313,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await server.execute(f"CREATE DATABASE {DATABASE}")
     dsn = args.dsn.rsplit("/", 1)[0] + "/" + DATABASE
     out: dict[str, Any] = {"rows": {}}
+    all_cases = cases(args.keys)
+    arounds = [Around(), Around(backlog=args.backlog)]
+    if args.others_running:
+        arounds.append(Around(running=args.others_running))
     admin = await asyncpg.connect(dsn)
     try:
         await pgworker.migrate(admin)
@@ -297,10 +325,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"ALTER TABLE pgworker.{table} SET (autovacuum_enabled = off, "
                 "toast.autovacuum_enabled = off)"
             )
-        for backlog in (0, args.backlog):
-            for case in CASES:
-                await fill(admin, case, backlog)
-                out["rows"][(case.label, backlog)] = await measure(dsn, case, args.claims)
+        for around in arounds:
+            for case in all_cases:
+                await fill(admin, case, around)
+                out["rows"][(case.label, around)] = await measure(dsn, case, args.claims)
     finally:
         await admin.close()
         await server.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
@@ -308,21 +336,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = out["rows"]
     lines = [
         f"claim of {LIMIT} jobs of queue `default`, worker session settings, median of "
-        f"{args.claims} claims each rolled back; backlog = {args.backlog:,} pending jobs of an "
-        "unserved type in the same queue",
+        f"{args.claims} claims each rolled back; backlog: pending jobs of an unserved type in "
+        "the same queue; others running: running jobs of another type in the same queue",
         "",
         "| case | ms per claim | p90 ms | claim statement ms | buffers | jobs seq scans | "
-        "claimed | × plain | × no backlog |",
+        "claimed | × plain | × alone |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for backlog in (0, args.backlog):
-        plain = rows[(CASES[0].label, backlog)]
-        for case in CASES:
-            m = rows[(case.label, backlog)]
-            label = case.label + (f", backlog {backlog:,}" if backlog else "")
-            lines.append(line(label, m, plain, rows[(case.label, 0)] if backlog else None))
+    for around in arounds:
+        plain = rows[(all_cases[0].label, around)]
+        for case in all_cases:
+            m = rows[(case.label, around)]
+            label = ", ".join(x for x in (case.label, around.label) if x)
+            alone = rows[(case.label, arounds[0])] if around != arounds[0] else None
+            lines.append(line(label, m, plain, alone))
     out["table"] = lines
-    out["rows"] = {f"{label} / backlog {b}": m for (label, b), m in rows.items()}
+    out["rows"] = {
+        " / ".join(x for x in (label, a.label) if x): m for (label, a), m in rows.items()
+    }
     return out
 
 
@@ -331,11 +362,18 @@ def main() -> None:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--backlog", type=int, default=100_000)
     parser.add_argument("--claims", type=int, default=200)
+    parser.add_argument("--keys", type=int, default=100, help="the per-key case's keys")
+    parser.add_argument(
+        "--others-running",
+        type=int,
+        default=1000,
+        help="also every case with this many running jobs of another type in the queue (0: not)",
+    )
     parser.add_argument("--json", help="also write every figure and plan to this file")
     parser.add_argument(
         "--plans",
         nargs="?",
-        const="per_key",
+        const="per_key=1",
         help="print the EXPLAIN of the cases whose label contains this (default: the per-key "
         "case); `all` for every case",
     )
