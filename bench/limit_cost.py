@@ -2,6 +2,7 @@
 `max_running_per_key` and 100 concurrency keys, with a `rate_limit`.
 
     PYTHONPATH=. python -m bench.limit_cost [--dsn DSN] [--backlog 100000] [--claims 200]
+        [--keys 100] [--others-running 1000] [--plans [LABEL|all]] [--json FILE]
 
 In a database of its own (`bench_limit_cost`, dropped at the end), with the worker's session
 settings (its pool: generic plans, no sequential scan), the cost of one claim of 10 jobs of queue
@@ -15,10 +16,13 @@ settings (its pool: generic plans, no sequential scan), the cost of one claim of
   again before each claim, so that none leaves the 1-second window during the run);
 
 then every case again with `--backlog` pending jobs of a type nobody serves in the same queue,
-older than the served ones. A limited claim is what `LimitedClaims.claim` runs for one task:
-BEGIN, `limits_lock` (the advisory lock of the task's limit), `job_claim_limited`; its figure
-counts those three round trips, the plain claim's its one statement (the worker runs it
-without a transaction of its own); neither counts the commit. Each figure is the median (and
+older than the served ones, and again with `--others-running` running jobs of another type in
+the same queue (the running counts of `max_running` read them).
+
+A limited claim is what `LimitedClaims.claim` runs for one task: BEGIN, `limits_lock` (the
+advisory lock of the task's limit), `job_claim_limited`; its figure counts those three round
+trips, the plain claim's its one statement (the worker runs it without a transaction of its
+own); neither counts the commit. Each figure is the median (and
 p90) of `--claims` claims, each rolled back so that every one meets the same table; `buffers`
 is the shared buffers (hit + read) of one EXPLAIN (ANALYZE, BUFFERS) of the claim statement,
 prepared in the same session. Autovacuum is off on the benchmark's tables.
