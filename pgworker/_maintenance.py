@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
 LIMITS_PRUNE_BATCH = 10_000
-"""The most key turns, and rate windows, forgotten at each prune (limits_prune.sql)."""
+"""The most rate windows forgotten at each prune (limits_prune.sql)."""
 REFUSED_KEPT = 1000
 """How many jobs the database refused to rescue are remembered and left out (tried again every
 PRUNE_EVERY ticks: what refused them may have been fixed)."""

@@ -439,8 +439,7 @@ class Queries:
         await conn.execute(self._sql["workers_prune"], unseen_for)
 
     async def limits_prune(self, conn: Runner, batch: int) -> int:
-        """Forget keys not served and rate windows not written for a day (at most `batch`
-        rows of each); how many rows went."""
+        """Forget the rate windows not written for a day (at most `batch`); how many went."""
         return await conn.fetchval(self._sql["limits_prune"], batch)
 
     # --- operators ----------------------------------------------------------------------------

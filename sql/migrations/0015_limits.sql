@@ -33,12 +33,15 @@ CREATE TABLE {schema}.rate_windows (
     updated_at timestamptz   NOT NULL DEFAULT now()
 );
 
--- When each concurrency key of a task was last served: claims go round-robin between keys,
--- the one served least recently first (a key without a row was never served, or not for a long
--- time: it comes first). The maintenance deletes rows not served for a day.
-CREATE TABLE {schema}.key_turns (
-    type      text        NOT NULL,
-    key       text        NOT NULL,
-    served_at timestamptz NOT NULL,
-    PRIMARY KEY (type, key)
+-- Where the round-robin between the concurrency keys of each (queue, type) stands: the last key
+-- a claim served. The next claim walks the keys with pending jobs from the one after it, in key
+-- order, wrapping around: each key gets its turn once per round, whatever its backlog, and a
+-- claim reads as many keys as it takes jobs (plus those it must pass: at their limit, or none
+-- due), not every key.
+CREATE TABLE {schema}.key_cursors (
+    queue      text        NOT NULL,
+    type       text        NOT NULL,
+    last_key   text        NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, type)
 );

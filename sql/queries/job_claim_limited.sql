@@ -11,11 +11,14 @@
 -- limits always sees a later time, so that the rate windows (rate_windows, a sliding window of
 -- the last starts) never count a start in the wrong order. It is the attempt's started_at.
 --
--- With a per-key limit, candidates go round-robin between keys: each key's first jobs (as many
--- as its room), the keys served least recently (key_turns) first, then each key's second job,
--- and so on. The keys are listed by a skip scan of jobs_claim_key_idx, one probe per key with
--- pending jobs. Jobs of the task that have no key are not limited per key: they are claimed in
--- order among the first 50 pending jobs of the (queue, type, version), keys or not.
+-- With a per-key limit, the keys take turns: the claim walks the keys that have pending jobs in
+-- key order from the one after the last key served (key_cursors), wrapping around, and stops once
+-- it has found as many keys with room and a due job as it has room for; it takes each key's first
+-- jobs (as many as the key's room), then each key's second job, and so on. The walk is a skip scan
+-- of jobs_claim_key_idx that PostgreSQL runs only as far as the LIMIT needs: one probe per key
+-- passed, whatever the number of keys or their backlog. Jobs of the task that have no key are not
+-- limited per key: they are claimed in order among the first 50 pending jobs of the (queue, type,
+-- version), keys or not.
 WITH RECURSIVE at AS MATERIALIZED (
     SELECT statement_timestamp() AS t
 ), ctl AS MATERIALIZED (
@@ -23,13 +26,14 @@ WITH RECURSIVE at AS MATERIALIZED (
     FROM (SELECT 1) AS one
     LEFT JOIN {schema}.queues AS c ON c.name = $1
 ), running AS MATERIALIZED (
-    -- Running jobs hold a lease: the lease index lists them all, whatever the table's size.
-    SELECT count(*) FILTER (WHERE j.type = $2) AS of_type,
-           count(*) FILTER (WHERE j.queue = $1) AS of_queue
-    FROM {schema}.jobs AS j
-    WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running'
-      AND ($10::integer IS NOT NULL OR (SELECT max_running FROM ctl) IS NOT NULL)
-      AND (j.type = $2 OR j.queue = $1)
+    -- Running jobs hold a lease: the lease index lists them all. Each count is read only when
+    -- its limit is set.
+    SELECT (SELECT count(*) FROM {schema}.jobs AS j
+            WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running' AND j.type = $2
+              AND $10::integer IS NOT NULL) AS of_type,
+           (SELECT count(*) FROM {schema}.jobs AS j
+            WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running' AND j.queue = $1
+              AND (SELECT max_running FROM ctl) IS NOT NULL) AS of_queue
 ), rates AS MATERIALIZED (
     SELECT r.name, r.n, r.period,
            -- A start after this claim's time cannot be (the claims of a limit are serialized
@@ -51,48 +55,87 @@ WITH RECURSIVE at AS MATERIALIZED (
                     (SELECT max_running FROM ctl) - (SELECT of_queue FROM running),
                     (SELECT min(n - cardinality(kept)) FROM rates)))
            END AS n
-), keys(k) AS (
-    (SELECT j.concurrency_key
+), cursor AS MATERIALIZED (
+    SELECT (SELECT c.last_key FROM {schema}.key_cursors AS c
+            WHERE c.queue = $1 AND c.type = $2) AS last_key
+), after_cursor(k, pos) AS (
+    -- The keys after the last one served, in key order...
+    (SELECT j.concurrency_key, 1
      FROM {schema}.jobs AS j
      WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
        AND j.type = $2 AND j.version = $3 AND $11::integer IS NOT NULL
-       AND (SELECT n FROM room) > 0
+       AND j.concurrency_key > coalesce((SELECT last_key FROM cursor), '')
      ORDER BY j.concurrency_key
      LIMIT 1)
     UNION ALL
     SELECT (SELECT j.concurrency_key
             FROM {schema}.jobs AS j
             WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
-              AND j.type = $2 AND j.version = $3 AND j.concurrency_key > keys.k
+              AND j.type = $2 AND j.version = $3 AND j.concurrency_key > a.k
             ORDER BY j.concurrency_key
-            LIMIT 1)
-    FROM keys
-    WHERE keys.k IS NOT NULL
+            LIMIT 1),
+           a.pos + 1
+    FROM after_cursor AS a
+    WHERE a.k IS NOT NULL
+), up_to_cursor(k, pos) AS (
+    -- ...then, wrapping around, those up to it (itself last).
+    (SELECT j.concurrency_key, 1
+     FROM {schema}.jobs AS j
+     WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
+       AND j.type = $2 AND j.version = $3 AND $11::integer IS NOT NULL
+       AND j.concurrency_key <= (SELECT last_key FROM cursor)
+     ORDER BY j.concurrency_key
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.concurrency_key
+            FROM {schema}.jobs AS j
+            WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND j.queue = $1
+              AND j.type = $2 AND j.version = $3 AND j.concurrency_key > u.k
+              AND j.concurrency_key <= (SELECT last_key FROM cursor)
+            ORDER BY j.concurrency_key
+            LIMIT 1),
+           u.pos + 1
+    FROM up_to_cursor AS u
+    WHERE u.k IS NOT NULL
 ), key_running AS MATERIALIZED (
     SELECT j.concurrency_key AS k, count(*) AS n
     FROM {schema}.jobs AS j
     WHERE j.lease_expires_at IS NOT NULL AND j.status = 'running' AND j.type = $2
       AND j.concurrency_key IS NOT NULL AND $11::integer IS NOT NULL
     GROUP BY j.concurrency_key
+), visited AS (
+    -- Only as many keys as the claim has room for: the walk above goes no further.
+    SELECT r.k, r.pos, r.room
+    FROM (
+        SELECT w.k, w.pos,
+               $11::integer - coalesce((SELECT n FROM key_running AS kr WHERE kr.k = w.k), 0)
+               AS room
+        FROM (SELECT k, pos FROM after_cursor WHERE k IS NOT NULL
+              UNION ALL
+              SELECT k, 1000000000 + pos FROM up_to_cursor WHERE k IS NOT NULL) AS w
+    ) AS r
+    WHERE r.room > 0
+      AND EXISTS (SELECT FROM {schema}.jobs AS j
+                  WHERE j.status = 'pending' AND j.concurrency_key = r.k AND j.queue = $1
+                    AND j.type = $2 AND j.version = $3 AND j.run_at <= (SELECT t FROM at))
+      AND (SELECT n FROM room) > 0
+    LIMIT (SELECT n FROM room)
 ), candidates AS (
-    SELECT c.id, c.priority, c.run_at,
-           row_number() OVER (PARTITION BY k.k ORDER BY c.priority DESC, c.run_at, c.id) AS turn,
-           tu.served_at
-    FROM keys AS k
-    LEFT JOIN {schema}.key_turns AS tu ON tu.type = $2 AND tu.key = k.k
-    LEFT JOIN key_running AS r ON r.k = k.k
+    SELECT c.id, c.priority, c.run_at, c.concurrency_key,
+           row_number() OVER (PARTITION BY v.k ORDER BY c.priority DESC, c.run_at, c.id) AS turn,
+           v.pos
+    FROM visited AS v
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key
         FROM {schema}.jobs AS j
-        WHERE j.status = 'pending' AND j.concurrency_key = k.k AND j.queue = $1
+        WHERE j.status = 'pending' AND j.concurrency_key = v.k AND j.queue = $1
           AND j.type = $2 AND j.version = $3 AND j.run_at <= (SELECT t FROM at)
         ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT greatest(0, least($11::integer - coalesce(r.n, 0), (SELECT n FROM room)))
+        LIMIT least(v.room, (SELECT n FROM room))
     ) AS c
-    WHERE k.k IS NOT NULL
     UNION ALL
-    SELECT f.id, f.priority, f.run_at,
-           row_number() OVER (ORDER BY f.priority DESC, f.run_at, f.id), NULL
+    SELECT f.id, f.priority, f.run_at, NULL,
+           row_number() OVER (ORDER BY f.priority DESC, f.run_at, f.id), 0
     FROM (
         SELECT j.id, j.priority, j.run_at, j.concurrency_key
         FROM {schema}.jobs AS j
@@ -109,7 +152,7 @@ WITH RECURSIVE at AS MATERIALIZED (
     FROM {schema}.jobs AS j
     WHERE j.id = ANY(ARRAY(
             SELECT c.id FROM candidates AS c
-            ORDER BY c.turn, c.served_at NULLS FIRST, c.priority DESC, c.run_at, c.id
+            ORDER BY c.turn, c.pos, c.priority DESC, c.run_at, c.id
             LIMIT (SELECT n FROM room)))
       AND j.status = 'pending'
     FOR UPDATE SKIP LOCKED
@@ -139,11 +182,15 @@ WITH RECURSIVE at AS MATERIALIZED (
     WHERE c.n > 0
     ON CONFLICT (name) DO UPDATE SET starts = EXCLUDED.starts, updated_at = EXCLUDED.updated_at
 ), turned AS (
-    INSERT INTO {schema}.key_turns AS k (type, key, served_at)
-    SELECT DISTINCT $2, c.concurrency_key, (SELECT t FROM at)
-    FROM claimed AS c
-    WHERE c.concurrency_key IS NOT NULL
-    ON CONFLICT (type, key) DO UPDATE SET served_at = EXCLUDED.served_at
+    -- The round-robin goes on after the furthest key this claim served.
+    INSERT INTO {schema}.key_cursors AS k (queue, type, last_key, updated_at)
+    SELECT $1, $2, v.k, (SELECT t FROM at)
+    FROM visited AS v
+    WHERE v.k IN (SELECT c.concurrency_key FROM claimed AS c)
+    ORDER BY v.pos DESC
+    LIMIT 1
+    ON CONFLICT (queue, type) DO UPDATE
+    SET last_key = EXCLUDED.last_key, updated_at = EXCLUDED.updated_at
 )
 SELECT *
 FROM claimed

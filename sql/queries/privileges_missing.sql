@@ -14,8 +14,8 @@ FROM (VALUES ('SCHEMA', '', 'USAGE'),
              ('TABLE', 'queues', 'SELECT'),
              ('TABLE', 'rate_windows', 'SELECT'), ('TABLE', 'rate_windows', 'INSERT'),
              ('TABLE', 'rate_windows', 'UPDATE'), ('TABLE', 'rate_windows', 'DELETE'),
-             ('TABLE', 'key_turns', 'SELECT'), ('TABLE', 'key_turns', 'INSERT'),
-             ('TABLE', 'key_turns', 'UPDATE'), ('TABLE', 'key_turns', 'DELETE'))
+             ('TABLE', 'key_cursors', 'SELECT'), ('TABLE', 'key_cursors', 'INSERT'),
+             ('TABLE', 'key_cursors', 'UPDATE'))
      AS p(kind, tbl, privilege)
 CROSS JOIN LATERAL (
     SELECT CASE WHEN p.kind = 'SCHEMA' THEN format('SCHEMA %I', $1::text)
