@@ -10,8 +10,8 @@ settings (its pool: generic plans, no sequential scan), the cost of one claim of
 
 - plain: a task without options (`Queries.job_claim`), 20 due jobs;
 - max_running=5: 20 due jobs, then the same with 3 of the task's jobs already running;
-- max_running_per_key=1: 100 concurrency keys with 100 pending jobs each (10,000), every key
-  with a `key_turns` row (a task served for a while);
+- max_running_per_key=1: 100 concurrency keys with 100 pending jobs each (10,000), the
+  round-robin's cursor in the middle of them (a task served for a while);
 - rate_limit 1000/s: 20 due jobs, the rate window holding 300 starts of the last 300 ms (written
   again before each claim, so that none leaves the 1-second window during the run);
 
@@ -251,7 +251,7 @@ async def measure(dsn: str, case: Case, claims: int) -> dict[str, Any]:
 async def fill(admin: Any, case: Case, around: Around) -> None:
     """The case's jobs alone in the table (and what is around), vacuumed and analysed."""
     await admin.execute(
-        "TRUNCATE pgworker.jobs, pgworker.job_attempts, pgworker.rate_windows, pgworker.key_turns"
+        "TRUNCATE pgworker.jobs, pgworker.job_attempts, pgworker.rate_windows, pgworker.key_cursors"
     )
     if case.per_key is not None:
         await admin.execute(
@@ -263,8 +263,8 @@ async def fill(admin: Any, case: Case, around: Around) -> None:
             PER_KEY,
         )
         await admin.execute(
-            "INSERT INTO pgworker.key_turns (type, key, served_at) "
-            "SELECT $1, 'customer-' || k, now() - k * interval '1 s' FROM generate_series(1, $2) k",
+            "INSERT INTO pgworker.key_cursors (queue, type, last_key) "
+            "VALUES ('default', $1, 'customer-' || ($2::int / 2))",
             case.type,
             case.keys,
         )
@@ -299,7 +299,7 @@ async def fill(admin: Any, case: Case, around: Around) -> None:
             around.running,
         )
     await admin.execute("VACUUM ANALYZE pgworker.jobs")
-    await admin.execute("VACUUM ANALYZE pgworker.key_turns")
+    await admin.execute("VACUUM ANALYZE pgworker.key_cursors")
 
 
 def line(label: str, m: dict[str, Any], plain: dict[str, Any], none: dict[str, Any] | None) -> str:
@@ -324,7 +324,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     admin = await asyncpg.connect(dsn)
     try:
         await pgworker.migrate(admin)
-        for table in ("jobs", "job_attempts", "rate_windows", "key_turns"):
+        for table in ("jobs", "job_attempts", "rate_windows", "key_cursors"):
             await admin.execute(
                 f"ALTER TABLE pgworker.{table} SET (autovacuum_enabled = off, "
                 "toast.autovacuum_enabled = off)"
