@@ -42,10 +42,13 @@ SQL = files.queries("pgworker")["job_claim"]
 # Since migration 11 the served (type, version) pairs come as two arrays; before, version 1 of the
 # types in $9 and the other versions as `type@version` in $10.
 PAIRS = "$10::integer[]" in SQL
+# Since migration 15, whether queues with limits are claimed too ($11).
+LIMITED = "$11::boolean" in SQL
 PREPARE = (
     "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], "
-    f"{'integer[]' if PAIRS else 'text[]'}) AS "
+    f"{'integer[]' if PAIRS else 'text[]'}{', boolean' if LIMITED else ''}) AS "
 )
+LAST = ", false)" if LIMITED else ")"
 
 
 def served_types(n: int) -> list[str]:
@@ -94,12 +97,12 @@ async def explain(conn: Any, types: list[str]) -> dict[str, Any]:
         raw = await conn.fetchval(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("
             f"'{{default}}', '{array}', {LIMIT}, 'bench', 30, '{retries}', NULL, 'off', "
-            f"'{array}', '{versions}')"
+            f"'{array}', '{versions}'{LAST}"
         )
         text = await conn.fetch(
             "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE claim("
             f"'{{default}}', '{array}', {LIMIT}, 'bench', 30, '{retries}', NULL, 'off', "
-            f"'{array}', '{versions}')"
+            f"'{array}', '{versions}'{LAST}"
         )
     finally:
         await tr.rollback()

@@ -435,6 +435,7 @@ async def _drain(
             durable=True,  # the claim keeps the caller's synchronous_commit
             version_1_types=version_1_types,
             other_versions=other_versions,
+            limited_queues=True,  # one job at a time: no limit can be exceeded
         )
         if not records:
             due = await q.testing_next_due(conn, queues, version_1_types, other_versions)
@@ -657,6 +658,7 @@ def _record(
     version: int,
     progress: str | None,
     scheduled_at: datetime | None = None,
+    concurrency_key: str | None = None,
 ) -> dict[str, Any]:
     """A claimed row of `jobs`, as job_claim.sql returns it (JSON columns as text)."""
     now = datetime.now(UTC)
@@ -686,6 +688,7 @@ def _record(
         "budget_started_at": now,
         "traceparent": None,
         "scheduled_at": scheduled_at,
+        "concurrency_key": concurrency_key,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"
@@ -699,7 +702,8 @@ def run_job(registry: Registry, type: str, payload: Any = None, **options: Any) 
     loop runs (a plain `def` test), it runs the attempt in a loop of its own and returns the JobRun.
 
     Options: `attempt`, `retry_count`, `max_retries`, `job_id`, `correlation_id`, `version`,
-    `steps`, `last_progress`, `scheduled_at`, `conn`, `redact_keys` (see `_run_job`)."""
+    `steps`, `last_progress`, `scheduled_at`, `concurrency_key`, `conn`, `redact_keys` (see
+    `_run_job`)."""
     call = _run_job(registry, type, payload, **options)
     try:
         asyncio.get_running_loop()
@@ -722,6 +726,7 @@ async def _run_job(
     steps: Mapping[str, Any] | None = None,
     last_progress: Mapping[str, Any] | None = None,
     scheduled_at: datetime | None = None,
+    concurrency_key: str | None = None,
     conn: Any = None,
     redact_keys: Iterable[str] = DEFAULT_KEYS,
 ) -> JobRun:
@@ -733,7 +738,8 @@ async def _run_job(
     on which its function runs in a transaction. `attempt` is the attempt's number (1: the first),
     `retry_count` the retries spent before it (default `attempt - 1`), `max_retries` the job's
     (default the task's), `version` the payload's (default the task's), `scheduled_at` the slot
-    of a periodic job (`ctx.scheduled_at`; timezone-aware, default None)."""
+    of a periodic job (`ctx.scheduled_at`; timezone-aware, default None), `concurrency_key` the
+    job's (`ctx.job.concurrency_key`)."""
     task = _task(registry, type)
     text = _payload(None, {} if payload is None else payload)
     number = limits.count("attempt", attempt, minimum=1)
@@ -767,6 +773,7 @@ async def _run_job(
         version=given_version,
         progress=progress,
         scheduled_at=None if scheduled_at is None else limits.moment("scheduled_at", scheduled_at),
+        concurrency_key=limits.concurrency_key(concurrency_key),
     )
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):

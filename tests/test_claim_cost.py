@@ -19,7 +19,10 @@ from pgworker._db.queries import queries
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 BACKLOG = 100_000
-PREPARE = "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[]) AS "
+PREPARE = (
+    "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean) "
+    "AS "
+)
 
 
 def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,7 +42,7 @@ async def explain_claim(c: Any, types: list[str]) -> dict[str, Any]:
         raw = await c.fetchval(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim('{default}', "
             f"'{array}', 10, 'w', 30, '{{{','.join('3' for _ in types)}}}', NULL, 'off', "
-            f"'{array}', '{{{','.join('1' for _ in types)}}}')"
+            f"'{array}', '{{{','.join('1' for _ in types)}}}', false)"
         )
     finally:
         await tr.rollback()

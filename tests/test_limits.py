@@ -409,3 +409,21 @@ async def test_a_draining_worker_passes_the_room_of_its_limited_jobs_on(dsn, con
             assert stop(second) == 0, (tmp_path / "second.log").read_text()[-2000:]
     finally:
         assert stop(first) == 0, (tmp_path / "first.log").read_text()[-2000:]
+
+
+async def test_drain_runs_the_jobs_of_limited_tasks_and_queues(conn):
+    """pgworker.testing.drain runs one job at a time: it takes the jobs of limited tasks and of
+    queues with a limit too (none can be exceeded), rather than stopping before them."""
+    from pgworker import testing
+    from tests.apps.limits import registry
+
+    await conn.execute("INSERT INTO pgworker.queues (name, max_running) VALUES ('limited', 1)")
+    await pgworker.enqueue_many(
+        conn,
+        [JobSpec("plain", {"seconds": 0}, queue="limited") for _ in range(3)]
+        + [JobSpec("capped", {"seconds": 0}) for _ in range(3)],
+    )
+    await testing.drain(conn, registry, queues=("default", "limited"))
+    assert await conn.fetchval(
+        "SELECT count(*) FROM pgworker.jobs WHERE status = 'completed'"
+    ) == 6  # fmt: skip

@@ -186,11 +186,13 @@ class Queries:
         durable: bool = False,
         version_1_types: Sequence[str] | None = None,
         other_versions: Sequence[str] = (),
+        limited_queues: bool = False,
     ) -> list[Row]:
         """Claim up to `limit` jobs in one statement; the rows are whole jobs. Unless `durable`,
         the claim commits without waiting for its WAL flush. Only jobs of the (type, version)
         pairs served are claimed: version 1 of `version_1_types` (None: of every type) and
-        `other_versions`, as registry.served_key writes them."""
+        `other_versions`, as registry.served_key writes them. Queues with a limit are left out
+        (job_claim_limited.sql claims them) unless `limited_queues`."""
         served = [(t, 1) for t in (types if version_1_types is None else version_1_types)]
         for key in other_versions:
             # served_key writes the version after the type's last `@`.
@@ -208,6 +210,7 @@ class Queries:
             None if durable else "off",
             [t for t, _ in served],
             [v for _, v in served],
+            limited_queues,
         )
 
     async def limits_lock(

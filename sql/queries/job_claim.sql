@@ -11,18 +11,21 @@
 --
 -- A paused queue (migration 0013, `queues.paused_at`), or one with a limit (0015), is left out
 -- before any job is read: one probe of the queues' primary key per queue served, whatever their
--- backlog. The worker claims the jobs of limited queues and tasks with job_claim_limited.sql.
+-- backlog. The worker claims the jobs of limited queues and tasks with job_claim_limited.sql;
+-- with $11 true, this claim takes them too (pgworker.testing.drain, which runs one job at a
+-- time: no limit on running jobs can be exceeded, and it does not wait for rate windows).
 WITH served AS (
     SELECT q.name AS queue, s.type, s.version
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN unnest($9::text[], $10::integer[]) AS s(type, version)
     -- A subquery per queue rather than an anti-join: a probe of the primary key, whatever the
     -- planner believes of the table's size (empty when the plan was made, or not).
-    -- A queue with a limit (migration 0015) is claimed from by job_claim_limited.sql only.
-    WHERE NOT EXISTS (SELECT FROM {schema}.queues AS c
-                      WHERE c.name = q.name
-                        AND (c.paused_at IS NOT NULL OR c.max_running IS NOT NULL
-                             OR c.rate_limit IS NOT NULL))
+    -- A queue with a limit (migration 0015) is claimed from by job_claim_limited.sql only. A
+    -- queue without a row has no controls: the subquery is NULL.
+    WHERE (SELECT c.paused_at IS NOT NULL
+                  OR (c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL) AND NOT $11::boolean
+           FROM {schema}.queues AS c
+           WHERE c.name = q.name) IS NOT TRUE
 ), picked AS (
     -- The jobs claimed are among the first $3 of the (queue, type, version) whose first due jobs
     -- come first: with more of them served than that, only those are searched, so that a claim
