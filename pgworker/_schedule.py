@@ -162,8 +162,8 @@ def check_cron(cron: Any, timezone: str) -> str:
     if fields not in (5, 6):
         raise ConfigError(
             "cron",
-            f"{_shown(cron)} has {fields} field{'s' if fields > 1 else ''}; give 5 (minute hour day "
-            "month weekday) or 6 (second minute hour day month weekday)",
+            f"{_shown(cron)} has {fields} field{'s' if fields > 1 else ''}; give 5 (minute hour "
+            "day month weekday) or 6 (second minute hour day month weekday)",
         )
     try:
         next(CronSim(expression, datetime.now(ZoneInfo(timezone))))

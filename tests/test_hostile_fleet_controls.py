@@ -14,7 +14,7 @@ import pytest
 import pgworker
 from pgworker.operations import list_periodic, list_queues, queue_controls
 
-from .helpers import wait_for
+from .helpers import has_status, wait_for
 from .test_dashboard import http
 from .test_queue_controls import cli
 from .webserver import serving
@@ -152,9 +152,7 @@ async def test_a_hostile_periodic_row_stops_no_schedule(dsn: str, conn: Any):
 
     async with pgworker.Worker(registry, dsn, lease=4.0, poll_interval=0.2):
         await wait_for(every_schedule_ran, timeout=30)
-        await wait_for(
-            lambda: conn.fetchval("SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", job)
-        )
+        await wait_for(lambda: has_status(conn, job, "completed"))
     rows = await conn.fetch("SELECT next_slot FROM pgworker.periodic WHERE name = ANY($1)", names)
     now = datetime.now(UTC)
     assert all(aware(r["next_slot"]) and r["next_slot"].year == now.year for r in rows)
