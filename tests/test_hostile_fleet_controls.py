@@ -153,9 +153,13 @@ async def test_a_hostile_periodic_row_stops_no_schedule(dsn: str, conn: Any):
     async with pgworker.Worker(registry, dsn, lease=4.0, poll_interval=0.2):
         await wait_for(every_schedule_ran, timeout=30)
         await wait_for(lambda: has_status(conn, job, "completed"))
-    rows = await conn.fetch("SELECT next_slot FROM pgworker.periodic WHERE name = ANY($1)", names)
+    rows = await conn.fetch(
+        "SELECT next_slot, last_slot FROM pgworker.periodic WHERE name = ANY($1)", names
+    )
     now = datetime.now(UTC)
-    assert all(aware(r["next_slot"]) and r["next_slot"].year == now.year for r in rows)
+    assert all(
+        aware(r[c]) and r[c].year == now.year for r in rows for c in ("next_slot", "last_slot")
+    )
 
 
 # --- hostile rows: huge text in the CLI's tables -----------------------------------------------
