@@ -185,3 +185,20 @@ async def test_a_huge_author_or_task_does_not_pad_every_line_of_the_lists(dsn: s
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert len(lines) == 31 and max(map(len, lines)) < 1000, (args, max(map(len, lines)))
+
+
+@aio
+async def test_a_huge_pause_reason_or_author_does_not_swell_the_dashboard(dsn: str, conn: Any):
+    """A reason of 1,000,000 characters and an author of 200,000 (rows set by hand: pause_queue
+    takes at most 2,000 and 200) are shown cut on the queues page and a waiting job's page."""
+    await conn.execute(
+        "INSERT INTO pgworker.queues (name, paused_at, paused_by, pause_reason)"
+        " VALUES ('big', now(), repeat('B', 200000), repeat('R', 1000000))"
+    )
+    waiting = (await pgworker.enqueue(conn, "t", {}, queue="big")).job.id
+    async with serving(dsn) as served, http(served) as client:
+        for page in ("/", f"/ui/jobs/{waiting}"):
+            answer = await client.get(page)
+            assert answer.status_code == 200, page
+            assert "RRRR" in answer.text and "BBBB" in answer.text
+            assert len(answer.text) < 100_000, (page, len(answer.text))
