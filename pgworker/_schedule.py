@@ -156,32 +156,35 @@ def check_cron(cron: Any, timezone: str) -> str:
     """`cron`, 5 fields or 6 (seconds first), checked by computing its next slot; blanks made
     single spaces (the expression is part of the schedule's stored definition)."""
     if not isinstance(cron, str) or not cron.strip():
-        raise ConfigError("cron", f"must be a cron expression (a string), got {cron!r}")
+        raise ConfigError("cron", f"must be a cron expression (a string), got {_shown(cron)}")
     expression = _BLANKS.sub(" ", cron.strip())
     fields = len(expression.split(" "))
     if fields not in (5, 6):
         raise ConfigError(
             "cron",
-            f"{cron!r} has {fields} field{'s' if fields > 1 else ''}; give 5 (minute hour day "
-            "month weekday) or 6 (second minute hour day month weekday)",
+            f"{_shown(cron)} has {fields} field{'s' if fields > 1 else ''}; give 5 (minute hour "
+            "day month weekday) or 6 (second minute hour day month weekday)",
         )
     try:
         next(CronSim(expression, datetime.now(ZoneInfo(timezone))))
     except CronSimError as exc:
-        raise ConfigError("cron", f"{cron!r} does not parse: {exc}") from None
+        raise ConfigError("cron", f"{_shown(cron)} does not parse: {exc}") from None
     except StopIteration:
-        raise ConfigError("cron", f"{cron!r} has no slot in the next 50 years") from None
+        raise ConfigError("cron", f"{_shown(cron)} has no slot in the next 50 years") from None
     return expression
 
 
 def check_timezone(timezone: Any) -> str:
+    """An IANA zone name. ZoneInfo opens the zone's file: a directory of the tz database
+    (`Europe`) raises IsADirectoryError and an over-long name OSError, unknown zones both."""
     if not isinstance(timezone, str) or not timezone:
-        raise ConfigError("timezone", f"must be an IANA time zone name, got {timezone!r}")
+        raise ConfigError("timezone", f"must be an IANA time zone name, got {_shown(timezone)}")
     try:
         ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise ConfigError(
-            "timezone", f"unknown time zone {timezone!r}; give an IANA name such as 'Europe/Paris'"
+            "timezone",
+            f"unknown time zone {_shown(timezone)}; give an IANA name such as 'Europe/Paris'",
         ) from None
     return timezone
 
@@ -208,6 +211,12 @@ def check_catch_up(catch_up: Any) -> CatchUp:
         raise ConfigError("catch_up", f"must be one of 'latest', 'all', 'none', got {catch_up!r}")
     value: CatchUp = catch_up
     return value
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """`value` for a message: its repr, cut at `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def check_name(name: Any) -> str:

@@ -36,6 +36,8 @@ from .._logs import get_logger
 from ..errors import DatabaseUnavailable, PgWorkerError, SchemaError, ValidationError
 from ..models import JobStatus
 from ..operations import (
+    MAX_ACTOR_LENGTH,
+    MAX_REASON_LENGTH,
     CancelResult,
     cancel,
     list_failed,
@@ -115,6 +117,9 @@ def _environment() -> jinja2.Environment:
         ago=words.ago,
         span=words.span,
         pretty=words.pretty,
+        cut=words.cut,
+        max_actor=MAX_ACTOR_LENGTH,
+        max_reason=MAX_REASON_LENGTH,
         prefix=PREFIX,
     )
     return env

@@ -111,6 +111,14 @@ def ago(value: datetime | None, now: datetime | None = None) -> str:
     return f"{span(delta)} ago" if delta >= 0 else f"in {span(-delta)}"
 
 
+def cut(text: str | None, width: int) -> str:
+    """`text` cut at `width` characters (… when cut): a pause's author or reason longer than
+    pause_queue accepts was written by hand, and would make every view of the page that long."""
+    if not text:
+        return ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def pretty(value: Any) -> str:
     """A JSON value laid out for reading, cut at SHOWN_JSON characters with a note."""
     try:

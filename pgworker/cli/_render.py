@@ -135,6 +135,10 @@ def status_json(found: Rows) -> str:
 
 ERROR_WIDTH = 80
 """The most characters of an error a table line shows."""
+NAME_WIDTH = 200
+"""The widest name a table shows (the longest task, schedule or author name pgworker accepts):
+a longer one was written in the database by hand, and is cut so that it does not widen every
+line of the table to its length."""
 
 
 def when(moment: datetime | None) -> str:
@@ -342,9 +346,9 @@ def periodic_text(schedules: Sequence[PeriodicSchedule]) -> str:
     header = ("name", "task", "schedule", "last slot", "last job", "next slot", "checked")
     rows = [
         (
-            s.name,
-            s.task,
-            s.schedule,
+            _cut(s.name, NAME_WIDTH),
+            _cut(s.task, NAME_WIDTH),
+            _cut(s.schedule, NAME_WIDTH),
             when(s.last_slot),
             "-" if s.last_job_id is None else f"{s.last_job_id} {s.last_job_status}",
             when(s.next_slot),
@@ -359,7 +363,7 @@ def periodic_text(schedules: Sequence[PeriodicSchedule]) -> str:
 
 
 def _paused_by(state: QueueState) -> str:
-    said = f"paused since {when(state.paused_at)} by {state.paused_by or '-'}"
+    said = f"paused since {when(state.paused_at)} by {_cut(state.paused_by, NAME_WIDTH)}"
     return said + (f": {_cut(state.reason)}" if state.reason else "")
 
 
@@ -393,12 +397,12 @@ def queues_text(states: Sequence[QueueState]) -> str:
     header = ("queue", "state", "pending", "running", "since", "by", "reason")
     rows = [
         (
-            q.name,
+            _cut(q.name, NAME_WIDTH),
             "paused" if q.paused else "active",
             str(q.pending if q.pending is not None else "-"),
             str(q.running if q.running is not None else "-"),
             when(q.paused_at),
-            q.paused_by or "-",
+            _cut(q.paused_by, NAME_WIDTH),
             _cut(q.reason, 60),
         )
         for q in states

@@ -6,6 +6,8 @@
 -- (enqueued by the leader before a handover, or by another fleet defining the same name) is
 -- not inserted again: the unique idempotency key makes each slot one job. A row only moves
 -- forward: its next slot and last slot never go back (a late leader of the same definition).
+-- A last slot at or past the next slot was set by hand ('infinity'): the slot enqueued now
+-- replaces it.
 -- The inserts wake the workers through the jobs trigger, as any enqueue does.
 WITH lease AS (
     SELECT FROM {schema}.leader WHERE name = $2 AND worker_id = $1 AND expires_at > now()
@@ -36,9 +38,13 @@ WITH lease AS (
         next_slot = CASE WHEN p.schedule = excluded.schedule
                          THEN greatest(p.next_slot, excluded.next_slot)
                          ELSE excluded.next_slot END,
-        last_slot = CASE WHEN excluded.last_slot IS NULL OR p.last_slot > excluded.last_slot
+        last_slot = CASE WHEN excluded.last_slot IS NULL
+                                OR (p.last_slot > excluded.last_slot
+                                    AND p.last_slot < excluded.next_slot)
                          THEN p.last_slot ELSE excluded.last_slot END,
-        last_key = CASE WHEN excluded.last_slot IS NULL OR p.last_slot > excluded.last_slot
+        last_key = CASE WHEN excluded.last_slot IS NULL
+                               OR (p.last_slot > excluded.last_slot
+                                   AND p.last_slot < excluded.next_slot)
                         THEN p.last_key ELSE excluded.last_key END,
         checked_at = now(),
         updated_at = now()

@@ -6,6 +6,9 @@
 -- One row: the queue's controls after, `changed` (this statement paused it) and `known` (before
 -- it, a controls row, a pending job or a registered worker named the queue). No row when a
 -- concurrent pause created the queue's row meanwhile: run it again, that row is visible then.
+-- Times are kept within what Python's datetime holds (years 1 to 9999): a row written by hand
+-- may hold 'infinity', '-infinity' or a year BC, which asyncpg cannot give as an aware
+-- datetime: a pause of such a queue would fail instead of saying it is paused already.
 WITH current AS (
     SELECT c.name, c.paused_at, c.paused_by, c.pause_reason
     FROM {schema}.queues AS c
@@ -31,7 +34,11 @@ WITH current AS (
     INSERT INTO {schema}.operator_log (actor, action, queue, reason)
     SELECT $2::text, 'pause', name, $3::text FROM changed
 )
-SELECT s.name, s.paused_at, s.paused_by, s.pause_reason, s.changed,
+SELECT s.name,
+       CASE WHEN s.paused_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz
+            WHEN s.paused_at > '9999-12-31 23:59:59.999999+00'
+            THEN '9999-12-31 23:59:59.999999+00'::timestamptz ELSE s.paused_at END AS paused_at,
+       s.paused_by, s.pause_reason, s.changed,
        EXISTS (SELECT FROM current)
        OR EXISTS (SELECT FROM {schema}.jobs AS j WHERE j.status = 'pending' AND j.queue = $1)
        OR EXISTS (SELECT FROM {schema}.workers AS w WHERE $1 = ANY (w.queues)) AS known

@@ -6,6 +6,9 @@
 --
 -- One row: the queue's controls after, `changed` (this statement resumed it) and `known` (a
 -- controls row, a pending job or a registered worker names the queue).
+-- Times are kept within what Python's datetime holds (years 1 to 9999): a row written by hand
+-- may hold 'infinity', '-infinity' or a year BC, which asyncpg cannot give as an aware
+-- datetime: the statement would fail, and such a queue could never be resumed.
 WITH current AS (
     SELECT c.name, c.paused_at, c.paused_by, c.pause_reason
     FROM {schema}.queues AS c
@@ -28,7 +31,11 @@ WITH current AS (
     SELECT pg_notify({jobs_channel}, r.name) FROM resumed AS r
 )
 SELECT $1::text AS name,
-       CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL ELSE o.paused_at END AS paused_at,
+       CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL
+            WHEN o.paused_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz
+            WHEN o.paused_at > '9999-12-31 23:59:59.999999+00'
+            THEN '9999-12-31 23:59:59.999999+00'::timestamptz
+            ELSE o.paused_at END AS paused_at,
        CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL ELSE o.paused_by END AS paused_by,
        CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL ELSE o.pause_reason END AS pause_reason,
        (SELECT count(*) FROM woken) > 0 AS changed,
