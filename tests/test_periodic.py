@@ -564,8 +564,9 @@ async def test_a_stopping_worker_gives_the_lease_up_and_does_not_spin(dsn: str, 
 async def test_the_periodic_table_privileges_are_needed_only_by_workers_with_schedules(
     dsn: str, conn: Any
 ):
-    """A role granted the tables before migration 14 runs workers without schedules as before;
-    a worker with schedules says in one PrivilegeError which grant it lacks."""
+    """A role granted the tables every worker needs (but `periodic`) runs workers without
+    schedules as before; a worker with schedules says in one PrivilegeError which grant it
+    lacks."""
     import uuid
 
     name = f"pgw_role_{uuid.uuid4().hex[:8]}"
@@ -577,6 +578,11 @@ async def test_the_periodic_table_privileges_are_needed_only_by_workers_with_sch
             f" pgworker.workers, pgworker.leader, pgworker.migrations TO {name}"
         )
         await conn.execute(f"GRANT SELECT ON pgworker.queues TO {name}")
+        # Every worker's claim since migration 15 (limits; docs/operations/upgrading.md).
+        await conn.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON pgworker.rate_windows TO {name}; "
+            f"GRANT SELECT, INSERT, UPDATE ON pgworker.key_cursors TO {name}"
+        )
         role_dsn = dsn.replace("//postgres@", f"//{name}@", 1)
         plain, _ = registry_with("tick")
         async with pgworker.Worker(plain, role_dsn, lease=4.0):
