@@ -686,6 +686,7 @@ def _record(
         "budget_started_at": now,
         "traceparent": None,
         "scheduled_at": scheduled_at,
+        "concurrency_key": None,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"
