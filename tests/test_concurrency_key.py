@@ -296,6 +296,10 @@ async def test_http_takes_and_shows_the_key_and_the_dashboard_shows_it(conn, dsn
             )
             assert refused.status_code == 422, refused.text
             assert refused.json()["field"] == "concurrency_key", refused.text
+        document = (await api.get("/openapi.json")).json()
+        field = document["components"]["schemas"]["EnqueueBody"]["properties"]["concurrency_key"]
+        [text] = [t for t in field["anyOf"] if t.get("type") == "string"]
+        assert (text["minLength"], text["maxLength"]) == (1, 200)
         odd = await pgworker.enqueue(conn, "t", concurrency_key=ODD)
         async with http(served) as page:
             html = (await page.get(f"/ui/jobs/{odd.job.id}")).text
