@@ -163,8 +163,8 @@ async def enqueue(
     1 and 1.0 are the same), the existing job comes back with `created=False`; with another type
     or payload, IdempotencyConflict is raised and nothing is written. Queue, priority, schedule
     and concurrency_key are not part of the work: a later call giving other ones gets the
-    existing job back, unchanged, not a conflict. A connection that is closed,
-    or whose transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
+    existing job back, unchanged, not a conflict. A connection that is closed, or whose
+    transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
 
     `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
     AsyncSession: the job is written in its transaction (see pgworker.sync for synchronous ones).
@@ -364,10 +364,10 @@ async def _copy_many(
 ) -> list[EnqueueResult]:
     """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
     INSERT. Ids are taken from the sequence first, so that the results can carry them. The
-    concurrency_key column is sent only when a spec has one (`keyed`). Specs are
-    checked and encoded a chunk at a time while the server writes the chunk before: the two
-    overlap. An invalid spec ends the COPY early and its error is raised inside the transaction,
-    which rolls back what was written."""
+    concurrency_key column is sent only when a spec has one (`keyed`): other batches' lines stay
+    as short. Specs are checked and encoded a chunk at a time while the server writes the chunk
+    before: the two overlap. An invalid spec ends the COPY early and its error is raised inside
+    the transaction, which rolls back what was written."""
     results: list[EnqueueResult] = []
     invalid: list[ValidationError] = []
     # Specs with only a type and a payload share their validated fields and the text around
