@@ -94,6 +94,7 @@ class _Fields(NamedTuple):
     run_at: datetime | None
     delay: float | None
     version: int
+    concurrency_key: str | None
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -124,6 +125,7 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             run_at,
             delay,
             1 if version is None else limits.count("version", version, minimum=1),
+            limits.concurrency_key(spec.concurrency_key),
         )
     except ValidationError as exc:
         raise _in_batch(exc, at) from None
@@ -148,17 +150,21 @@ async def enqueue(
     run_at: datetime | None = None,
     delay: timedelta | float | None = None,
     version: int | None = None,
+    concurrency_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """Insert one job and notify the workers of its queue. `version` is the payload's version
-    (default 1): only workers whose task runs that version claim the job.
+    (default 1): only workers whose task runs that version claim the job. `concurrency_key`
+    (at most 200 characters) is what the task's `max_running_per_key` counts running jobs by.
 
     A payload of None (JSON null) is stored as `{}`, as by every other path. On a Connection
     inside a transaction, the job and its notification exist only if that transaction commits.
     With an idempotency key already used for the same type and payload (compared as JSON values:
     1 and 1.0 are the same), the existing job comes back with `created=False`; with another type
-    or payload, IdempotencyConflict is raised and nothing is written. A connection that is closed,
-    or whose transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
+    or payload, IdempotencyConflict is raised and nothing is written. Queue, priority, schedule
+    and concurrency_key are not part of the work: a later call giving other ones gets the
+    existing job back, unchanged, not a conflict. A connection that is closed, or whose
+    transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
 
     `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
     AsyncSession: the job is written in its transaction (see pgworker.sync for synchronous ones).
@@ -176,6 +182,7 @@ async def enqueue(
         run_at,
         delay,
         version,
+        concurrency_key,
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
@@ -205,6 +212,7 @@ async def _insert(
         f.delay,
         f.version,
         current_traceparent(),
+        f.concurrency_key,
     )
     if row is None:
         # A concurrent enqueue committed this key after our statement's snapshot was taken.
@@ -229,17 +237,20 @@ async def enqueue_many(
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
     plain = True
+    keyed = False
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
         if spec.idempotency_key is not None or spec.run_at is not None or spec.delay is not None:
             plain = False
+        if spec.concurrency_key is not None:
+            keyed = True
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
     try:
         if plain and not is_adapter(conn):
-            return await _copy_many(conn, q, specs)
+            return await _copy_many(conn, q, specs, keyed)
         return await _insert_many(conn, q, specs)
     except UNUSABLE as exc:
         error = unusable(conn, exc)
@@ -348,12 +359,15 @@ def _copy_text(value: str) -> str:
     return value.translate(_COPY_ESCAPES)
 
 
-async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
+async def _copy_many(
+    conn: Executor, q: Queries, specs: Sequence[JobSpec], keyed: bool
+) -> list[EnqueueResult]:
     """The common bulk case (no idempotency keys, due now): COPY, several times faster than an
-    INSERT. Ids are taken from the sequence first, so that the results can carry them. Specs are
-    checked and encoded a chunk at a time while the server writes the chunk before: the two
-    overlap. An invalid spec ends the COPY early and its error is raised inside the transaction,
-    which rolls back what was written."""
+    INSERT. Ids are taken from the sequence first, so that the results can carry them. The
+    concurrency_key column is sent only when a spec has one (`keyed`): other batches' lines stay
+    as short. Specs are checked and encoded a chunk at a time while the server writes the chunk
+    before: the two overlap. An invalid spec ends the COPY early and its error is raised inside
+    the transaction, which rolls back what was written."""
     results: list[EnqueueResult] = []
     invalid: list[ValidationError] = []
     # Specs with only a type and a payload share their validated fields and the text around
@@ -364,7 +378,11 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
         f = _fields(spec, i)
         max_retries = r"\N" if f.max_retries is None else f.max_retries
         head = f"{_copy_text(f.type)}\t{_copy_text(f.queue)}\t"
-        return f, head, f"\t{f.priority}\t{max_retries}\t{f.version}\t"
+        tail = f"\t{f.priority}\t{max_retries}\t{f.version}\t"
+        if keyed:
+            key = r"\N" if f.concurrency_key is None else _copy_text(f.concurrency_key)
+            tail = f"{tail}{key}\t"
+        return f, head, tail
 
     def encode(start: int, end: int) -> list[tuple[str, _Fields, str, Any]]:
         """Check and encode specs[start:end]: each row's COPY line but its id, and what its
@@ -380,6 +398,7 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
                 and spec.max_retries is None
                 and spec.correlation_id is None
                 and spec.version is None
+                and spec.concurrency_key is None
             ):
                 shape = bare.get(spec.type)
                 if shape is None:
@@ -434,8 +453,10 @@ async def _copy_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> li
     traceparent = current_traceparent()
     # A traceparent is the same for every row (and needs no escaping): a last column, or none.
     columns, last = _COPY_COLUMNS, "\n"
+    if keyed:  # in the order of a line: the key after the version, before the correlation id
+        columns = [*_COPY_COLUMNS[:-1], "concurrency_key", "correlation_id"]
     if traceparent is not None:
-        columns, last = [*_COPY_COLUMNS, "traceparent"], f"\t{traceparent}\n"
+        columns, last = [*columns, "traceparent"], f"\t{traceparent}\n"
     async with transaction(conn) as c:
         # The ids are asked for first; the first chunk is encoded while the server makes them.
         (ids, now), first = await _concurrently(q.job_ids_reserve(c, len(specs)), first_chunk)
@@ -487,6 +508,7 @@ def _batch_json(unique: list[tuple[int, _Fields]], texts: list[str]) -> str:
             "r": f.run_at.isoformat() if f.run_at else None,
             "d": f.delay,
             "v": f.version,
+            "ck": f.concurrency_key,
         }
         for _, f in unique
     ]
@@ -543,4 +565,5 @@ def _new_job(
         finished_at=None,
         version=f.version,
         traceparent=traceparent,
+        concurrency_key=f.concurrency_key,
     )

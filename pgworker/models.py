@@ -136,6 +136,8 @@ class JobSpec:
     delay: timedelta | float | None = None
     version: int | None = None
     """The payload's version (a task's `version=`); None is 1."""
+    concurrency_key: str | None = None
+    """The key a task's `max_running_per_key` counts by (`enqueue(..., concurrency_key=)`)."""
 
 
 class EnqueueResult:

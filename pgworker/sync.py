@@ -31,6 +31,7 @@ def enqueue(
     run_at: datetime | None = None,
     delay: timedelta | float | None = None,
     version: int | None = None,
+    concurrency_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """`pgworker.enqueue` for a synchronous connection (see the module's docstring)."""
@@ -47,6 +48,7 @@ def enqueue(
             run_at=run_at,
             delay=delay,
             version=version,
+            concurrency_key=concurrency_key,
             schema=schema,
         )
     )

@@ -218,8 +218,9 @@ async def test_one_fingerprint_function_for_every_statement(conn):
     for name in ("job_insert", "job_get_by_keys"):
         text = (REPO / "sql" / "queries" / f"{name}.sql").read_text()
         assert "{schema}.same_work(j.type, j.payload, " in text and "j.fingerprint" not in text
-    function = (REPO / "sql" / "migrations" / "0010_idempotency_values.sql").read_text()
-    assert "{schema}.same_work(j.type, j.payload, v_type, v_payload)" in function
+    for migration in ("0010_idempotency_values", "0016_enqueue_concurrency_key"):
+        function = (REPO / "sql" / "migrations" / f"{migration}.sql").read_text()
+        assert "{schema}.same_work(j.type, j.payload, v_type, v_payload)" in function
 
 
 def test_the_retry_rule_retries_while_retries_remain_then_fails():

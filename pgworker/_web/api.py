@@ -378,6 +378,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
                 delay=body.delay,
                 version=body.version,
+                concurrency_key=body.concurrency_key,
                 schema=config.schema,
             )
             return _answer(job_json(result.job), 201 if result.created else 200)

@@ -120,6 +120,10 @@ Correlation = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=limits.MAX_CORRELATION_ID_LENGTH, pattern=NO_NUL),
 ]
+ConcurrencyKey = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_CONCURRENCY_KEY_LENGTH, pattern=NO_NUL),
+]
 Actor = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
 ]
@@ -199,6 +203,9 @@ class EnqueueBody(_Body):
     run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone; not with delay")
     delay: Seconds | None = Field(None, description="seconds from now; not with run_at")
     version: Positive | None = Field(None, description="the payload's version (default 1)")
+    concurrency_key: ConcurrencyKey | None = Field(
+        None, description="the key the task's max_running_per_key counts by (default: none)"
+    )
 
 
 class ClaimBody(_Body):

@@ -29,6 +29,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
             "pgworker enqueue send-invoice --priority high --queue mail --max-retries 5",
             "pgworker enqueue report --run-at 2030-01-01T09:00:00+00:00",
             "pgworker enqueue charge --idempotency-key order-42 --correlation-id req-9",
+            "pgworker enqueue sync-account --concurrency-key customer-42",
         ],
     )
     enq.add_argument(
@@ -65,6 +66,11 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
     enq.add_argument(
         "--correlation-id",
         help="carried by the job's log lines (default: a new UUID)",
+    )
+    enq.add_argument(
+        "--concurrency-key",
+        help="the key the task's max_running_per_key counts running jobs by, at most "
+        f"{limits.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
     )
     enq.add_argument(
         "--delay",
@@ -165,6 +171,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
             correlation_id=args.correlation_id,
             run_at=run_at,
             delay=args.delay,
+            concurrency_key=args.concurrency_key,
             schema=_schema(args),
         )
     finally:

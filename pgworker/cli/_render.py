@@ -236,6 +236,7 @@ SHOWN = (
     "max_retries",
     "correlation_id",
     "idempotency_key",
+    "concurrency_key",
     "created_at",
     "run_at",
     "finished_at",

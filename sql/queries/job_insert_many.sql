@@ -1,7 +1,7 @@
 -- Many jobs in one statement, from one JSON array ($1) of {t: type, q: queue, p: payload,
 -- pr: priority, m: max_retries, k: idempotency_key, c: correlation_id, r: run_at, d: delay,
--- v: version}; $2 is the traceparent of the span active at enqueue (NULL: none), the same for
--- every row.
+-- v: version, ck: concurrency_key}; $2 is the traceparent of the span active at enqueue (NULL:
+-- none), the same for every row.
 -- Ids are drawn before the insert so that each input row (`ord`) maps to its job; rows whose
 -- idempotency key already exists are not inserted and not returned.
 WITH input AS MATERIALIZED (
@@ -9,20 +9,20 @@ WITH input AS MATERIALIZED (
     FROM ROWS FROM (
         jsonb_to_recordset($1::jsonb)
             AS (t text, q text, p jsonb, pr integer, m integer, k text, c text,
-                r timestamptz, d float8, v integer)
+                r timestamptz, d float8, v integer, ck text)
     ) WITH ORDINALITY AS u(type, queue, payload, priority, max_retries, idempotency_key,
-                           correlation_id, run_at, delay, version, ord)
+                           correlation_id, run_at, delay, version, concurrency_key, ord)
 ), ins AS (
     INSERT INTO {schema}.jobs AS j (id, type, queue, payload, priority, max_retries,
                                     idempotency_key, fingerprint, correlation_id, run_at,
-                                    version, traceparent)
+                                    version, traceparent, concurrency_key)
     OVERRIDING SYSTEM VALUE
     SELECT id, type, queue, coalesce(payload, 'null'), priority, max_retries, idempotency_key,
            CASE WHEN idempotency_key IS NOT NULL
                 THEN {schema}.fingerprint(type, coalesce(payload, 'null')) END,
            coalesce(correlation_id, gen_random_uuid()::text),
            coalesce(run_at, now() + make_interval(secs => coalesce(delay, 0))),
-           coalesce(version, 1), $2::text
+           coalesce(version, 1), $2::text, concurrency_key
     FROM input
     ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
