@@ -53,7 +53,8 @@ RATE = (1000, 1)
 RATE_STARTS = 300
 PREPARE_LIMITED = (
     "PREPARE limited(text, text, integer, integer, text, float8, integer, text, text, "
-    "integer, integer, integer, integer) AS " + files.queries("pgworker")["job_claim_limited"]
+    "integer, integer, integer, integer, boolean) AS "
+    + files.queries("pgworker")["job_claim_limited"]
 )
 
 
@@ -121,6 +122,7 @@ def limited_args(case: Case) -> list[Any]:
         case.max_running,
         case.per_key,
         *rate,
+        False,
     ]
 
 
@@ -143,6 +145,7 @@ async def claim_limited(conn: Any, case: Case) -> int:
         max_running=case.max_running,
         max_running_per_key=case.per_key,
         rate=case.rate,
+        queue_locked=False,
     )
     return len(rows)
 

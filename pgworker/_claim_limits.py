@@ -88,6 +88,7 @@ class LimitedClaims:
                     max_running=task.max_running,
                     max_running_per_key=task.max_running_per_key,
                     rate=task.rate_limit,
+                    queue_locked=queue in self.queues,
                 )
             rates = self._rates()
             if len(claimed) < free and rates:

@@ -236,9 +236,11 @@ class Queries:
         max_running: int | None,
         max_running_per_key: int | None,
         rate: tuple[int, int] | None,
+        queue_locked: bool,
     ) -> list[Row]:
         """Claim up to `limit` jobs of one (queue, type, version) within its limits, after
-        `limits_lock` in the same transaction; the rows are whole jobs."""
+        `limits_lock` in the same transaction; the rows are whole jobs. `queue_locked`: whether
+        limits_lock returned the queue (a queue limited since is left out)."""
         return await conn.fetch(
             self._sql["job_claim_limited"],
             queue,
@@ -254,6 +256,7 @@ class Queries:
             max_running_per_key,
             None if rate is None else rate[0],
             None if rate is None else rate[1],
+            queue_locked,
         )
 
     async def rate_next(self, conn: Runner, rates: Sequence[tuple[str, int, int]]) -> float | None:

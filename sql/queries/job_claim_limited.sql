@@ -4,6 +4,9 @@
 -- limits runs until this one commits. The limits: the task's max_running ($10), max_running_per_key
 -- ($11) and rate ($12 starts per $13 seconds), declared in the worker's code; the queue's
 -- max_running and rate, from its `queues` row (none without a row; nothing at all while paused).
+-- $14 says whether limits_lock.sql found the queue limited, and so holds its lock: a queue whose
+-- limits appeared since is left out of this claim, as the plain claim leaves it out (two claims
+-- counting its room without its lock would both see the same room).
 -- $5-$9 are the plain claim's: worker id, lease, the task's max_retries, code version,
 -- synchronous_commit.
 --
@@ -22,7 +25,10 @@
 WITH RECURSIVE at AS MATERIALIZED (
     SELECT statement_timestamp() AS t
 ), ctl AS MATERIALIZED (
-    SELECT c.paused_at IS NOT NULL AS paused, c.max_running, c.rate_limit, c.rate_period
+    SELECT c.paused_at IS NOT NULL
+           OR (c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL) AND NOT $14::boolean
+           AS shut,
+           c.max_running, c.rate_limit, c.rate_period
     FROM (SELECT 1) AS one
     LEFT JOIN {schema}.queues AS c ON c.name = $1
 ), running AS MATERIALIZED (
@@ -48,7 +54,7 @@ WITH RECURSIVE at AS MATERIALIZED (
     LEFT JOIN {schema}.rate_windows AS w ON w.name = r.name
     WHERE r.n IS NOT NULL
 ), room AS MATERIALIZED (
-    SELECT CASE WHEN (SELECT paused FROM ctl) THEN 0
+    SELECT CASE WHEN (SELECT shut FROM ctl) THEN 0
                 ELSE greatest(0, least(
                     $4::integer,
                     $10::integer - (SELECT of_type FROM running),
