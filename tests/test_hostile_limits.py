@@ -5,6 +5,9 @@ own pair of statements, limits_lock.sql then job_claim_limited.sql, in one trans
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -13,6 +16,9 @@ import pytest
 import pgworker
 from pgworker import JobSpec
 from pgworker._db.queries import queries
+
+from .helpers import spawn_worker, wait_for
+from .test_limits import RUNNING_OF_TYPE, sampling, stop
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -101,3 +107,103 @@ async def test_a_queue_limit_set_between_the_lock_and_the_claim_is_not_exceeded(
         await other.close()
     assert len(first) + len(second) <= 1
     assert await conn.fetchval(RUNNING.format("queue = 'q'")) <= 1
+
+
+WINDOWS = {
+    "nulls": "ARRAY[NULL, now() - interval '1 s', NULL]::timestamptz[]",
+    "future": "ARRAY[now() + interval '1 h', now() + interval '1 h', 'infinity']::timestamptz[]",
+    "old_100k": "ARRAY(SELECT now() - interval '2 min' - g * interval '1 ms'"
+    " FROM generate_series(1, 100000) AS g)",
+    "recent_100k": "ARRAY(SELECT now() - interval '1 s' FROM generate_series(1, 100000))",
+    "empty": "'{}'::timestamptz[]",
+    "unsorted": "ARRAY[now() - interval '1 s', '-infinity', now() - interval '50 s']::timestamptz[]",
+}
+ALLOWED = {"nulls": 2, "future": 3, "old_100k": 3, "recent_100k": 0, "empty": 3, "unsorted": 1}
+
+
+@pytest.mark.parametrize("window", list(WINDOWS))
+async def test_a_rate_window_edited_by_hand_is_served_and_never_exceeded(conn, window):
+    """3 starts per minute; the window row holds what no claim writes. The claim keeps working
+    and allows only what the window's real starts leave."""
+    await pgworker.enqueue_many(conn, [JobSpec("rated") for _ in range(10)])
+    await conn.execute(
+        f"INSERT INTO pgworker.rate_windows (name, starts) VALUES ('type:rated', {WINDOWS[window]})"
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.rate_windows (name, starts) VALUES ('type:other', "
+        + WINDOWS["recent_100k"]
+        + ")"
+    )
+    first = await claim(conn, "rated", rate=(3, 60))
+    assert len(first) == ALLOWED[window]
+    assert await claim(conn, "rated", rate=(3, 60)) == []
+    wait = await Q.rate_next(conn, [("type:rated", 3, 60)])
+    assert wait is not None and 0 < wait <= 60
+    starts = await conn.fetchval(
+        "SELECT starts FROM pgworker.rate_windows WHERE name = 'type:rated'"
+    )
+    assert None not in starts
+    if first:  # rewritten by the claim: only its real starts are kept
+        assert len(starts) == 3
+
+
+async def test_a_key_cursor_edited_by_hand_is_served(conn):
+    """The cursor points at a key that no longer exists, then at a key of 100,000 characters,
+    then past every key: the keys keep taking turns."""
+    await pgworker.enqueue_many(
+        conn, [JobSpec("keyed", concurrency_key=k) for k in "abc" for _ in range(3)]
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.key_cursors (queue, type, last_key) VALUES ('default', 'keyed', 'bb')"
+    )
+    rows = await claim(conn, "keyed", per_key=1, limit=1)
+    assert [r["concurrency_key"] for r in rows] == ["c"]
+    await conn.execute("UPDATE pgworker.key_cursors SET last_key = repeat('b', 100000)")
+    rows = await claim(conn, "keyed", per_key=1, limit=1)
+    assert [r["concurrency_key"] for r in rows] == ["a"]  # c is at its limit: a is next after it
+    await conn.execute("UPDATE pgworker.key_cursors SET last_key = repeat(chr(1114111), 50)")
+    rows = await claim(conn, "keyed", per_key=1, limit=5)
+    assert [r["concurrency_key"] for r in rows] == ["b"]
+
+
+async def test_a_worker_killed_holding_limited_jobs_frees_them_after_the_lease(dsn, conn, tmp_path):
+    """Two workers, lease 2 s; the one holding the two `capped` jobs (max_running=2) is
+    SIGKILLed. Its jobs count until the rescue hands them back; then the survivor takes them,
+    never more than 2 running at once."""
+    args = ("--concurrency", "5", "--lease", "2", "--poll-interval", "0.5")
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    workers = [
+        spawn_worker("tests.apps.limits", dsn, log, *args, "--worker-id", f"w{i}")
+        for i, log in enumerate(logs)
+    ]
+    try:
+        await wait_for(
+            lambda: conn.fetchval("SELECT count(*) = 2 FROM pgworker.workers"), timeout=30
+        )
+        await pgworker.enqueue_many(conn, [JobSpec("capped", {"seconds": 3}) for _ in range(6)])
+        async with sampling(dsn, RUNNING_OF_TYPE, "capped") as sampler:
+            holder = await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT min(worker_id) FROM pgworker.jobs WHERE status = 'running'"
+                ),
+                timeout=30,
+            )
+            victim = workers[int(holder[1:])]
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.wait(timeout=10)
+            await wait_for(
+                lambda: conn.fetchval(
+                    "SELECT count(*) = 6 FROM pgworker.jobs WHERE status = 'completed'"
+                ),
+                timeout=60,
+            )
+        assert sampler.samples > 50
+        assert sampler.most == 2
+        rescued = await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE attempts > 1 AND type = 'capped'"
+        )
+        assert rescued >= 1
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                stop(w)
