@@ -5,11 +5,14 @@ own pair of statements, limits_lock.sql then job_claim_limited.sql, in one trans
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-from pathlib import Path
+import subprocess
+import sys
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 
@@ -17,8 +20,9 @@ import pgworker
 from pgworker import JobSpec
 from pgworker._db.queries import queries
 
-from .helpers import spawn_worker, wait_for
-from .test_limits import RUNNING_OF_TYPE, sampling, stop
+from .helpers import ROOT, serving_guarded, spawn_worker, wait_for
+from .pgbouncer import PgBouncer, available
+from .test_limits import RUNNING_OF_TYPE, most_at_once, sampling, stop
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -116,7 +120,8 @@ WINDOWS = {
     " FROM generate_series(1, 100000) AS g)",
     "recent_100k": "ARRAY(SELECT now() - interval '1 s' FROM generate_series(1, 100000))",
     "empty": "'{}'::timestamptz[]",
-    "unsorted": "ARRAY[now() - interval '1 s', '-infinity', now() - interval '50 s']::timestamptz[]",
+    "unsorted": "ARRAY[now() - interval '1 s', '-infinity', now() - interval '50 s']"
+    "::timestamptz[]",
 }
 ALLOWED = {"nulls": 2, "future": 3, "old_100k": 3, "recent_100k": 0, "empty": 3, "unsorted": 1}
 
@@ -207,3 +212,142 @@ async def test_a_worker_killed_holding_limited_jobs_frees_them_after_the_lease(d
         for w in workers:
             if w.poll() is None:
                 stop(w)
+
+
+def capped_registry(max_running: int, ran: list[int] | None = None) -> pgworker.Registry:
+    """A release of task `cap` declaring `max_running`; `ran` collects the handler's job ids."""
+    registry = pgworker.Registry()
+
+    @registry.task("cap", max_running=max_running)
+    async def cap(ctx: pgworker.JobContext, payload: dict) -> None:
+        if ran is not None:
+            ran.append(ctx.job_id)
+        await anyio.sleep(payload.get("seconds", 0.05))
+
+    return registry
+
+
+async def test_two_releases_declaring_different_max_running_obey_the_larger_at_most(dsn, conn):
+    """Old workers declare max_running=2, new ones 5: each counts every running `cap` job against
+    its own number, so no more than 5 run at once, and the old ones only claim below 2."""
+    await pgworker.enqueue_many(conn, [JobSpec("cap", {"seconds": 0.1}) for _ in range(60)])
+    old_ran: list[int] = []
+    async with (
+        sampling(dsn, "SELECT count(*) FROM pgworker.jobs WHERE status = 'running'") as sampler,
+        serving_guarded(capped_registry(2, old_ran), dsn, concurrency=10, worker_id="old"),
+        serving_guarded(capped_registry(5), dsn, concurrency=10, worker_id="new"),
+    ):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 60 FROM pgworker.jobs WHERE status = 'completed'"
+            ),
+            timeout=50,
+        )
+    assert sampler.most <= 5
+    assert old_ran  # the old release still served
+    assert await most_at_once(conn, "a.worker_id = 'old'") <= 2
+
+
+async def test_a_handler_enqueueing_a_thousand_jobs_of_its_own_limited_task(dsn, conn):
+    """The job enqueues 1,000 more of its own task (max_running=3) from inside its handler:
+    they all run, never more than 3 at once."""
+    registry = pgworker.Registry()
+
+    @registry.task("fan", max_running=3)
+    async def fan(ctx: pgworker.JobContext, payload: dict) -> None:
+        if payload.get("root"):
+            own = await asyncpg.connect(dsn)
+            try:
+                await pgworker.enqueue_many(own, [JobSpec("fan", {"n": n}) for n in range(1000)])
+            finally:
+                await own.close()
+
+    await pgworker.enqueue(conn, "fan", {"root": True})
+    async with serving_guarded(registry, dsn, concurrency=20):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 1001 FROM pgworker.jobs WHERE status = 'completed'"
+            ),
+            timeout=50,
+        )
+    assert await most_at_once(conn, "a.type = 'fan'") <= 3
+
+
+async def test_keyed_jobs_of_a_task_without_a_per_key_limit_run_normally(dsn, conn):
+    """A key given to a task that declares no max_running_per_key (limited otherwise, or not at
+    all) is stored and ignored: the jobs run as any other."""
+    registry = capped_registry(4)
+
+    @registry.task("free")
+    async def free(ctx: pgworker.JobContext, payload: dict) -> None:
+        await anyio.sleep(0.05)
+
+    await pgworker.enqueue_many(
+        conn,
+        [
+            JobSpec(t, {"seconds": 0.2}, concurrency_key="same")
+            for t in ("cap", "free")
+            for _ in range(8)
+        ],
+    )
+    async with serving_guarded(registry, dsn, concurrency=10):
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) = 16 FROM pgworker.jobs WHERE status = 'completed'"
+            ),
+            timeout=30,
+        )
+    assert await most_at_once(conn, "a.type = 'cap'") == 4
+
+
+HOLDER = """
+import asyncio, sys
+import asyncpg
+from pgworker._db.queries import queries
+
+async def main():
+    conn = await asyncpg.connect(sys.argv[1], statement_cache_size=0)
+    tx = conn.transaction()
+    await tx.start()
+    await queries("pgworker").limits_lock(conn, ["default"], ["capped"])
+    print("locked", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["direct", "pgbouncer"])
+async def test_a_process_killed_in_a_limited_claim_takes_its_lock_with_it(
+    dsn, conn, server_dsn, pooled
+):
+    """A process SIGKILLed inside a limited claim's transaction, holding the limit's advisory
+    lock (directly, or through PgBouncer in transaction mode): the next claim of the limit gets
+    the lock within seconds, not never."""
+    if pooled and not available():
+        pytest.skip("needs PgBouncer (/usr/sbin/pgbouncer)")
+    await pgworker.enqueue(conn, "capped")
+    with contextlib.ExitStack() as stack:
+        target = dsn
+        if pooled:
+            target = stack.enter_context(PgBouncer(server_dsn, pool_size=2)).dsn(dsn)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, target],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == b"locked\n"
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL lock_timeout = '200ms'")
+                    await Q.limits_lock(conn, ["default"], ["capped"])
+            holder.kill()
+            holder.wait(timeout=10)
+            with anyio.fail_after(10):
+                rows = await claim(conn, "capped", max_running=2)
+        finally:
+            holder.kill()
+            holder.wait(timeout=10)
+    assert len(rows) == 1
