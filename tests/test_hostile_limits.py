@@ -418,3 +418,33 @@ async def test_a_claim_passing_thousands_of_keys_at_their_limit_is_linear(conn):
     cost = await explain_limited(conn, per_key=1)
     assert cost["claimed"] == 1
     assert cost["dropped"] < 30_000, cost["dropped"]
+
+
+ODD_KEYS = ["a", "A", "a ", "a  ", " a", "é", "e\u0301", "\U0001f600", "k" * 200, "ß", "ss"]
+
+
+async def test_keys_that_sort_oddly_are_each_their_own_key(conn):
+    """Keys equal under a loose reading (case, trailing spaces, é composed or not, ß and ss)
+    are distinct keys: one claim takes one job of each, and the next claim none."""
+    await pgworker.enqueue_many(
+        conn, [JobSpec("keyed", concurrency_key=k) for k in ODD_KEYS for _ in range(2)]
+    )
+    rows = await claim(conn, "keyed", per_key=1, limit=100)
+    assert sorted(r["concurrency_key"] for r in rows) == sorted(ODD_KEYS)
+    assert await claim(conn, "keyed", per_key=1, limit=100) == []
+
+
+async def test_a_queue_limit_lowered_below_what_runs_lets_them_end_and_claims_nothing(conn):
+    """Five jobs of queue q run under max_running 5; the operator lowers it to 2: nothing is
+    claimed until fewer than 2 run."""
+    await pgworker.enqueue_many(conn, [JobSpec("t", queue="q") for _ in range(10)])
+    await conn.execute("INSERT INTO pgworker.queues (name, max_running) VALUES ('q', 5)")
+    running = await claim(conn, "t", queue="q", max_running=100)
+    assert len(running) == 5
+    await conn.execute("UPDATE pgworker.queues SET max_running = 2 WHERE name = 'q'")
+    done = "UPDATE pgworker.jobs SET status = 'completed', lease_expires_at = NULL WHERE id = $1"
+    for ended, room in ((0, 0), (2, 0), (3, 0), (4, 1)):
+        for r in running[:ended]:
+            await conn.execute(done, r["id"])
+        assert len(await claim(conn, "t", queue="q", max_running=100)) == room
+        assert await conn.fetchval(RUNNING.format("queue = 'q'")) <= 5 - ended + room
