@@ -109,6 +109,11 @@ class LimitedClaims:
                 rates.append((f"type:{name}", rate.count, rate.period))
         return rates
 
+    def forget(self, job_id: int) -> None:
+        """The job's outcome will not be written here (its attempt was fenced): the rescue frees
+        its room."""
+        self._held.pop(job_id, None)
+
     def freed(self, job_ids: Sequence[int]) -> list[tuple[int, str, str]]:
         """(job id, queue, type) of those of these jobs that were claimed under a limit: their
         outcomes are written, their room in the limits is free again."""

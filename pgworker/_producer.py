@@ -268,6 +268,7 @@ class Producer:
             )
             if attempt in self.fenced:  # left to the rescue
                 self.fenced.discard(attempt)
+                self.limited.forget(attempt.id)
             else:
                 result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
                 if self._metrics is not None:
@@ -473,7 +474,10 @@ class Producer:
         if attempt not in self.fenced:
             return False
         self.fenced.discard(attempt)
-        return result.outcome is Outcome.LOST
+        if result.outcome is Outcome.LOST:
+            self.limited.forget(attempt.id)
+            return True
+        return False
 
     def _forget(self, attempt: Attempt) -> None:
         self.running.discard(attempt)
