@@ -247,6 +247,48 @@ class QueueControlBody(_Body):
     reason: Reason | None = Field(None, description="why, kept in the operator log")
 
 
+RATE_UNITS = "s|sec|second|m|min|minute|h|hour|d|day"
+RATE = f"(?:[1-9][0-9]{{0,3}}|{limits.MAX_RATE_COUNT})/(?:{RATE_UNITS})"
+"""A rate as the API takes it: `_limits.rate`'s text in one spelling (no spaces, no leading
+zeros, a lower-case unit), so that the document says exactly which texts are taken."""
+
+
+def _rate(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(RATE, value):
+        raise PydanticCustomError(
+            "rate",
+            f"must be N/unit, N from 1 to {limits.MAX_RATE_COUNT} and a unit of s, m, h or d "
+            "(e.g. 600/m)",
+        )
+    return value
+
+
+RateText = Annotated[
+    StrictStr,
+    BeforeValidator(_rate),
+    WithJsonSchema({"type": "string", "minLength": 3, "maxLength": 12, "pattern": f"^{RATE}$"}),
+]
+
+
+class QueueLimitBody(_Body):
+    """A key left out leaves that limit as it is; null clears it; give at least one."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["max_running"]}, {"required": ["rate"]}]}
+    )
+
+    max_running: Positive | None = Field(
+        None, description="the most of the queue's jobs running at once; null: no limit"
+    )
+    rate: RateText | None = Field(
+        None,
+        description=f"the most starts per period: N/s, N/m, N/h or N/d, N from 1 to "
+        f"{limits.MAX_RATE_COUNT} (e.g. 600/m); null: no rate",
+    )
+    by: Actor | None = Field(None, description="who changes the limits (default: api)")
+    reason: Reason | None = Field(None, description="why, kept in the operator log")
+
+
 class Problem(BaseModel):
     """Every error: what was wrong and what to do; `field` names the input at fault."""
 
