@@ -317,6 +317,8 @@ def _links(*targets: tuple[str, str, str], attempt: str = "attempt") -> dict[str
         found[name] = {"operationRef": _operation(method, path)}
         if path.endswith(("/heartbeat", "/complete", "/fail")):
             found[name].update(_held(attempt))
+        elif path.startswith("/queues/"):
+            found[name]["parameters"] = {"path.queue": "$response.body#/queue"}
         else:
             found[name]["parameters"] = {"path.id": "$response.body#/id"}
     return found
@@ -328,6 +330,9 @@ _REPLAY = ("ReplayJob", "post", "/jobs/{id}/replay")
 _HEARTBEAT = ("Heartbeat", "post", "/jobs/{id}/heartbeat")
 _COMPLETE = ("Complete", "post", "/jobs/{id}/complete")
 _FAIL = ("Fail", "post", "/jobs/{id}/fail")
+_PAUSE = ("PauseQueue", "post", "/queues/{queue}/pause")
+_RESUME = ("ResumeQueue", "post", "/queues/{queue}/resume")
+_LIMIT = ("LimitQueue", "post", "/queues/{queue}/limit")
 LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("post", "/jobs", "201"): _links(_GET, _CANCEL, _REPLAY),
     ("post", "/jobs", "200"): _links(_GET, _CANCEL, _REPLAY),
@@ -337,9 +342,12 @@ LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("post", "/jobs/{id}/fail", "200"): _links(_REPLAY, _GET),
     ("post", "/jobs/{id}/cancel", "200"): _links(_REPLAY, _GET),
     ("post", "/jobs/{id}/replay", "200"): _links(_GET, _CANCEL),
+    ("post", "/queues/{queue}/pause", "200"): _links(_RESUME, _LIMIT),
+    ("post", "/queues/{queue}/resume", "200"): _links(_PAUSE, _LIMIT),
+    ("post", "/queues/{queue}/limit", "200"): _links(_PAUSE, _RESUME),
 }
 """The OpenAPI links between operations: a client (and schemathesis's stateful phase) follows a
-job from its creation or claim to the routes that act on it."""
+job from its creation or claim to the routes that act on it, and a queue between its controls."""
 
 
 PAYLOAD = "Payload_"
