@@ -235,23 +235,35 @@ class Metrics:
             "1 for a paused queue, else 0 (from the elected worker only).",
             labels=["queue"],
         )
+        most = GaugeMetricFamily(
+            "pgworker_queue_max_running",
+            "The queue's max_running limit, for a queue that has one (from the elected worker "
+            "only).",
+            labels=["queue"],
+        )
         found = self._queues
         if found is not None:
             rows, ages = found
             by_queue: dict[str, dict[str, int]] = {}
             stopped: set[str] = set()
+            limited: dict[str, int] = {}
             for r in rows:
                 by_queue.setdefault(r["queue"], dict.fromkeys(STATUSES, 0))[r["status"]] = r["jobs"]
                 if r["paused"]:
                     stopped.add(r["queue"])
+                if r.get("max_running") is not None:
+                    limited[r["queue"]] = r["max_running"]
             for queue, statuses in by_queue.items():
                 for status, n in statuses.items():
                     counts.add_metric([queue, status], n)
                 oldest.add_metric([queue], ages.get(queue, 0.0))
                 paused.add_metric([queue], 1.0 if queue in stopped else 0.0)
+            for queue, n in limited.items():
+                most.add_metric([queue], float(n))
         yield counts
         yield oldest
         yield paused
+        yield most
 
     # --- the server ---------------------------------------------------------------------------
 

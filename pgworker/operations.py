@@ -1,6 +1,6 @@
 """What operators and services do to jobs besides enqueueing them: read one, cancel one, list
-and replay the failed ones (the dead-letter set), prune old finished ones, and create or upgrade
-the schema."""
+and replay the failed ones (the dead-letter set), prune old finished ones, pause and limit
+queues, and create or upgrade the schema."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 import asyncpg
@@ -507,20 +507,22 @@ async def list_periodic(
     ]
 
 
-# --- queue controls: pausing ---------------------------------------------------------------------
+# --- queue controls: pausing and limits ---------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueState:
-    """A queue's controls, as `pause_queue`, `resume_queue` and `list_queues` return them.
+    """A queue's controls, as `pause_queue`, `resume_queue`, `limit_queue` and `list_queues`
+    return them.
 
     `paused_at`, `paused_by` and `reason` say who paused it, when and why (None when it is not
-    paused). `pending` and `running` count its jobs (`list_queues` only; None from pause and
-    resume, which count nothing). `limits` is empty: the limits of later versions go there.
-    `changed` says whether this call of pause_queue or resume_queue changed the queue (False:
-    it already was so, and nothing was written or logged); `known` whether, before it, a
-    controls row, a pending job or a registered worker named the queue (False: a queue no one
-    named yet, perhaps a typo; its controls were created all the same)."""
+    paused). `max_running` is the most of its jobs running at once across the fleet, `rate` the
+    most starts per period (`'600/m'`); None: no such limit. `pending` and `running` count its
+    jobs (`list_queues` only; None from the changes, which count nothing). `changed` says
+    whether this call of pause_queue, resume_queue or limit_queue changed the queue (False: it
+    already was so, and nothing was written or logged); `known` whether, before it, a controls
+    row, a pending job or a registered worker named the queue (False: a queue no one named yet,
+    perhaps a typo; its controls were created all the same)."""
 
     name: str
     paused_at: datetime | None = None
@@ -528,13 +530,21 @@ class QueueState:
     reason: str | None = None
     pending: int | None = None
     running: int | None = None
-    limits: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     changed: bool = False
     known: bool = True
+    max_running: int | None = None
+    rate: str | None = None
 
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """The limits set, by the names limit_queue takes (`max_running`, `rate`); empty when
+        the queue has none."""
+        found = {"max_running": self.max_running, "rate": self.rate}
+        return {k: v for k, v in found.items() if v is not None}
 
     def as_json(self) -> dict[str, Any]:
         """The state as JSON keys (times in ISO 8601), as the CLI and the HTTP API show it."""
@@ -546,8 +556,18 @@ class QueueState:
             "pause_reason": self.reason,
             "pending": self.pending,
             "running": self.running,
-            "limits": dict(self.limits),
+            "limits": self.limits,
         }
+
+
+def rate_text(count: int | None, period: int | None) -> str | None:
+    """A stored rate as limit_queue takes it (`600/m`); a period that has no unit (written by
+    hand in SQL) in seconds (`5/90s`)."""
+    if count is None or period is None:
+        return None
+    if period in (1, 60, 3600, 86400):
+        return str(limits.Rate(count, period))
+    return f"{count}/{period}s"
 
 
 def _queue_state(row: Any, *, counted: bool = False) -> QueueState:
@@ -560,6 +580,8 @@ def _queue_state(row: Any, *, counted: bool = False) -> QueueState:
         running=row["running"] if counted else None,
         changed=bool(row.get("changed", False)) if not counted else False,
         known=bool(row.get("known", True)) if not counted else True,
+        max_running=row["max_running"],
+        rate=rate_text(row["rate_limit"], row["rate_period"]),
     )
 
 
@@ -615,9 +637,80 @@ async def resume_queue(
     return _queue_state(row)
 
 
+class Unchanged(Enum):
+    """The default of limit_queue's limits: leave that limit as it is (None clears it)."""
+
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED
+"""Leave a limit as it is (limit_queue's default); None clears it."""
+
+
+def _max_running(value: object) -> int | None:
+    if value is None:
+        return None
+    return limits.count("max_running", value, minimum=1, maximum=limits.MAX_INT)
+
+
+def _rate(value: object) -> limits.Rate | None:
+    """A rate as text (`600/m`) or a `Rate`, checked as a task's rate_limit is."""
+    if value is None:
+        return None
+    if isinstance(value, limits.Rate):
+        if value.period not in (1, 60, 3600, 86400):
+            raise ValidationError(
+                "rate", f"must have a period of 1, 60, 3600 or 86400 seconds, got {value!r}"
+            )
+        value = str(value)
+    return limits.rate("rate", value)
+
+
+async def limit_queue(
+    conn: Executor,
+    queue: str,
+    *,
+    max_running: int | Unchanged | None = UNCHANGED,
+    rate: str | limits.Rate | Unchanged | None = UNCHANGED,
+    reason: str | None = None,
+    by: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> QueueState:
+    """Limit `queue` on every worker at once: at most `max_running` of its jobs running across
+    the fleet, at most `rate` starts per period (`'10/s'`, `'600/m'`, `'1000/h'`, `'5000/d'`).
+    A limit left out stays as it is; None clears it (no limit); give at least one. Kept in the
+    database (every worker's claim reads it; it survives restarts) and recorded in
+    `operator_log` (action `limit`, `detail` the limits before and after) with `by` (default:
+    the OS user) and `reason`; the queue's workers are woken when it commits. Limits that
+    already are so change nothing and log nothing (`changed` False). A queue nothing names yet
+    gets its controls all the same (`known` False), as pause_queue does. A bad value is a
+    ValidationError naming `max_running` or `rate`, and nothing is written. In the caller's
+    transaction when `conn` is in one."""
+    q = queries(limits.identifier("schema", schema))
+    name, actor, reason = _controller(queue, by, reason)
+    if max_running is UNCHANGED and rate is UNCHANGED:
+        raise ValidationError(
+            "max_running", "give max_running= or rate= (None clears it), or both; got neither"
+        )
+    most = (False, None) if max_running is UNCHANGED else (True, _max_running(max_running))
+    every = _rate(rate) if rate is not UNCHANGED else None
+    starts = (
+        (False, None, None)
+        if rate is UNCHANGED
+        else (True, None if every is None else every.count, None if every is None else every.period)
+    )
+    for _ in range(2):  # a second time when a concurrent change created the row meanwhile
+        async with transaction(conn) as c:
+            row = await q.queue_limit(c, name, actor, reason, most, starts)
+        if row is not None:
+            return _queue_state(row)
+    raise PgWorkerError(f"queue {name!r}: its controls row could not be read back; try again")
+
+
 async def queue_controls(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[QueueState]:
-    """The controls of the queues that have any (a pause, past or present), by name, without
-    counting their jobs (`pending` and `running` None): for pages that count them already."""
+    """The controls of the queues that have any (a pause or a limit, past or present), by name,
+    without counting their jobs (`pending` and `running` None): for pages that count them
+    already."""
     q = queries(limits.identifier("schema", schema))
     return [_queue_state(r) for r in await q.queue_controls(conn)]
 

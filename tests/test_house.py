@@ -65,6 +65,7 @@ PUBLIC = {
     "list_failed",
     "list_periodic",
     "list_queues",
+    "limit_queue",
     "migrate",
     "pause_queue",
     "prune",

@@ -51,6 +51,7 @@ async def test_openapi_document_describes_every_route(server: Served) -> None:
         ("GET", "/queues"),
         ("POST", "/queues/{queue}/pause"),
         ("POST", "/queues/{queue}/resume"),
+        ("POST", "/queues/{queue}/limit"),
         ("GET", "/workers"),
         ("GET", "/periodic"),
         ("GET", "/healthz"),

@@ -187,7 +187,17 @@ async def test_cli_pause_resume_and_list(dsn, conn):
     table = cli("queue", "list", dsn=dsn)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["queue", "state", "pending", "running", "since", "by", "reason"]
+    assert lines[0].split() == [
+        "queue",
+        "state",
+        "pending",
+        "running",
+        "max_running",
+        "rate",
+        "since",
+        "by",
+        "reason",
+    ]
     assert lines[1].split()[:4] == ["mail", "paused", "1", "0"]
     assert lines[1].endswith("alice  provider down")
     listed = json.loads(cli("queue", "list", "--json", dsn=dsn).stdout)

@@ -563,12 +563,31 @@ class Queries:
         assert row is not None  # one row, always
         return row
 
+    async def queue_limit(
+        self,
+        conn: Runner,
+        queue: str,
+        actor: str,
+        reason: str | None,
+        max_running: tuple[bool, int | None],
+        rate: tuple[bool, int | None, int | None],
+    ) -> Row | None:
+        """Set the limits asked for (`(True, value)`; `(False, ...)` leaves one as it is), log
+        the change and wake the queue's workers at commit, unless nothing changes; the controls
+        after, `changed` and `known`. None when a concurrent change created the queue's row
+        meanwhile: run it again."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(
+                self._sql["queue_limit"], queue, actor, reason, *max_running, *rate
+            )
+
     async def queue_controls(self, conn: Runner) -> list[Row]:
         """The controls of every queue that has a row, by name; no counts."""
         return await self._rows(conn, "queue_controls")
 
     async def queue_list(self, conn: Runner) -> list[Row]:
-        """Every queue a job or a controls row names: its pause, pending and running jobs."""
+        """Every queue a job or a controls row names: its pause, limits, pending and running
+        jobs."""
         return await self._rows(conn, "queue_list")
 
     # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------

@@ -49,8 +49,10 @@ from ..models import (
     Outcome,
 )
 from ..operations import (
+    UNCHANGED,
     QueueState,
     cancel,
+    limit_queue,
     list_periodic,
     pause_queue,
     queue_controls,
@@ -73,6 +75,7 @@ from .schemas import (
     HeartbeatBody,
     Problem,
     QueueControlBody,
+    QueueLimitBody,
     QueueName,
     ReplayBody,
     TypeName,
@@ -619,8 +622,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
     async def list_queues() -> Response:
         """Per queue (each that a job names or that has controls): the jobs by status, the age in
         seconds of the oldest due pending job (null when none is due), whether it is `paused`
-        (`paused_at`, `paused_by`, `pause_reason`: null when not) and its `limits` (an object,
-        empty: no limit can be set yet)."""
+        (`paused_at`, `paused_by`, `pause_reason`: null when not) and its `limits` (an object
+        with `max_running` and `rate`, each only when set: empty when it has no limit)."""
         found: dict[str, dict[str, Any]] = {}
         async with database() as conn:
             for r in await q.status_counts(conn):
@@ -658,6 +661,31 @@ def install(app: FastAPI, config: WebConfig) -> None:
         async with database() as conn:
             state = await resume_queue(
                 conn, queue, body.reason, by=body.by or "api", schema=config.schema
+            )
+            return _answer(_change_json(state))
+
+    @api.post("/queues/{queue:path}/limit", response_model=Json, tags=["operators"])
+    async def limit(queue: QueuePath, body: QueueLimitBody) -> Response:
+        """Limit the queue on every worker: `max_running`, the most of its jobs running at once,
+        and `rate`, the most starts per period (`600/m`); a key left out leaves that limit as it
+        is, null clears it. Its workers are woken when this commits. Recorded in the operator
+        log. 200 with the queue's state, `changed` (false: the limits already were so; nothing
+        logged) and `known` (false: nothing named the queue; it is created, limited before its
+        first job). 422 naming `max_running` or `rate` for a bad value: nothing is written."""
+        given = body.model_fields_set
+        if not given & {"max_running", "rate"}:
+            raise ValidationError(
+                "body", "give max_running or rate (null clears it), or both; got neither"
+            )
+        async with database() as conn:
+            state = await limit_queue(
+                conn,
+                queue,
+                max_running=body.max_running if "max_running" in given else UNCHANGED,
+                rate=body.rate if "rate" in given else UNCHANGED,
+                reason=body.reason,
+                by=body.by or "api",
+                schema=config.schema,
             )
             return _answer(_change_json(state))
 
@@ -722,7 +750,7 @@ def _control_json(state: QueueState) -> dict[str, Any]:
 
 
 def _change_json(state: QueueState) -> dict[str, Any]:
-    """What pause and resume answer: the queue's controls, `changed` and `known`."""
+    """What pause, resume and limit answer: the queue's controls, `changed` and `known`."""
     return {
         "queue": state.name,
         **_control_json(state),

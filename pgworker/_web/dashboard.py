@@ -40,6 +40,7 @@ from ..operations import (
     MAX_REASON_LENGTH,
     CancelResult,
     cancel,
+    limit_queue,
     list_failed,
     list_periodic,
     pause_queue,
@@ -75,7 +76,7 @@ that snoozed for weeks may have thousands of attempts."""
 LIVE_WITHIN = 60.0
 """A worker seen within this many seconds is live."""
 ACTOR = "dashboard"
-"""Who replays, pauses and resumes, as recorded in job_events and operator_log."""
+"""Who replays, pauses, resumes and limits, as recorded in job_events and operator_log."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -120,6 +121,7 @@ def _environment() -> jinja2.Environment:
         cut=words.cut,
         max_actor=MAX_ACTOR_LENGTH,
         max_reason=MAX_REASON_LENGTH,
+        limits_text=words.limits_text,
         prefix=PREFIX,
     )
     return env
@@ -144,6 +146,7 @@ def install(app: FastAPI, config: Any) -> None:
         (f"{PREFIX}/jobs/{{job_id}}/cancel", dashboard.cancel, ["POST"]),
         (f"{PREFIX}/queues/pause", dashboard.pause, ["POST"]),
         (f"{PREFIX}/queues/resume", dashboard.resume, ["POST"]),
+        (f"{PREFIX}/queues/limit", dashboard.limit, ["POST"]),
         (f"{PREFIX}/workers", dashboard.workers, ["GET"]),
         (f"{PREFIX}/periodic", dashboard.periodic, ["GET"]),
     ]
@@ -597,6 +600,45 @@ class _Dashboard:
             self._flash(request, response, session, kind, text)
         return response
 
+    async def limit(self, request: Request) -> Response:
+        """A queue's limits form: `max_running` and `rate` set as the form shows them (an empty
+        field: no such limit), recorded as done by ACTOR; then back to the queues page. A bad
+        value is refused (400) naming the field, and nothing is written."""
+        session, form = await self._checked_button(request)
+        if session is None:
+            return self._redirect(f"{PREFIX}/login")
+        try:
+            queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
+            most = _form_text(form, "max_running")
+            rate = _form_text(form, "rate")
+            max_running = None
+            if most is not None:
+                try:
+                    max_running = limits.whole(most)
+                except ValueError:
+                    raise ValidationError(
+                        "max_running", f"must be a whole number from 1, got {most!r}"
+                    ) from None
+            async with self.database() as conn:
+                state = await limit_queue(
+                    conn,
+                    queue,
+                    max_running=max_running,
+                    rate=rate,
+                    by=ACTOR,
+                    schema=self.config.schema,
+                )
+                kind, text = (
+                    ("ok", f"Queue {queue} now has {words.limits_text(state)}.")
+                    if state.changed
+                    else ("warn", f"Queue {queue} already had these limits.")
+                )
+                response = self._redirect("/")
+                self._flash(request, response, session, kind, text)
+        except ValidationError as exc:
+            raise _Refused(400, "Bad limit", str(exc)) from None
+        return response
+
     async def replay(self, request: Request) -> Response:
         announce: Callable[[], None] = lambda: None  # noqa: E731
 
@@ -643,6 +685,16 @@ class _Dashboard:
             )
 
         return await self._button(request, act)
+
+
+def _form_text(form: Mapping[str, Any], field: str) -> str | None:
+    """A form's text field, None when empty or left out (an empty field is no limit)."""
+    value = form.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be text")
+    return value.strip() or None
 
 
 def _sentence(text: str) -> str:

@@ -128,3 +128,13 @@ def pretty(value: Any) -> str:
     if len(text) > SHOWN_JSON:
         return f"{text[:SHOWN_JSON]}\n… (cut: {len(text):,} characters in all)"
     return text
+
+
+def limits_text(state: Any) -> str:
+    """A queue's limits in words: `at most 5 running, at most 600/m starts`, or `no limit`."""
+    said = []
+    if state.max_running is not None:
+        said.append(f"at most {state.max_running} running")
+    if state.rate is not None:
+        said.append(f"at most {state.rate} starts")
+    return ", ".join(said) or "no limit"

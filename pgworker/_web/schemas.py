@@ -247,6 +247,48 @@ class QueueControlBody(_Body):
     reason: Reason | None = Field(None, description="why, kept in the operator log")
 
 
+RATE_UNITS = "s|sec|second|m|min|minute|h|hour|d|day"
+RATE = f"(?:[1-9][0-9]{{0,3}}|{limits.MAX_RATE_COUNT})/(?:{RATE_UNITS})"
+"""A rate as the API takes it: `_limits.rate`'s text in one spelling (no spaces, no leading
+zeros, a lower-case unit), so that the document says exactly which texts are taken."""
+
+
+def _rate(value: Any) -> Any:
+    if isinstance(value, str) and not re.fullmatch(RATE, value):
+        raise PydanticCustomError(
+            "rate",
+            f"must be N/unit, N from 1 to {limits.MAX_RATE_COUNT} and a unit of s, m, h or d "
+            "(e.g. 600/m)",
+        )
+    return value
+
+
+RateText = Annotated[
+    StrictStr,
+    BeforeValidator(_rate),
+    WithJsonSchema({"type": "string", "minLength": 3, "maxLength": 12, "pattern": f"^{RATE}$"}),
+]
+
+
+class QueueLimitBody(_Body):
+    """A key left out leaves that limit as it is; null clears it; give at least one."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["max_running"]}, {"required": ["rate"]}]}
+    )
+
+    max_running: Positive | None = Field(
+        None, description="the most of the queue's jobs running at once; null: no limit"
+    )
+    rate: RateText | None = Field(
+        None,
+        description=f"the most starts per period: N/s, N/m, N/h or N/d, N from 1 to "
+        f"{limits.MAX_RATE_COUNT} (e.g. 600/m); null: no rate",
+    )
+    by: Actor | None = Field(None, description="who changes the limits (default: api)")
+    reason: Reason | None = Field(None, description="why, kept in the operator log")
+
+
 class Problem(BaseModel):
     """Every error: what was wrong and what to do; `field` names the input at fault."""
 
@@ -275,6 +317,8 @@ def _links(*targets: tuple[str, str, str], attempt: str = "attempt") -> dict[str
         found[name] = {"operationRef": _operation(method, path)}
         if path.endswith(("/heartbeat", "/complete", "/fail")):
             found[name].update(_held(attempt))
+        elif path.startswith("/queues/"):
+            found[name]["parameters"] = {"path.queue": "$response.body#/queue"}
         else:
             found[name]["parameters"] = {"path.id": "$response.body#/id"}
     return found
@@ -286,6 +330,9 @@ _REPLAY = ("ReplayJob", "post", "/jobs/{id}/replay")
 _HEARTBEAT = ("Heartbeat", "post", "/jobs/{id}/heartbeat")
 _COMPLETE = ("Complete", "post", "/jobs/{id}/complete")
 _FAIL = ("Fail", "post", "/jobs/{id}/fail")
+_PAUSE = ("PauseQueue", "post", "/queues/{queue}/pause")
+_RESUME = ("ResumeQueue", "post", "/queues/{queue}/resume")
+_LIMIT = ("LimitQueue", "post", "/queues/{queue}/limit")
 LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("post", "/jobs", "201"): _links(_GET, _CANCEL, _REPLAY),
     ("post", "/jobs", "200"): _links(_GET, _CANCEL, _REPLAY),
@@ -295,9 +342,12 @@ LINKS: dict[tuple[str, str, str], dict[str, Any]] = {
     ("post", "/jobs/{id}/fail", "200"): _links(_REPLAY, _GET),
     ("post", "/jobs/{id}/cancel", "200"): _links(_REPLAY, _GET),
     ("post", "/jobs/{id}/replay", "200"): _links(_GET, _CANCEL),
+    ("post", "/queues/{queue}/pause", "200"): _links(_RESUME, _LIMIT),
+    ("post", "/queues/{queue}/resume", "200"): _links(_PAUSE, _LIMIT),
+    ("post", "/queues/{queue}/limit", "200"): _links(_PAUSE, _RESUME),
 }
 """The OpenAPI links between operations: a client (and schemathesis's stateful phase) follows a
-job from its creation or claim to the routes that act on it."""
+job from its creation or claim to the routes that act on it, and a queue between its controls."""
 
 
 PAYLOAD = "Payload_"

@@ -1,4 +1,4 @@
-"""status, prune and queue (pause, resume, list): the queues as a whole."""
+"""status, prune and queue (pause, resume, limit, list): the queues as a whole."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from ..operations import (
     FINISHED,
     MAX_ACTOR_LENGTH,
     MAX_REASON_LENGTH,
+    UNCHANGED,
+    Unchanged,
+    limit_queue,
     list_queues,
     pause_queue,
     prune,
@@ -110,19 +113,21 @@ async def _prune(args: argparse.Namespace) -> int:
 
 
 def add_queue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
-    """queue pause, resume and list: the controls every worker obeys."""
+    """queue pause, resume, limit and list: the controls every worker obeys."""
     queue = _command(
         sub,
         "queue",
         [],
-        "pause, resume and list queues (see `pgworker queue list`)",
+        "pause, resume, limit and list queues (see `pgworker queue list`)",
         "Controls of a queue as a whole, kept in the database and obeyed by every worker at "
         "once: `pause` stops the claims of a queue's jobs (running ones finish, new ones wait "
-        "as pending), `resume` starts them again, `list` shows each queue's state and jobs. "
-        "Each pause and resume is recorded in the operator log (who, when, why).",
+        "as pending), `resume` starts them again, `limit` caps its running jobs or its starts "
+        "per period across the fleet, `list` shows each queue's state, limits and jobs. Each "
+        "pause, resume and limit change is recorded in the operator log (who, when, why).",
         [
             "pgworker queue pause mail --reason 'SMTP provider down'",
             "pgworker queue resume mail",
+            "pgworker queue limit mail 5 --rate 600/m",
             "pgworker queue list --json",
         ],
     )
@@ -172,15 +177,17 @@ def add_queue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None
             "--by", help="who, recorded in the operator log (default: the OS user)"
         )
         command.set_defaults(perform=_pause if verb == "pause" else _resume)
+    add_limit(queue_sub, common)
     listing = _command(
         queue_sub,
         "list",
         [common],
-        "each queue: paused or not, its pending and running jobs",
+        "each queue: paused or not, its limits, its pending and running jobs",
         "Each queue that a job names or that has controls, by name: active or paused (since "
-        "when, by whom, why) and its pending and running jobs. --json prints an array of "
-        "objects with the keys queue, paused, paused_at, paused_by, pause_reason, pending, "
-        "running and limits (an object, empty: no limit can be set yet).",
+        "when, by whom, why), its limits and its pending and running jobs. --json prints an "
+        "array of objects with the keys queue, paused, paused_at, paused_by, pause_reason, "
+        "pending, running and limits (an object with max_running and rate, each only when set: "
+        "empty when the queue has no limit).",
         ["pgworker queue list", "pgworker queue list --json | jq '.[] | select(.paused)'"],
     )
     listing.prog = "pgworker queue list"
@@ -190,6 +197,106 @@ def add_queue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None
         help="print a JSON array instead of a table (default: a table)",
     )
     listing.set_defaults(perform=_list)
+
+
+def add_limit(queue_sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    limit = _command(
+        queue_sub,
+        "limit",
+        [common],
+        "cap a queue's running jobs or its starts per period, on every worker",
+        "Limit QUEUE across the whole fleet: N is the most of its jobs running at once, --rate "
+        "the most starts per period (a sliding window). A limit not given stays as it is; "
+        "`--rate none` clears the rate only; --none clears every limit of the queue. Kept in "
+        "the database, so every worker obeys it at once and it survives restarts; the queue's "
+        "workers are woken when it commits. Limits that already are so change nothing and "
+        "nothing is logged. A queue that no pending job or worker names yet is limited all the "
+        "same (its controls are created, and said so), as pause does.",
+        [
+            "pgworker queue limit mail 5",
+            "pgworker queue limit mail --rate 600/m --reason 'provider allows 10/s'",
+            "pgworker queue limit mail --rate none",
+            "pgworker queue limit mail --none",
+        ],
+    )
+    limit.prog = "pgworker queue limit"
+    limit.add_argument(
+        "queue", metavar="QUEUE", help=f"the queue, at most {limits.MAX_QUEUE_LENGTH} characters"
+    )
+    limit.add_argument(
+        "max_running",
+        metavar="N",
+        nargs="?",
+        help=f"the most of its jobs running at once, 1 to {limits.MAX_INT} (default: unchanged)",
+    )
+    limit.add_argument(
+        "--rate",
+        help=f"the most starts per period: N/s, N/m, N/h or N/d, N from 1 to "
+        f"{limits.MAX_RATE_COUNT}, e.g. 600/m; `none` clears it (default: unchanged)",
+    )
+    limit.add_argument(
+        "--none",
+        dest="clear",
+        action="store_true",
+        help="clear every limit of the queue: no cap on running jobs, no rate (not with N or "
+        "--rate)",
+    )
+    limit.add_argument(
+        "--reason",
+        help=f"why, recorded in the operator log, at most {MAX_REASON_LENGTH} characters "
+        "(default: none)",
+    )
+    limit.add_argument("--by", help="who, recorded in the operator log (default: the OS user)")
+    limit.set_defaults(perform=_limit)
+
+
+async def _limit(args: argparse.Namespace) -> int:
+    # Checked before connecting, named as typed: a bad argument is refused without a database.
+    limits.name("QUEUE", args.queue, limits.MAX_QUEUE_LENGTH)
+    limits.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
+    limits.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
+    if args.clear:
+        if args.max_running is not None or args.rate is not None:
+            raise ValidationError("--none", "clears every limit: give it without N or --rate")
+        most: int | Unchanged | None = None
+        rate: str | Unchanged | None = None
+    elif args.max_running is None and args.rate is None:
+        raise ValidationError(
+            "N", "give N (the most running jobs), --rate R, or --none to clear every limit"
+        )
+    else:
+        most = UNCHANGED if args.max_running is None else _max_running(args.max_running)
+        rate = UNCHANGED
+        if args.rate is not None:
+            none = args.rate.strip().lower() == "none"
+            rate = None if none else str(limits.rate("--rate", args.rate))
+    conn = await _connect(args)
+    try:
+        state = await limit_queue(
+            conn,
+            args.queue,
+            max_running=most,
+            rate=rate,
+            reason=args.reason,
+            by=args.by,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    say(_render.queue_limit_text(state, cleared=args.clear))
+    return 0
+
+
+def _max_running(raw: str) -> int:
+    """N as typed: ASCII digits, 1 to MAX_INT."""
+    problem = f"the most running jobs (max_running) is a whole number from 1 to {limits.MAX_INT}"
+    try:
+        n = limits.whole(raw)
+    except ValueError:
+        raise ValidationError("N", f"{problem}, got {raw!r}") from None
+    if not 1 <= n <= limits.MAX_INT:
+        raise ValidationError("N", f"{problem}, got {raw}")
+    return n
 
 
 async def _pause(args: argparse.Namespace) -> int:

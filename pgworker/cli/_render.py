@@ -391,17 +391,58 @@ def queue_change_text(state: QueueState, verb: str) -> str:
     return said
 
 
+def _limits_text(state: QueueState) -> str:
+    """`max_running 5, rate 600/m`, or `no limit`."""
+    said = []
+    if state.max_running is not None:
+        said.append(f"max_running {state.max_running}")
+    if state.rate is not None:
+        said.append(f"rate {state.rate}")
+    return ", ".join(said) or "no limit"
+
+
+def queue_limit_text(state: QueueState, *, cleared: bool = False) -> str:
+    """What `queue limit` prints: the queue's limits now, and whether this changed them (a
+    limit that already was so changes nothing); for a queue nothing named before, that its
+    controls were created."""
+    name = cell(state.name)
+    if state.changed:
+        said = f"limited queue {name}: {_limits_text(state)}"
+        said += " (every worker obeys it from its next claim)"
+    elif cleared:
+        said = f"queue {name} had no limit: nothing to clear"
+    else:
+        said = f"queue {name} already had these limits: {_limits_text(state)}; nothing changed"
+    if not state.known:
+        said += f"\nnote: no pending job, worker or earlier control named queue {name}"
+        if state.changed:
+            said += ": a new queue, limited before its first job (check the spelling)"
+    return said
+
+
 def queues_text(states: Sequence[QueueState]) -> str:
     """`pgworker queue list`: one line per queue under a header; `(no queues)` when none."""
     if not states:
         return "(no queues)"
-    header = ("queue", "state", "pending", "running", "since", "by", "reason")
+    header = (
+        "queue",
+        "state",
+        "pending",
+        "running",
+        "max_running",
+        "rate",
+        "since",
+        "by",
+        "reason",
+    )
     rows = [
         (
             _cut(q.name, NAME_WIDTH),
             "paused" if q.paused else "active",
             str(q.pending if q.pending is not None else "-"),
             str(q.running if q.running is not None else "-"),
+            str(q.max_running if q.max_running is not None else "-"),
+            q.rate or "-",
             when(q.paused_at),
             _cut(q.paused_by, NAME_WIDTH),
             _cut(q.reason, 60),
@@ -434,6 +475,6 @@ def periodic_json(schedules: Sequence[PeriodicSchedule]) -> str:
 
 def queues_json(states: Sequence[QueueState]) -> str:
     """The same as a JSON array of objects with the keys queue, paused, paused_at (ISO 8601 or
-    null), paused_by, pause_reason, pending, running and limits (an object, empty until limits
-    exist)."""
+    null), paused_by, pause_reason, pending, running and limits (an object with max_running and
+    rate, each only when set: empty when the queue has no limit)."""
     return json.dumps([q.as_json() for q in states], indent=2)

@@ -1,6 +1,7 @@
 -- The elected worker's queue gauges (pgworker_queue_jobs, pgworker_queue_oldest_pending_seconds,
--- pgworker_queue_paused): per queue, its jobs by status, the age in seconds of its oldest due
--- pending job (NULL when none is due), and whether it is paused. The first $1 queues by name:
+-- pgworker_queue_paused, pgworker_queue_max_running): per queue, its jobs by status, the age in
+-- seconds of its oldest due pending job (NULL when none is due), whether it is paused, and its
+-- max_running (NULL: no limit). The first $1 queues by name:
 -- queue names come from whoever enqueues.
 WITH counts AS (
     SELECT queue, status, count(*) AS jobs
@@ -18,7 +19,8 @@ WITH counts AS (
         WHERE j.status = 'pending' AND j.queue = s.queue AND j.run_at <= now()
     ) AS o
 )
-SELECT c.queue, c.status, c.jobs, d.oldest_pending_seconds, p.paused_at IS NOT NULL AS paused
+SELECT c.queue, c.status, c.jobs, d.oldest_pending_seconds, p.paused_at IS NOT NULL AS paused,
+       p.max_running
 FROM counts AS c
 JOIN due AS d ON d.queue = c.queue
 LEFT JOIN {schema}.queues AS p ON p.name = c.queue

@@ -10,7 +10,8 @@
 -- may hold 'infinity', '-infinity' or a year BC, which asyncpg cannot give as an aware
 -- datetime: the statement would fail, and such a queue could never be resumed.
 WITH current AS (
-    SELECT c.name, c.paused_at, c.paused_by, c.pause_reason
+    SELECT c.name, c.paused_at, c.paused_by, c.pause_reason,
+           c.max_running, c.rate_limit, c.rate_period
     FROM {schema}.queues AS c
     WHERE c.name = $1
     FOR UPDATE
@@ -38,6 +39,7 @@ SELECT $1::text AS name,
             ELSE o.paused_at END AS paused_at,
        CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL ELSE o.paused_by END AS paused_by,
        CASE WHEN EXISTS (SELECT FROM resumed) THEN NULL ELSE o.pause_reason END AS pause_reason,
+       o.max_running, o.rate_limit, o.rate_period,
        (SELECT count(*) FROM woken) > 0 AS changed,
        EXISTS (SELECT FROM current)
        OR EXISTS (SELECT FROM {schema}.jobs AS j WHERE j.status = 'pending' AND j.queue = $1)
