@@ -106,7 +106,7 @@ class LimitedClaims:
         for name in self._limited_types:
             rate = self._tasks[name].rate_limit
             if rate is not None:
-                rates.append((f"type:{name}", rate.count, rate.period))
+                rates.append((f"type:{name}", rate.starts, rate.period))
         return rates
 
     def forget(self, job_id: int) -> None:

@@ -255,14 +255,14 @@ RATE_PERIODS = {
 
 
 class Rate(NamedTuple):
-    """At most `count` starts in any `period` seconds (a sliding window)."""
+    """At most `starts` starts in any `period` seconds (a sliding window)."""
 
-    count: int
+    starts: int
     period: int
 
     def __str__(self) -> str:
         unit = {1: "s", 60: "m", 3600: "h", 86400: "d"}[self.period]
-        return f"{self.count}/{unit}"
+        return f"{self.starts}/{unit}"
 
 
 def rate(field: str, value: Any, *, error: type[Exception] = ValidationError) -> Rate:

@@ -52,7 +52,7 @@ class Task:
     max_running_per_key: int | None = None
     """At most this many running at once per `concurrency_key`, keys served round-robin."""
     rate_limit: Rate | None = None
-    """At most `count` starts per `period` seconds, fleet-wide."""
+    """At most `starts` starts per `period` seconds, fleet-wide."""
 
     @property
     def limited(self) -> bool:

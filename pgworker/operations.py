@@ -697,7 +697,11 @@ async def limit_queue(
     starts = (
         (False, None, None)
         if rate is UNCHANGED
-        else (True, None if every is None else every.count, None if every is None else every.period)
+        else (
+            True,
+            None if every is None else every.starts,
+            None if every is None else every.period,
+        )
     )
     for _ in range(2):  # a second time when a concurrent change created the row meanwhile
         async with transaction(conn) as c:

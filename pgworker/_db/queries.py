@@ -262,12 +262,13 @@ class Queries:
     async def rate_next(self, conn: Runner, rates: Sequence[tuple[str, int, int]]) -> float | None:
         """Seconds until the first of these full rate limits (name, count, period) allows a
         start; None when none is full."""
-        return await conn.fetchval(
+        wait: float | None = await conn.fetchval(
             self._sql["rate_next"],
             [n for n, _, _ in rates],
             [c for _, c, _ in rates],
             [p for _, _, p in rates],
         )
+        return wait
 
     async def job_attempts_repair(self, conn: Runner, job_id: int) -> None:
         """Number the job's next attempt after its last recorded one."""
@@ -446,7 +447,8 @@ class Queries:
 
     async def limits_prune(self, conn: Runner, batch: int) -> int:
         """Forget the rate windows not written for a day (at most `batch`); how many went."""
-        return await conn.fetchval(self._sql["limits_prune"], batch)
+        forgotten: int = await conn.fetchval(self._sql["limits_prune"], batch)
+        return forgotten
 
     # --- operators ----------------------------------------------------------------------------
 
