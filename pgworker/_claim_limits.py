@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from ._db.connection import Conn
 from ._db.queries import Queries, Row, transaction
 from ._task import Task
+from .models import AttemptResult
 from .registry import Registry
 from .settings import Settings
 
@@ -114,14 +115,17 @@ class LimitedClaims:
         its room."""
         self._held.pop(job_id, None)
 
-    def freed(self, job_ids: Sequence[int]) -> list[tuple[int, str, str]]:
-        """(job id, queue, type) of those of these jobs that were claimed under a limit: their
-        outcomes are written, their room in the limits is free again."""
+    def freed(self, batch: Sequence[AttemptResult]) -> list[tuple[int, str, str]]:
+        """(job id, queue, type) of the jobs of this written batch that were claimed under a
+        limit: their room in the limits is free again. Nothing to look up (a worker without
+        limited work) costs nothing per job."""
+        if not self._held:
+            return []
         ends = []
-        for job_id in job_ids:
-            held = self._held.pop(job_id, None)
+        for result in batch:
+            held = self._held.pop(result.job_id, None)
             if held is not None:
-                ends.append((job_id, *held))
+                ends.append((result.job_id, *held))
         return ends
 
 

@@ -39,7 +39,7 @@ class Completer:
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
         on_settled: Callable[[AttemptResult, str | None], None] = lambda result, outcome: None,
-        freed: Callable[[list[int]], list[str]] = lambda job_ids: [],
+        freed: Callable[[list[AttemptResult]], list[str]] = lambda batch: [],
         max_batch: int = 500,
         give_up_after: float = 30.0,
     ) -> None:
@@ -255,7 +255,7 @@ class Completer:
                 self._log.warning(
                     "outcome dropped: this attempt no longer holds the job", **_keys(r)
                 )
-        await self._wake(self._freed([r.job_id for r in batch]))
+        await self._wake(self._freed(batch))
 
     async def _wake(self, notes: list[str]) -> None:
         """Jobs claimed under a limit ended: pass their room on to the workers that a limit may

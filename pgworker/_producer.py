@@ -201,11 +201,11 @@ class Producer:
         self._cut_off = False
         self._wakeup.set()
 
-    def freed(self, job_ids: list[int]) -> list[str]:
-        """The outcomes of these jobs are written: claim again if a limit held them, and the
-        notifications (the completer sends them) that pass on the room this worker cannot
+    def freed(self, batch: list[AttemptResult]) -> list[str]:
+        """The outcomes of this batch are written: claim again if a limit held their jobs, and
+        the notifications (the completer sends them) that pass on the room this worker cannot
         take."""
-        ends = self.limited.freed(job_ids)
+        ends = self.limited.freed(batch)
         if not ends:
             return []
         self._wakeup.set()

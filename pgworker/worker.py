@@ -66,7 +66,7 @@ class _Services:
             s.worker_id,
             on_requeued=lambda delay: self.producer.requeued(delay),
             on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
-            freed=lambda job_ids: self.producer.freed(job_ids),
+            freed=lambda batch: self.producer.freed(batch),
             give_up_after=max(s.shutdown_timeout, s.lease),
         )
         served = [served_key(t, v) for t, v in worker.registry.served()]
