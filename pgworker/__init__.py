@@ -1,6 +1,7 @@
 """pgworker: background jobs for asyncio services, on PostgreSQL."""
 
 from . import sync
+from ._events import emit
 from ._logs import configure_logging
 from ._version import __version__
 from .context import JobContext
@@ -72,6 +73,7 @@ __all__ = [
     "__version__",
     "cancel",
     "configure_logging",
+    "emit",
     "enqueue",
     "enqueue_many",
     "get_job",

@@ -25,6 +25,18 @@ current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlatio
 """The correlation id of the job running in this context, inherited by jobs it enqueues."""
 
 
+class WaitingForEvent(BaseException):  # noqa: N818 - not an error: the attempt's end
+    """Ends an attempt whose handler waits for an event (ctx.wait_for_event): the executor turns
+    it into the `waiting` outcome. A BaseException, like asyncio.CancelledError, so that a
+    handler's `except Exception` does not swallow it; `except BaseException` must re-raise it.
+    `delay`: seconds until the wait's deadline, infinity without one."""
+
+    def __init__(self, name: str, delay: float) -> None:
+        super().__init__(f"waiting for event {name!r}")
+        self.name = name
+        self.delay = delay
+
+
 class Attempt:
     """A running attempt as the worker sees it; `stop(outcome)` cancels just this job. It reads
     the few fields the worker needs from the claimed row; the full Job is built when first asked

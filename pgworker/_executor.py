@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from . import _threads
-from ._attempt import Attempt, current_correlation_id
+from ._attempt import Attempt, WaitingForEvent, current_correlation_id
 from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
 from ._logs import base_logger, enabled
 from ._redact import MESSAGE_LIMIT, Redactor, describe, error_parts, error_texts, redactor
@@ -255,6 +255,9 @@ def _decide(
                 error_message="the task running this job was cancelled by something other than "
                 "the worker (the handler, or a task an earlier handler left behind)",
             )
+    if isinstance(failure, WaitingForEvent):
+        # Not a failure: pending until the event comes (or the wait's deadline), no retry spent.
+        return attempt.ends(JobStatus.PENDING, Outcome.WAITING, delay=failure.delay)
     if isinstance(failure, Snooze):
         # Not a failure: back to pending at the time asked, no retry spent, no error recorded.
         return attempt.ends(

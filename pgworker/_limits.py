@@ -285,3 +285,17 @@ def rate(field: str, value: Any, *, error: type[Exception] = ValidationError) ->
 def concurrency_key(value: Any, *, error: type[Exception] = ValidationError) -> str | None:
     """A job's concurrency key: None, or a non-empty string of at most 200 characters."""
     return name("concurrency_key", value, MAX_CONCURRENCY_KEY_LENGTH, required=False, error=error)
+
+
+MAX_EVENT_NAME = 200
+"""The longest event name (ctx.wait_for_event, pgworker.emit), in characters."""
+
+
+def event_name(value: Any, *, error: type[Exception] = ValidationError) -> str:
+    """An event's name: a non-empty string of at most MAX_EVENT_NAME characters, without NUL."""
+    return name("name", value, MAX_EVENT_NAME, error=error)
+
+
+def timeout(value: Any, *, error: type[Exception] = ValidationError) -> float | None:
+    """A wait's timeout: None (none), or a number of seconds (or a timedelta) from 0."""
+    return None if value is None else seconds("timeout", value, error=error)

@@ -27,6 +27,7 @@ import asyncio
 import functools
 import inspect
 import json
+import math
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _limits as limits
 from . import _threads
+from ._attempt import WaitingForEvent
 from ._db.queries import AttemptKey
 from ._redact import describe
 from ._step_connection import StepConnection
@@ -106,7 +108,16 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 class Steps:
     """One attempt's steps: those its job had done (read at the first step) and those it did."""
 
-    __slots__ = ("_attempt", "_done", "_key", "_loading", "_running", "_store")
+    __slots__ = (
+        "_attempt",
+        "_done",
+        "_key",
+        "_loading",
+        "_running",
+        "_store",
+        "_waiting",
+        "_waits",
+    )
 
     def __init__(self, attempt: Attempt) -> None:
         if attempt.store is None:
@@ -117,6 +128,8 @@ class Steps:
         self._done: dict[str, str] | None = None
         self._loading = asyncio.Lock()
         self._running: dict[str, asyncio.Lock] = {}  # a lock per step name being run
+        self._waits = 0  # the event waits this attempt reached
+        self._waiting = asyncio.Lock()
 
     async def _steps_done(self, name: str) -> dict[str, str]:
         if self._done is None:
@@ -230,6 +243,33 @@ class Steps:
             await self._store.writes(), self._key, milestone, text
         ):
             raise lost(self._attempt, f"milestone {milestone!r} not recorded")
+
+    async def wait_for_event(self, name: Any, timeout: Any) -> Any:
+        """The data of event `name` for this job's next wait (see JobContext.wait_for_event):
+        the k-th call of an attempt is the job's wait number k, whichever attempt reaches it."""
+        name = limits.event_name(name)
+        seconds = limits.timeout(timeout)
+        not_inside_a_transactional_step(f"wait_for_event {name!r}")
+        self._waits += 1
+        seq = self._waits
+        async with self._waiting:  # waits of one handler run in the order they were called
+            pool = await self._store.pool()
+            async with pool.acquire() as conn:
+                row = await self._store.q.event_wait(conn, self._key, seq, name, seconds)
+        if not row["held"]:
+            raise lost(self._attempt, f"wait {seq} for event {name!r} not recorded")
+        if row["name"] != name:
+            raise PgWorkerError(
+                f"wait {seq} of job {self._attempt.id} waited for event {row['name']!r}, and "
+                f"this attempt now waits for {name!r} there: the handler must reach its waits "
+                "in the same order on every attempt (put what varies in a step)"
+            )
+        if row["delivered"]:
+            return None if row["data"] is None else json.loads(row["data"])
+        if row["timed_out"]:
+            raise TimeoutError(f"no event {name!r} came before the wait's deadline")
+        delay = row["delay"]
+        raise WaitingForEvent(name, math.inf if delay is None else max(delay, 0.0))
 
 
 def _callable(fn: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +103,20 @@ class JobContext:
         makes a savepoint). `fn` must not call `ctx.step`, `ctx.transactional_step` or
         `ctx.progress` (a PgWorkerError)."""
         return self._attempt_steps("transactional_step").transactional_step(name, fn, args, kwargs)
+
+    def wait_for_event(self, name: str, timeout: float | timedelta | None = None) -> Awaitable[Any]:
+        """Wait, durably, for event `name` (`pgworker.emit`, SQL `emit()`, `POST /events/{name}`)
+        and return its data. The k-th call of a handler run is the job's wait number k: when an
+        event is there (delivered since, or emitted after the job was enqueued and not yet
+        consumed by it), it returns at once; else the attempt ends with the outcome `waiting`
+        (no retry spent, no slot held), the job stays `pending` until the event comes or
+        `timeout` seconds pass, and the next attempt runs the handler again from the start:
+        its steps return their stored results, and this wait returns the data. Past the
+        timeout, it raises TimeoutError (the handler catches it or fails). The attempt ends by
+        an exception that `except Exception` does not catch; `except BaseException` must
+        re-raise it. A ValidationError for a bad name or timeout; PgWorkerError once the attempt
+        lost its job. See docs/guide/events.md."""
+        return self._attempt_steps("wait_for_event").wait_for_event(name, timeout)
 
     def key(self, name: str) -> str:
         """A key for an effect outside this database, the same on every attempt of this job:

@@ -32,6 +32,8 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"
     SNOOZED = "snoozed"
+    WAITING = "waiting"
+    """The handler waits for an event (ctx.wait_for_event): the job is pending until it comes."""
 
 
 PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}

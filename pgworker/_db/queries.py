@@ -546,6 +546,33 @@ class Queries:
     async def job_events_of(self, conn: Runner, job_id: int) -> list[Row]:
         return await self._rows(conn, "job_events_of", job_id)
 
+    # --- events (ctx.wait_for_event, pgworker.emit) -------------------------------------------
+
+    async def event_wait(
+        self, conn: Conn, attempt: AttemptKey, seq: int, name: str, timeout: float | None
+    ) -> Row:
+        """Wait `seq` of the attempt's job for event `name`, recorded or resumed (see
+        event_wait.sql) in a transaction of its own on `conn` after the name's advisory lock."""
+        async with conn.transaction():
+            await conn.execute(self._sql["event_lock"], name)
+            row = await conn.fetchrow(self._sql["event_wait"], *attempt, seq, name, timeout)
+        assert row is not None  # one row, always
+        return row
+
+    async def event_emit(self, conn: Runner, name: str, data: str | None) -> int:
+        """Emit event `name` (data as JSON text); how many waiting jobs it woke."""
+        with schema_errors(self.schema):
+            woken: int = await conn.fetchval(self._sql["event_emit"], name, data)
+        return woken
+
+    async def events_prune(self, conn: Runner, age: float, batch: int) -> int:
+        """Forget at most `batch` events older than `age` seconds; how many went."""
+        forgotten: int = await conn.fetchval(self._sql["events_prune"], age, batch)
+        return forgotten
+
+    async def job_event_waits_of(self, conn: Runner, job_id: int) -> list[Row]:
+        return await self._rows(conn, "job_event_waits_of", job_id)
+
     # --- queue controls -------------------------------------------------------------------------
 
     async def queue_pause(

@@ -8,7 +8,10 @@
 -- completed: the work was done. An outcome missing from the result was dropped. A completed job's error is cleared (the errors of
 -- its earlier attempts stay in job_attempts); an outcome without an error (a snooze, a stop)
 -- leaves the job's as it was. The attempt row gets the error's redacted traceback
--- (error_detail): every error text arrives redacted (see pgworker/_redact.py).
+-- (error_detail): every error text arrives redacted (see pgworker/_redact.py). A `waiting`
+-- outcome (ctx.wait_for_event, migration 0020) parks the job until its wait's deadline (delay
+-- 'Infinity': for good), unless an emit woke the job after this attempt's claim (woken_at): the
+-- emit's update and this one lock the job's row, so whichever comes second reads the first's.
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
 -- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
@@ -26,8 +29,13 @@ WITH done AS (
                      ELSE o.error_type || coalesce(': ' || nullif(o.error_message, ''), '') END,
         retry_count = j.retry_count + CASE WHEN j.cancel_requested_at IS NULL THEN o.retried
                                            ELSE 0 END,
-        run_at = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NULL
-                      THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
+        run_at = CASE WHEN o.status <> 'pending' OR j.cancel_requested_at IS NOT NULL
+                      THEN j.run_at
+                      WHEN o.outcome <> 'waiting' THEN now() + make_interval(secs => o.delay)
+                      -- An emit delivered to the job since this attempt's claim: due now.
+                      WHEN j.woken_at >= j.claimed_at THEN now()
+                      WHEN o.delay = 'Infinity' THEN 'infinity'
+                      ELSE now() + make_interval(secs => o.delay) END,
         finished_at = CASE WHEN o.status = 'pending' AND j.cancel_requested_at IS NULL THEN NULL
                            ELSE now() END,
         lease_expires_at = NULL,

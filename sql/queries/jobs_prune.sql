@@ -1,6 +1,6 @@
 -- Retention: delete up to $3 finished jobs, oldest first, each older than the age its status is
 -- given ($1 statuses and $2 ages in seconds, aligned; a status not listed is kept), with their
--- attempts, steps, milestones and events. Returns how many jobs of each status went.
+-- attempts, steps, milestones, events and event waits. Returns how many jobs of each status went.
 --
 -- One range scan of jobs_finished_idx, bounded by the youngest age: the rows of a status kept
 -- longer are skipped within it. Rows locked by anyone else (a replay) are skipped, and every lock
@@ -36,5 +36,7 @@ WITH rules AS (
     DELETE FROM {schema}.job_milestones AS m WHERE m.job_id = ANY(ARRAY(SELECT id FROM gone))
 ), events AS (
     DELETE FROM {schema}.job_events AS e WHERE e.job_id = ANY(ARRAY(SELECT id FROM gone))
+), waits AS (
+    DELETE FROM {schema}.job_event_waits AS w WHERE w.job_id = ANY(ARRAY(SELECT id FROM gone))
 )
 SELECT g.status, count(*) AS jobs FROM gone AS g GROUP BY g.status
