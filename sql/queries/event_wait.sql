@@ -35,7 +35,7 @@ WITH held AS (
     INSERT INTO {schema}.job_event_waits AS w
         (job_id, seq, name, deadline, event_id, data, timed_out, attempt, delivered_at)
     SELECT o.id, $4, $5::text, o.deadline, c.id, c.data,
-           c.id IS NULL AND o.deadline <= now(), $2,
+           c.id IS NULL AND coalesce(o.deadline <= now(), false), $2,
            CASE WHEN c.id IS NOT NULL THEN clock_timestamp() END
     FROM open AS o
     LEFT JOIN candidate AS c ON true
