@@ -15,8 +15,10 @@ import pgworker
 from pgworker import ValidationError
 
 from .helpers import has_status, serving_guarded, wait_for
+from .webserver import Served, server
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+__all__ = ["server"]  # the fixture, used by name
 
 
 async def outcomes(conn: Any, job_id: int) -> list[str]:
@@ -229,3 +231,21 @@ async def test_bad_input_is_refused_naming_the_field_and_writes_nothing(dsn, con
     with pytest.raises(pgworker.PgWorkerError, match="no longer holds the job"):
         await kept[0].wait_for_event("late")
     assert await conn.fetchval("SELECT count(*) FROM pgworker.job_event_waits") == 0
+
+
+async def test_post_events_wakes_the_waiting_job_and_refuses_a_bad_name(
+    server: Served, dsn: str, conn: Any
+) -> None:
+    calls: list[str] = []
+    r = await pgworker.enqueue(conn, "approve", {"id": 5})
+    async with serving_guarded(approval_registry(calls), dsn), server.client() as c:
+        await wait_for(lambda: parked(conn, r.job.id))
+        answer = await c.post("/events/approval%3A5", json={"ok": True})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"name": "approval:5", "woken": 1}
+        await wait_for(lambda: has_status(conn, r.job.id, "completed"))
+        too_long = await c.post("/events/" + "x" * 201, json=None)
+        assert too_long.status_code == 422, too_long.text
+        assert "name" in too_long.text
+    assert (await result_of(conn, r.job.id))["decision"] == {"ok": True}
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 1

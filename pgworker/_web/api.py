@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import anyio
 from annotated_types import Interval
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
@@ -36,6 +36,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
+from .._events import emit
 from ..enqueue import enqueue
 from ..errors import ValidationError
 from ..models import (
@@ -617,6 +618,20 @@ def install(app: FastAPI, config: WebConfig) -> None:
             answer = _answer(job_json(await _job(conn, id)))
         announce()
         return answer
+
+    # `{name:path}`: an event's name may hold any character, a `/` (sent as %2F) too.
+    @api.post("/events/{name:path}", response_model=Json, tags=["events"])
+    async def emit_event(
+        name: Annotated[str, Path(description="the event's name, URL-encoded")],
+        data: Annotated[Any, Body(description="the event's data: any JSON (none: null)")] = None,
+    ) -> Response:
+        """Emit an event (pgworker.emit): every job waiting for it in `ctx.wait_for_event` gets
+        the body as its data and runs again at once, and the event is kept for the waits that
+        come later (docs/guide/events.md). 200 with `name` and `woken`, how many waiting jobs
+        it woke, answered before the emit commits."""
+        async with database() as conn:
+            woken = await emit(conn, name, data, schema=config.schema)
+            return _answer({"name": name, "woken": woken})
 
     @api.get("/queues", response_model=Json, tags=["operators"])
     async def list_queues() -> Response:
