@@ -38,6 +38,9 @@ WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
 LIMITS_PRUNE_BATCH = 10_000
 """The most rate windows forgotten at each prune (limits_prune.sql)."""
+EVENTS_PRUNE_BATCH = 10_000
+"""The most events (pgworker.emit) forgotten at each prune (events_prune.sql): those older than
+the longest retention of finished jobs."""
 REFUSED_KEPT = 1000
 """How many jobs the database refused to rescue are remembered and left out (tried again every
 PRUNE_EVERY ticks: what refused them may have been fixed)."""
@@ -144,6 +147,8 @@ class Maintenance:
         if now_and_then:
             await self._q.workers_prune(self._pool, WORKERS_FORGOTTEN_AFTER)
             await self._q.limits_prune(self._pool, LIMITS_PRUNE_BATCH)
+            if self._ages:  # events live as long as the finished jobs kept the longest
+                await self._q.events_prune(self._pool, max(self._ages.values()), EVENTS_PRUNE_BATCH)
             if self._ticks:
                 self._refused.clear()
         self._ticks += 1

@@ -249,3 +249,31 @@ async def test_post_events_wakes_the_waiting_job_and_refuses_a_bad_name(
         assert "name" in too_long.text
     assert (await result_of(conn, r.job.id))["decision"] == {"ok": True}
     assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 1
+
+
+async def test_the_approval_recipe(dsn, conn):
+    """docs/guide/events.md's recipe: the job asks once, waits, the endpoint's emit resumes it."""
+    import httpx
+
+    from examples.recipes import approval
+
+    approval.sent.clear()
+    r = await pgworker.enqueue(conn, "pay-expense", {"expense_id": 12})
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        transport = httpx.ASGITransport(app=approval.approvals(pool))
+        async with (
+            serving_guarded(approval.registry, dsn, concurrency=1),
+            httpx.AsyncClient(transport=transport, base_url="http://app") as client,
+        ):
+            await wait_for(lambda: parked(conn, r.job.id))
+            answer = await client.post(
+                "/expenses/12/decision", params={"approved": "true", "by": "ann"}
+            )
+            assert answer.json() == {"woken": 1}
+            await wait_for(lambda: has_status(conn, r.job.id, "completed"))
+    finally:
+        await pool.close()
+    assert await result_of(conn, r.job.id) == {"paid": True, "approved_by": "ann"}
+    assert approval.sent == [12]  # asked once
+    assert await outcomes(conn, r.job.id) == ["waiting", "completed"]
