@@ -30,6 +30,7 @@ OUTCOME_WORDS: dict[str, str] = {
     "cancelled": "cancelled",
     "lost": "worker lost",
     "snoozed": "snoozed",
+    "waiting": "waiting for an event",
 }
 
 SHOWN_JSON = 256 * 1024
