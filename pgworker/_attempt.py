@@ -25,7 +25,7 @@ current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlatio
 """The correlation id of the job running in this context, inherited by jobs it enqueues."""
 
 
-class WaitingForEvent(BaseException):  # noqa: N818 - not an error: the attempt's end
+class WaitingForEvent(BaseException):
     """Ends an attempt whose handler waits for an event (ctx.wait_for_event): the executor turns
     it into the `waiting` outcome. A BaseException, like asyncio.CancelledError, so that a
     handler's `except Exception` does not swallow it; `except BaseException` must re-raise it.

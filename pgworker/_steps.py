@@ -244,7 +244,7 @@ class Steps:
         ):
             raise lost(self._attempt, f"milestone {milestone!r} not recorded")
 
-    async def wait_for_event(self, name: Any, timeout: Any) -> Any:
+    async def wait_for_event(self, name: Any, timeout: Any) -> Any:  # noqa: ASYNC109 - durable
         """The data of event `name` for this job's next wait (see JobContext.wait_for_event):
         the k-th call of an attempt is the job's wait number k, whichever attempt reaches it."""
         name = limits.event_name(name)

@@ -84,7 +84,7 @@ async def test_a_waiting_job_holds_no_attempt_nor_slot_and_emit_from_sql_resumes
         await wait_for(lambda: has_status(conn, other.job.id, "completed"))
         assert await parked(conn, r.job.id)
         woken = await conn.fetchval(
-            "SELECT pgworker.emit('approval:7', '{\"ok\": true, \"by\": \"ann\"}')"
+            'SELECT pgworker.emit(\'approval:7\', \'{"ok": true, "by": "ann"}\')'
         )
         assert woken == 1
         await wait_for(lambda: has_status(conn, r.job.id, "completed"))
@@ -94,7 +94,9 @@ async def test_a_waiting_job_holds_no_attempt_nor_slot_and_emit_from_sql_resumes
     }
     assert calls == ["send"]  # the step before the wait ran once
     assert await outcomes(conn, r.job.id) == ["waiting", "completed"]
-    row = await conn.fetchrow("SELECT retry_count, error FROM pgworker.jobs WHERE id = $1", r.job.id)
+    row = await conn.fetchrow(
+        "SELECT retry_count, error FROM pgworker.jobs WHERE id = $1", r.job.id
+    )
     assert (row["retry_count"], row["error"]) == (0, None)
 
 
@@ -204,7 +206,7 @@ async def test_bad_input_is_refused_naming_the_field_and_writes_nothing(dsn, con
             await pgworker.emit(conn, "ok", data)
         assert caught.value.field == "data"
     for name in ("", "x" * 201):
-        with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match="^name: "):
+        with pytest.raises(asyncpg.exceptions.InvalidParameterValueError, match=r"^name: "):
             await conn.fetchval("SELECT pgworker.emit($1)", name)
     assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 0
 

@@ -549,13 +549,14 @@ class Queries:
     # --- events (ctx.wait_for_event, pgworker.emit) -------------------------------------------
 
     async def event_wait(
-        self, conn: Conn, attempt: AttemptKey, seq: int, name: str, timeout: float | None
+        self, conn: Conn, attempt: AttemptKey, seq: int, name: str, seconds: float | None
     ) -> Row:
-        """Wait `seq` of the attempt's job for event `name`, recorded or resumed (see
-        event_wait.sql) in a transaction of its own on `conn` after the name's advisory lock."""
+        """Wait `seq` of the attempt's job for event `name` (timing out after `seconds`, None:
+        never), recorded or resumed (see event_wait.sql) in a transaction of its own on `conn`,
+        after the name's advisory lock."""
         async with conn.transaction():
             await conn.execute(self._sql["event_lock"], name)
-            row = await conn.fetchrow(self._sql["event_wait"], *attempt, seq, name, timeout)
+            row = await conn.fetchrow(self._sql["event_wait"], *attempt, seq, name, seconds)
         assert row is not None  # one row, always
         return row
 

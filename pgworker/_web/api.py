@@ -32,11 +32,11 @@ from .. import _limits as limits
 from .._db.connection import create_pool
 from .._db.migrations import check_schema
 from .._db.queries import Row, queries
+from .._events import emit
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
-from .._events import emit
 from ..enqueue import enqueue
 from ..errors import ValidationError
 from ..models import (
