@@ -23,7 +23,7 @@ from ._db.queries import queries, transaction
 from ._logs import get_logger
 from ._redact import DEFAULT_KEYS, redact_payload
 from .errors import PgWorkerError, ValidationError
-from .models import DEFAULT_SCHEMA, Job
+from .models import DEFAULT_SCHEMA, Job, JobStatus
 
 
 class CancelResult(StrEnum):
@@ -441,8 +441,8 @@ async def show_job(
 ) -> dict[str, Any] | None:
     """What `pgworker show` prints: the job, its payload with the values of sensitive keys
     (`redact_keys`, see Settings) replaced by `[REDACTED]`, its milestones, its steps, every
-    attempt (outcome, worker, times, error) and what people did to it (replays); None when there
-    is no such job."""
+    attempt (outcome, worker, times, error), what people did to it (replays) and its event
+    waits (ctx.wait_for_event); None when there is no such job."""
     q = queries(limits.identifier("schema", schema))
     job_id = _job_id(job_id)
     if isinstance(redact_keys, str) or not isinstance(redact_keys, Sequence):
@@ -463,7 +463,24 @@ async def show_job(
             {**dict(r), "detail": _decoded(r["detail"], "the detail of an event")}
             for r in await q.job_events_of(conn, job_id)
         ],
+        "waits": [
+            {**dict(r), "data": _decoded(r["data"], "the data of an event")}
+            for r in await q.job_event_waits_of(conn, job_id)
+        ],
     }
+
+
+def waiting_for(job: Job, waits: Sequence[Mapping[str, Any]]) -> str | None:
+    """What a pending job waits for (ctx.wait_for_event): "event NAME (until DEADLINE)" with
+    the deadline in ISO 8601, "event NAME" without one; None when it waits for no event."""
+    if job.status is not JobStatus.PENDING or not waits:
+        return None
+    last = waits[-1]
+    if last["event_id"] is not None or last["timed_out"]:
+        return None
+    deadline = last["deadline"]
+    until = "" if deadline is None else f" (until {deadline.isoformat()})"
+    return f"event {last['name']}{until}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

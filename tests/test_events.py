@@ -279,3 +279,32 @@ async def test_the_approval_recipe(dsn, conn):
     assert await result_of(conn, r.job.id) == {"paid": True, "approved_by": "ann"}
     assert approval.sent == [12]  # asked once
     assert await outcomes(conn, r.job.id) == ["waiting", "completed"]
+
+
+async def test_show_and_the_dashboard_say_what_a_job_waits_for(dsn, conn):
+    from pgworker.cli import _render
+
+    calls: list[str] = []
+    r = await pgworker.enqueue(conn, "approve", {"id": 4})
+    async with serving_guarded(approval_registry(calls), dsn):
+        await wait_for(lambda: parked(conn, r.job.id))
+    found = await pgworker.operations.show_job(conn, r.job.id)
+    assert found is not None
+    text = _render.show_text(found)
+    assert "waits for event approval:4" in text
+    assert "until" not in text.split("waits for event approval:4")[1].splitlines()[0]
+    assert '"name": "approval:4"' in _render.show_json(found)
+    # With a deadline, it is said.
+    registry = pgworker.Registry()
+
+    @registry.task("timed")
+    async def timed(ctx: pgworker.JobContext, payload: dict[str, Any]) -> Any:
+        return await ctx.wait_for_event("later", timeout=3600)
+
+    t = await pgworker.enqueue(conn, "timed", {})
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: parked(conn, t.job.id))
+    found = await pgworker.operations.show_job(conn, t.job.id)
+    assert found is not None
+    deadline = found["waits"][0]["deadline"]
+    assert f"waits for event later (until {deadline.isoformat()})" in _render.show_text(found)

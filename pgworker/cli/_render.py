@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._terminal import cell
 from ..models import JOB_FIELDS, JobStatus
+from ..operations import waiting_for
 
 if TYPE_CHECKING:
     from ..operations import FailedJob, PeriodicSchedule, QueueState, ReplayResult
@@ -257,7 +258,7 @@ def _job(found: Mapping[str, Any]) -> dict[str, Any]:
 
 def show_json(found: Mapping[str, Any]) -> str:
     """`pgworker show --json`: {"job": its columns (payload redacted), "milestones", "steps",
-    "attempts", "events"}, times as ISO 8601."""
+    "attempts", "events", "waits"}, times as ISO 8601."""
     return json.dumps(
         {
             "job": _job(found),
@@ -265,6 +266,7 @@ def show_json(found: Mapping[str, Any]) -> str:
             "steps": found["steps"],
             "attempts": found["attempts"],
             "events": found["events"],
+            "waits": found.get("waits", []),
         },
         default=_plain,
         indent=2,
@@ -286,6 +288,10 @@ def show_text(found: Mapping[str, Any]) -> str:
         lines.append(f"  {name.ljust(width)}  {'-' if value is None else shown}")
     for name in ("progress", "payload", "result"):
         lines.append(f"  {name.ljust(width)}  {_compact(job[name])}")
+    waits = found.get("waits", [])
+    waiting = waiting_for(found["job"], waits)
+    if waiting is not None:
+        lines.append(f"  {'waits'.ljust(width)}  waits for {cell(waiting)}")
     lines += ["", f"milestones: {len(found['milestones'])}"]
     lines += [
         f"  {when(m['at'])}  attempt {m['attempt']}  {cell(m['milestone'])}"
@@ -307,6 +313,19 @@ def show_text(found: Mapping[str, Any]) -> str:
         if a["error_type"] or a["error_message"]:
             error = ": ".join(e for e in (a["error_type"], a["error_message"]) if e)
             lines.append(f"      {_cut(error, 200)}")
+    if waits:
+        lines += ["", f"event waits: {len(waits)}"]
+        lines += [
+            f"  #{w['seq']}  {cell(w['name'])}  attempt {w['attempt']}  "
+            + (
+                f"delivered {when(w['delivered_at'])}  {_cut(_compact(w['data']), 120)}"
+                if w["event_id"] is not None
+                else "timed out"
+                if w["timed_out"]
+                else "waiting" + ("" if w["deadline"] is None else f" until {when(w['deadline'])}")
+            )
+            for w in waits
+        ]
     lines += ["", f"events: {len(found['events'])}"]
     lines += [
         f"  {when(e['at'])}  {e['kind']} by {cell(e['actor'] or '-')}"
