@@ -255,7 +255,23 @@ class Completer:
                 self._log.warning(
                     "outcome dropped: this attempt no longer holds the job", **_keys(r)
                 )
+        waiting = [
+            r.job_id
+            for r in batch
+            if r.outcome is Outcome.WAITING and written.get(r.job_id) == Outcome.WAITING
+        ]
+        if waiting:
+            await self._woken(waiting)
         await self._wake(self._freed(batch))
+
+    async def _woken(self, ids: list[int]) -> None:
+        """Attempts ended waiting for an event that an emit delivered meanwhile: their jobs are
+        due now, and the emit's notification came while they still ran. This worker claims
+        them (it serves them): its producer is woken. Only for waiting outcomes; the poll covers
+        a query that fails."""
+        with contextlib.suppress(Exception):
+            if await self._q.jobs_woken(self.shared, ids):
+                self._on_requeued(0.0)
 
     async def _wake(self, notes: list[str]) -> None:
         """Jobs claimed under a limit ended: pass their room on to the workers that a limit may

@@ -566,6 +566,10 @@ class Queries:
             woken: int = await conn.fetchval(self._sql["event_emit"], name, data)
         return woken
 
+    async def jobs_woken(self, conn: Runner, ids: Sequence[int]) -> list[int]:
+        """Of `ids` (jobs whose attempt just ended waiting), those already due again."""
+        return [r["id"] for r in await conn.fetch(self._sql["jobs_woken"], list(ids))]
+
     async def events_prune(self, conn: Runner, age: float, batch: int) -> int:
         """Forget at most `batch` events older than `age` seconds; how many went."""
         forgotten: int = await conn.fetchval(self._sql["events_prune"], age, batch)

@@ -72,6 +72,7 @@ from .schemas import (
     Correlation,
     Decimal,
     EnqueueBody,
+    EventName,
     FailBody,
     HeartbeatBody,
     Problem,
@@ -622,7 +623,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     # `{name:path}`: an event's name may hold any character, a `/` (sent as %2F) too.
     @api.post("/events/{name:path}", response_model=Json, tags=["events"])
     async def emit_event(
-        name: Annotated[str, Path(description="the event's name, URL-encoded")],
+        name: Annotated[EventName, Path(description="the event's name, URL-encoded")],
         data: Annotated[Any, Body(description="the event's data: any JSON (none: null)")] = None,
     ) -> Response:
         """Emit an event (pgworker.emit): every job waiting for it in `ctx.wait_for_event` gets

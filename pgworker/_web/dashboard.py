@@ -46,10 +46,10 @@ from ..operations import (
     pause_queue,
     queue_controls,
     replay_uncommitted,
-    waiting_for,
     resume_queue,
     show_job,
     status,
+    waiting_for,
 )
 from ..settings import Settings
 from . import dashboard_words as words

@@ -108,6 +108,9 @@ TypeName = Annotated[
 QueueName = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_QUEUE_LENGTH, pattern=NO_NUL)
 ]
+EventName = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_EVENT_NAME, pattern=NO_NUL)
+]
 WorkerId = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=limits.MAX_WORKER_ID_LENGTH, pattern=NO_NUL),
