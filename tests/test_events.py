@@ -6,6 +6,7 @@ lost, and bad input writes nothing."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import asyncpg
@@ -308,3 +309,21 @@ async def test_show_and_the_dashboard_say_what_a_job_waits_for(dsn, conn):
     assert found is not None
     deadline = found["waits"][0]["deadline"]
     assert f"waits for event later (until {deadline.isoformat()})" in _render.show_text(found)
+
+
+async def test_the_emit_command_wakes_the_waiting_job_and_refuses_bad_input(dsn, conn):
+    from .test_cli import cli
+
+    calls: list[str] = []
+    job = await pgworker.enqueue(conn, "approve", {"id": 9})
+    async with serving_guarded(approval_registry(calls), dsn):
+        await wait_for(lambda: parked(conn, job.job.id))
+        done = cli("emit", "approval:9", "--data", '{"ok": true}', "--dsn", dsn)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"name": "approval:9", "woken": 1}
+        await wait_for(lambda: has_status(conn, job.job.id, "completed"))
+    assert (await result_of(conn, job.job.id))["decision"] == {"ok": True}
+    for args, word in ((["approval:9", "--data", "{nope"], "--data"), (["x" * 201], "name")):
+        refused = cli("emit", *args, "--dsn", dsn)
+        assert refused.returncode == 2 and word in refused.stderr, refused.stderr
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 1
