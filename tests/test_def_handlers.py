@@ -244,3 +244,32 @@ async def test_stopping_is_set_at_the_tasks_timeout(dsn, conn, kind):
         assert got == {("set", True)}
     else:
         assert got == {("thread", True), ("cancelled", True)}
+
+
+async def test_a_call_waiting_when_the_attempt_is_stopped_raises_in_the_thread(dsn, conn):
+    """A def handler blocked in ctx.step when an operator cancels its job gets CancelledError
+    there, as an awaiting async handler would; the step is not recorded."""
+    registry = pgworker.Registry()
+    seen: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    async def slow() -> None:
+        seen.put("running")
+        await anyio.sleep(60)
+
+    @registry.task("blocked")
+    def blocked(ctx: pgworker.JobContext, payload: Any) -> None:
+        try:
+            ctx.step("slow", slow)
+        except BaseException as exc:
+            seen.put(type(exc).__name__)
+            raise
+        seen.put("returned")
+
+    r = await pgworker.enqueue(conn, "blocked", {})
+    async with serving_guarded(registry, dsn):
+        assert await _got(seen) == "running"
+        await wait_for(lambda: has_status(conn, r.job.id, "running"))
+        await pgworker.cancel(conn, r.job.id)
+        assert await _got(seen) == "CancelledError"
+        await wait_for(lambda: has_status(conn, r.job.id, "cancelled"))
+    assert await step_rows(conn, r.job.id) == []
