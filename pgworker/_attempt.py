@@ -189,9 +189,11 @@ class Attempt:
                 self.stopping = Stopping()
         self.stopping.set()
 
-    def stopping_flag(self, loop: asyncio.AbstractEventLoop) -> Stopping:
+    def stopping_flag(self, loop: asyncio.AbstractEventLoop | None) -> Stopping:
         """`ctx.stopping`, made at its first read (from any thread): set at once when the attempt
-        was stopped or asked to stop already, and armed to be set at the task's timeout."""
+        was stopped or asked to stop already, and armed to be set at the task's timeout on
+        `loop` (None, read first by a thread an async handler started: set when the handler,
+        cancelled at its timeout, has returned)."""
         with _MAKING:
             flag = self.stopping
             if flag is not None:
@@ -200,7 +202,7 @@ class Attempt:
             deadline = self.scope.deadline
         if self.scope.cancel_called:
             flag.set()
-        elif deadline != float("inf"):
+        elif deadline != float("inf") and loop is not None:
             if asyncio._get_running_loop() is loop:
                 flag.arm(loop, deadline)
             else:
@@ -247,8 +249,11 @@ class Stopping:
         if not self._closed and not self._event.is_set():
             self._timer = loop.call_at(deadline, self._event.set)
 
-    def close(self) -> None:
-        """The attempt has ended: its timeout's timer is dropped. On the loop's thread."""
+    def close(self, stopped: bool) -> None:
+        """The attempt has ended (`stopped`: by the worker): its timeout's timer is dropped. On
+        the loop's thread."""
+        if stopped:
+            self._event.set()
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()

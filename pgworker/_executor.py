@@ -171,6 +171,7 @@ async def execute(
                 if task.is_async:
                     value = await task.fn(ctx, _decoded(task, attempt.payload))
                 else:  # its type's validators are as much its code: in its thread
+                    ctx._threaded()
                     try:
                         value = await _threads.run(
                             functools.partial(_call, task, ctx, attempt.payload)
@@ -190,7 +191,7 @@ async def execute(
                     _threads.leave_forked_child()
         result = _decide(attempt, task, value, failure, redact or redactor())
         if attempt.stopping is not None:  # read by the handler: its timeout's timer goes
-            attempt.stopping.close()
+            attempt.stopping.close(attempt.scope.cancel_called)
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)
     except BaseException:

@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from operator import attrgetter
@@ -16,6 +17,7 @@ from ._attempt import Stopping
 from ._attempt import current_correlation_id as current_correlation_id
 from ._bridge import SyncStep
 from ._steps import Steps, step_name
+from .errors import PgWorkerError
 from .models import Job
 
 if TYPE_CHECKING:
@@ -39,13 +41,17 @@ class JobContext:
     they run on the worker's event loop while the calling thread waits, and return their value
     (see `_call`)."""
 
-    __slots__ = ("_attempt", "_loop", "_steps", "_waiting", "worker_id")
+    __slots__ = ("_attempt", "_loop", "_steps", "_thread", "_waiting", "worker_id")
 
     def __init__(self, attempt: Attempt, worker_id: str) -> None:
         self._attempt = attempt
         self.worker_id = worker_id
         self._steps: Steps | None = None  # made at the first step or milestone
-        self._loop = asyncio.get_running_loop()  # the worker's
+        self._thread = threading.get_ident()  # the event loop's
+        # The loop, for calls from other threads: set for a plain `def` handler (`_threaded`), or
+        # at a read of `stopping` on the loop. Not read here: get_running_loop() costs several
+        # times get_ident(), for every job.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: set[asyncio.Task[Any]] | None = None  # calls of threads, on the loop
 
     job: Job = _forward("_attempt.job")
@@ -82,20 +88,32 @@ class JobContext:
         grace period ends as it returned; made at its first read."""
         flag = self._attempt.stopping
         if flag is None:
+            if self._loop is None and threading.get_ident() == self._thread:
+                self._loop = asyncio.get_running_loop()
             flag = self._attempt.stopping_flag(self._loop)
         return flag
+
+    def _threaded(self) -> None:
+        """The handler runs in a thread (a plain `def`): its calls will need the loop."""
+        self._loop = asyncio.get_running_loop()
 
     def _call(self, what: str, make: Callable[[], Awaitable[T]]) -> Any:
         """`make()`, the awaitable of a coroutine method, for the caller to await when called on
         the worker's event loop; from any other thread, run on the loop while this thread waits,
         its value returned and its exception raised. A call waiting when the attempt is stopped
         (or made after) raises CancelledError in the thread, as the awaited one would."""
-        if asyncio._get_running_loop() is self._loop:
+        if threading.get_ident() == self._thread:
             return make()
         return self._blocking(what, make)
 
     def _blocking(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
         attempt = self._attempt
+        loop = self._loop
+        if loop is None:
+            raise PgWorkerError(
+                f"ctx.{what} called from a thread an `async def` handler started: await it in "
+                "the handler (a plain `def` handler, and the threads it starts, may call it)"
+            )
 
         async def on_loop() -> T:
             if attempt.scope.cancel_called:
@@ -111,7 +129,7 @@ class JobContext:
                 self._waiting.discard(task)
 
         try:
-            future = asyncio.run_coroutine_threadsafe(on_loop(), self._loop)
+            future = asyncio.run_coroutine_threadsafe(on_loop(), loop)
         except RuntimeError:  # the loop is closed: the worker is gone
             raise self._stopped(what) from None
         try:
@@ -173,7 +191,7 @@ class JobContext:
         runs in a thread with a synchronous `conn` (`execute`, `executemany`, `fetch`,
         `fetchrow`, `fetchval`, `with conn.transaction():` for a savepoint), each call run on the
         step's connection, with the same refusals; an `async def fn` gets the asynchronous one."""
-        if asyncio._get_running_loop() is self._loop:
+        if threading.get_ident() == self._thread:
             return self._attempt_steps().transactional_step(name, fn, args, kwargs)
         if callable(fn) and not inspect.iscoroutinefunction(fn):
             fn = SyncStep(fn, self._blocking)
