@@ -39,9 +39,7 @@ async def milestones(conn: Any, job_id: int) -> list[tuple[int, str, Any]]:
         "ORDER BY seq",
         job_id,
     )
-    return [
-        (r["attempt"], r["milestone"], r["detail"] and json.loads(r["detail"])) for r in rows
-    ]
+    return [(r["attempt"], r["milestone"], r["detail"] and json.loads(r["detail"])) for r in rows]
 
 
 # --- steps and milestones ------------------------------------------------------------------------
@@ -138,7 +136,12 @@ async def test_a_def_handler_transactional_step_commits_or_rolls_back_with_its_e
     job = await pgworker.get_job(conn, r.job.id)
     assert job is not None and job.result == [3, "INSERT 0 1"]
     rows = await conn.fetch("SELECT n, how FROM effects ORDER BY n")
-    assert [(x["n"], x["how"]) for x in rows] == [(1, "sync"), (2, "many"), (3, "many"), (7, "async")]
+    assert [(x["n"], x["how"]) for x in rows] == [
+        (1, "sync"),
+        (2, "many"),
+        (3, "many"),
+        (7, "async"),
+    ]
     assert [name for name, _, _ in await step_rows(conn, r.job.id)] == ["a", "write"]
 
 
