@@ -276,3 +276,24 @@ async def test_a_call_waiting_when_the_attempt_is_stopped_raises_in_the_thread(d
         assert await _got(seen) == "CancelledError"
         await wait_for(lambda: has_status(conn, r.job.id, "cancelled"))
     assert await step_rows(conn, r.job.id) == []
+
+
+async def test_run_job_runs_a_def_handlers_steps_and_milestones():
+    """`pgworker.testing.run_job` (no database) gives a def handler the same blocking calls."""
+    from pgworker.testing import run_job
+
+    registry = pgworker.Registry()
+
+    @registry.task("x")
+    def x(ctx: pgworker.JobContext, payload: Any) -> int:
+        value = ctx.step("a", lambda: 5)
+        ctx.progress("m", {"v": value})
+        return int(value) + (100 if ctx.stopping.is_set() else 1)
+
+    run = await run_job(registry, "x", {})
+    assert (run.status, run.result, run.steps, run.progress["detail"]) == (
+        "completed",
+        6,
+        {"a": 5},
+        {"v": 5},
+    )
