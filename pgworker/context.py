@@ -151,8 +151,16 @@ class JobContext:
             for task in waiting:
                 task.cancel()
 
-    def _attempt_steps(self) -> Steps:
-        """The attempt's steps, made at the first step or milestone (on the loop)."""
+    def _attempt_steps(self, what: str) -> Steps:
+        """The attempt's steps, made at the first step or milestone, for `ctx.<what>(...)` on the
+        worker's event loop: a coroutine method reaches it inside `_call`'s `make`. Called
+        from another thread, its coroutine would never be awaited (nothing done, silently): an
+        error at once instead."""
+        if threading.get_ident() != self._thread:
+            raise PgWorkerError(
+                f"ctx.{what} cannot be called from a thread (a plain `def` handler): make the "
+                "handler `async def`"
+            )
         if self._steps is None:
             self._steps = Steps(self._attempt)
         return self._steps
@@ -171,7 +179,7 @@ class JobContext:
         propagate). Awaited from `async def` handlers; from a plain `def` handler it blocks and
         returns the result. Tasks of one handler running the same step at once run it once."""
         return self._call(  # type: ignore[no-any-return]
-            "step", lambda: self._attempt_steps().step(name, fn, args, kwargs)
+            "step", lambda: self._attempt_steps("step").step(name, fn, args, kwargs)
         )
 
     def transactional_step(
@@ -192,12 +200,16 @@ class JobContext:
         `fetchrow`, `fetchval`, `with conn.transaction():` for a savepoint), each call run on the
         step's connection, with the same refusals; an `async def fn` gets the asynchronous one."""
         if threading.get_ident() == self._thread:
-            return self._attempt_steps().transactional_step(name, fn, args, kwargs)
+            return self._attempt_steps("transactional_step").transactional_step(
+                name, fn, args, kwargs
+            )
         if callable(fn) and not inspect.iscoroutinefunction(fn):
             fn = SyncStep(fn, self._blocking)
         return self._blocking(
             "transactional_step",
-            lambda: self._attempt_steps().transactional_step(name, fn, args, kwargs),
+            lambda: self._attempt_steps("transactional_step").transactional_step(
+                name, fn, args, kwargs
+            ),
         )
 
     def key(self, name: str) -> str:
@@ -211,7 +223,7 @@ class JobContext:
         `job_milestones` keeps every one. Fenced like a step. Awaited from `async def`
         handlers; from a plain `def` handler it blocks until the milestone is written."""
         return self._call(  # type: ignore[no-any-return]
-            "progress", lambda: self._attempt_steps().progress(milestone, detail)
+            "progress", lambda: self._attempt_steps("progress").progress(milestone, detail)
         )
 
     @property
