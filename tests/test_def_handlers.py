@@ -127,12 +127,16 @@ async def test_a_def_handler_transactional_step_commits_or_rolls_back_with_its_e
             ctx.transactional_step("commits", commits)
         except pgworker.ValidationError as exc:
             seen.append(f"refused: {exc.field}")
+        try:  # a milestone inside the step's function would not commit with its effect
+            ctx.transactional_step("nested", lambda db: ctx.progress("inside"))
+        except pgworker.PgWorkerError as exc:
+            seen.append("nested: " + str(exc).split(" called")[0])
         return [ctx.transactional_step("write", write, 1), ctx.transactional_step("a", write_async)]
 
     r = await pgworker.enqueue(conn, "tx", {})
     async with serving_guarded(registry, dsn):
         await wait_for(lambda: has_status(conn, r.job.id, "completed"))
-    assert seen == ["fails raised", "refused: fn"]
+    assert seen == ["fails raised", "refused: fn", "nested: progress 'inside'"]
     job = await pgworker.get_job(conn, r.job.id)
     assert job is not None and job.result == [3, "INSERT 0 1"]
     rows = await conn.fetch("SELECT n, how FROM effects ORDER BY n")
@@ -297,3 +301,20 @@ async def test_run_job_runs_a_def_handlers_steps_and_milestones():
         {"a": 5},
         {"v": 5},
     )
+
+
+async def test_stopping_is_set_when_the_attempt_loses_its_lease(dsn, conn):
+    """The job is claimed again behind the worker's back: its next heartbeat finds the lease
+    not held and stops the attempt as lost, which sets ctx.stopping."""
+    registry = pgworker.Registry()
+    seen: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    registry.task("wait")(_def_waits(seen))
+    r = await pgworker.enqueue(conn, "wait", {})
+    async with serving_guarded(registry, dsn, lease=1.5):
+        assert await _got(seen) == "running"
+        await conn.execute(
+            "UPDATE pgworker.jobs SET attempts = attempts + 1, claimed_at = clock_timestamp() "
+            "WHERE id = $1",
+            r.job.id,
+        )
+        assert await _got(seen) == ("set", True)
