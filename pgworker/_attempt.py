@@ -5,7 +5,10 @@ without importing the others."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 from contextvars import ContextVar
 from datetime import datetime
@@ -59,6 +62,7 @@ class Attempt:
         "scope",
         "started",
         "stopped_as",
+        "stopping",
         "store",
         "task_cancelled",
         "type",
@@ -93,6 +97,7 @@ class Attempt:
         self.scope = anyio.CancelScope()
         self.started: float | None = None  # time.monotonic() when the handler was called
         self.stopped_as: Outcome | None = None
+        self.stopping: Stopping | None = None  # made when first read (`ctx.stopping`)
         self.task_cancelled = False
         self._log: Any = None
 
@@ -182,3 +187,89 @@ class Attempt:
         if self.stopped_as is None:
             self.stopped_as = outcome
         self.scope.cancel()
+        # After the cancel: a flag made meanwhile in another thread reads cancel_called after
+        # it is stored (see stopping_flag).
+        flag = self.stopping
+        if flag is not None:
+            flag.set()
+
+    def ask_to_stop(self) -> None:
+        """The worker's shutdown began: `ctx.stopping` is set now, the attempt is stopped at the
+        end of the grace period (`stop`) unless its handler returns before."""
+        with _MAKING:
+            if self.stopping is None:
+                self.stopping = Stopping()
+        self.stopping.set()
+
+    def stopping_flag(self, loop: asyncio.AbstractEventLoop | None) -> Stopping:
+        """`ctx.stopping`, made at its first read (from any thread): set at once when the attempt
+        was stopped or asked to stop already, and armed to be set at the task's timeout on
+        `loop` (None, read first by a thread an async handler started: set when the handler,
+        cancelled at its timeout, has returned)."""
+        with _MAKING:
+            flag = self.stopping
+            if flag is not None:
+                return flag
+            flag = self.stopping = Stopping()
+            deadline = self.scope.deadline
+        if self.scope.cancel_called:
+            flag.set()
+        elif deadline != float("inf") and loop is not None:
+            if asyncio._get_running_loop() is loop:
+                flag.arm(loop, deadline)
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to arm
+                    loop.call_soon_threadsafe(flag.arm, loop, deadline)
+        return flag
+
+
+_MAKING = threading.Lock()
+"""Held while an attempt's `stopping` flag is made: by the handler's thread, a thread of its own
+or the worker's loop, whichever reads or sets it first."""
+
+
+class Stopping:
+    """`ctx.stopping`: set as soon as the worker asks the attempt to stop (the shutdown's grace
+    period begins, an operator's cancel, the task's timeout, a lost lease or lost contact with
+    the database). Read it like a `threading.Event`: `is_set()`, `wait(timeout)`; only the
+    worker sets it."""
+
+    __slots__ = ("_closed", "_event", "_timer")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def is_set(self) -> bool:
+        """Whether the worker has asked this attempt to stop."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this thread until the worker asks the attempt to stop, or `timeout` seconds
+        pass; returns `is_set()`. From a plain `def` handler: `while not ctx.stopping.wait(1):`.
+        An `async def` handler must not wait on it (that blocks the event loop): it reads
+        `is_set()`, or is simply cancelled."""
+        return self._event.wait(timeout)
+
+    def set(self) -> None:
+        """The worker's: the attempt is asked to stop."""
+        self._event.set()
+
+    def arm(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Set at `deadline` (the loop's clock): the task's timeout. On the loop's thread."""
+        if not self._closed and not self._event.is_set():
+            self._timer = loop.call_at(deadline, self._event.set)
+
+    def close(self, stopped: bool) -> None:
+        """The attempt has ended (`stopped`: by the worker): its timeout's timer is dropped. On
+        the loop's thread."""
+        if stopped:
+            self._event.set()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def __repr__(self) -> str:
+        return f"<Stopping {'set' if self._event.is_set() else 'clear'}>"

@@ -171,7 +171,13 @@ async def execute(
                 if task.is_async:
                     value = await task.fn(ctx, _decoded(task, attempt.payload))
                 else:  # its type's validators are as much its code: in its thread
-                    value = await _threads.run(functools.partial(_call, task, ctx, attempt.payload))
+                    ctx._threaded()
+                    try:
+                        value = await _threads.run(
+                            functools.partial(_call, task, ctx, attempt.payload)
+                        )
+                    finally:  # returned, or left behind: its calls waiting on the loop end
+                        ctx._release()
                     if inspect.isawaitable(value):
                         value = await value
             except BaseException as exc:
@@ -184,6 +190,8 @@ async def execute(
                 if _threads.forked:
                     _threads.leave_forked_child()
         result = _decide(attempt, task, value, failure, redact or redactor())
+        if attempt.stopping is not None:  # read by the handler: its timeout's timer goes
+            attempt.stopping.close(attempt.scope.cancel_called)
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result, started)
     except BaseException:

@@ -161,9 +161,16 @@ class Producer:
         return self._completer.unwritten()
 
     def stop(self) -> None:
-        """Stop claiming now; running attempts get the grace period to finish."""
-        self._stopping.set()
+        """Stop claiming now; running attempts get the grace period to finish, their handlers
+        told at once (`ctx.stopping`)."""
+        if not self._stopping.is_set():
+            self._stopping.set()
+            self._ask_to_stop()
         self._wakeup.set()
+
+    def _ask_to_stop(self) -> None:
+        for attempt in list(self.running):
+            attempt.ask_to_stop()
 
     def interrupt(self) -> None:
         """End the grace period now: stop every running attempt."""
@@ -232,6 +239,7 @@ class Producer:
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._conn.drop()
+            self._ask_to_stop()  # those a claim in flight at `stop` started
             await self._leave()
             await self._drain()
         except BaseException:

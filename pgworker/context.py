@@ -3,20 +3,27 @@ current context (jobs enqueued from a handler inherit it)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import json
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._attempt import Stopping
 from ._attempt import current_correlation_id as current_correlation_id
+from ._bridge import SyncStep
 from ._steps import Steps, step_name
 from .errors import PgWorkerError
 from .models import Job
 
 if TYPE_CHECKING:
     from ._attempt import Attempt
+
+T = TypeVar("T")
 
 
 def _forward(path: str) -> Any:
@@ -27,15 +34,25 @@ def _forward(path: str) -> Any:
 
 class JobContext:
     """What a handler knows about the attempt it runs, and what it keeps across attempts: its
-    durable steps and milestones. `log` is bound to the job's keys."""
+    durable steps and milestones. `log` is bound to the job's keys.
 
-    __slots__ = ("_attempt", "_steps", "_thread", "worker_id")
+    Its coroutine methods (`step`, `transactional_step`, `progress`) are awaited by `async def`
+    handlers; called from any other thread (a plain `def` handler, a thread a handler started)
+    they run on the worker's event loop while the calling thread waits, and return their value
+    (see `_call`)."""
+
+    __slots__ = ("_attempt", "_loop", "_steps", "_thread", "_waiting", "worker_id")
 
     def __init__(self, attempt: Attempt, worker_id: str) -> None:
         self._attempt = attempt
         self.worker_id = worker_id
         self._steps: Steps | None = None  # made at the first step or milestone
         self._thread = threading.get_ident()  # the event loop's
+        # The loop, for calls from other threads: set for a plain `def` handler (`_threaded`), or
+        # at a read of `stopping` on the loop. Not read here: get_running_loop() costs several
+        # times get_ident(), for every job.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: set[asyncio.Task[Any]] | None = None  # calls of threads, on the loop
 
     job: Job = _forward("_attempt.job")
     """The job as its claim left it."""
@@ -61,14 +78,88 @@ class JobContext:
         has already ended, and what it returns or raises is ignored."""
         return self._attempt.scope.cancel_called
 
+    @property
+    def stopping(self) -> Stopping:
+        """A `threading.Event`-like flag (`is_set()`, `wait(timeout)`), set as soon as the worker
+        asks this attempt to stop: its shutdown begins (the grace period starts), an operator
+        cancels the job, the task's timeout passes, the lease is lost or the worker loses the
+        database. `stopped` follows when the stop takes effect: at once, but at the end of the
+        grace period for a shutdown. A plain `def` handler that sees it and returns within the
+        grace period ends as it returned; made at its first read."""
+        flag = self._attempt.stopping
+        if flag is None:
+            if self._loop is None and threading.get_ident() == self._thread:
+                self._loop = asyncio.get_running_loop()
+            flag = self._attempt.stopping_flag(self._loop)
+        return flag
+
+    def _threaded(self) -> None:
+        """The handler runs in a thread (a plain `def`): its calls will need the loop."""
+        self._loop = asyncio.get_running_loop()
+
+    def _call(self, what: str, make: Callable[[], Awaitable[T]]) -> Any:
+        """`make()`, the awaitable of a coroutine method, for the caller to await when called on
+        the worker's event loop; from any other thread, run on the loop while this thread waits,
+        its value returned and its exception raised. A call waiting when the attempt is stopped
+        (or made after) raises CancelledError in the thread, as the awaited one would."""
+        if threading.get_ident() == self._thread:
+            return make()
+        return self._blocking(what, make)
+
+    def _blocking(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        attempt = self._attempt
+        loop = self._loop
+        if loop is None:
+            raise PgWorkerError(
+                f"ctx.{what} called from a thread an `async def` handler started: await it in "
+                "the handler (a plain `def` handler, and the threads it starts, may call it)"
+            )
+
+        async def on_loop() -> T:
+            if attempt.scope.cancel_called:
+                raise asyncio.CancelledError
+            task = asyncio.current_task()
+            assert task is not None
+            if self._waiting is None:
+                self._waiting = set()
+            self._waiting.add(task)
+            try:
+                return await make()
+            finally:
+                self._waiting.discard(task)
+
+        try:
+            future = asyncio.run_coroutine_threadsafe(on_loop(), loop)
+        except RuntimeError:  # the loop is closed: the worker is gone
+            raise self._stopped(what) from None
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise self._stopped(what) from None
+
+    def _stopped(self, what: str) -> asyncio.CancelledError:
+        return asyncio.CancelledError(
+            f"ctx.{what}: job {self._attempt.id}, attempt {self._attempt.number} was stopped by "
+            "the worker; the handler should return"
+        )
+
+    def _release(self) -> None:
+        """The handler's thread has returned or been left behind: calls its threads still wait
+        on are cancelled (they raise CancelledError there). On the loop."""
+        waiting = self._waiting
+        if waiting:
+            for task in waiting:
+                task.cancel()
+
     def _attempt_steps(self, what: str) -> Steps:
-        """The attempt's steps, for `await ctx.<what>(...)` on the worker's event loop. From a
-        plain `def` handler (a thread) the call is an error at once: its coroutine, never
-        awaited, would do nothing, silently."""
+        """The attempt's steps, made at the first step or milestone, for `ctx.<what>(...)` on the
+        worker's event loop: a coroutine method reaches it inside `_call`'s `make`. Called
+        from another thread, its coroutine would never be awaited (nothing done, silently): an
+        error at once instead."""
         if threading.get_ident() != self._thread:
             raise PgWorkerError(
-                f"ctx.{what} is a coroutine for `async def` handlers, awaited on the worker's "
-                "event loop; this handler runs in a thread (a plain `def`): make it `async def`"
+                f"ctx.{what} cannot be called from a thread (a plain `def` handler): make the "
+                "handler `async def`"
             )
         if self._steps is None:
             self._steps = Steps(self._attempt)
@@ -85,10 +176,11 @@ class JobContext:
         tuple comes back a list), the first time as on later attempts. A name used again in the
         same attempt returns the stored result without calling `fn`. Raises PgWorkerError, and
         records nothing, once this attempt no longer holds its job (the handler should let it
-        propagate). Steps are awaited, so they are for `async def` handlers: called from a plain
-        `def` handler, it raises PgWorkerError at once. Tasks of one handler running the same
-        step at once run it once."""
-        return self._attempt_steps("step").step(name, fn, args, kwargs)
+        propagate). Awaited from `async def` handlers; from a plain `def` handler it blocks and
+        returns the result. Tasks of one handler running the same step at once run it once."""
+        return self._call(  # type: ignore[no-any-return]
+            "step", lambda: self._attempt_steps("step").step(name, fn, args, kwargs)
+        )
 
     def transactional_step(
         self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
@@ -101,8 +193,24 @@ class JobContext:
         refuses transaction control before sending it (COMMIT, ROLLBACK, BEGIN, SAVEPOINT, ...:
         a ValidationError, the step not recorded; `async with conn.transaction()` inside `fn`
         makes a savepoint). `fn` must not call `ctx.step`, `ctx.transactional_step` or
-        `ctx.progress` (a PgWorkerError)."""
-        return self._attempt_steps("transactional_step").transactional_step(name, fn, args, kwargs)
+        `ctx.progress` (a PgWorkerError).
+
+        From a plain `def` handler it blocks and returns the result, and a plain `fn(conn, ...)`
+        runs in a thread with a synchronous `conn` (`execute`, `executemany`, `fetch`,
+        `fetchrow`, `fetchval`, `with conn.transaction():` for a savepoint), each call run on the
+        step's connection, with the same refusals; an `async def fn` gets the asynchronous one."""
+        if threading.get_ident() == self._thread:
+            return self._attempt_steps("transactional_step").transactional_step(
+                name, fn, args, kwargs
+            )
+        if callable(fn) and not inspect.iscoroutinefunction(fn):
+            fn = SyncStep(fn, self._blocking)
+        return self._blocking(
+            "transactional_step",
+            lambda: self._attempt_steps("transactional_step").transactional_step(
+                name, fn, args, kwargs
+            ),
+        )
 
     def wait_for_event(self, name: str, timeout: float | timedelta | None = None) -> Awaitable[Any]:
         """Wait, durably, for event `name` (`pgworker.emit`, SQL `emit()`, `POST /events/{name}`)
@@ -115,8 +223,12 @@ class JobContext:
         timeout, it raises TimeoutError (the handler catches it or fails). The attempt ends by
         an exception that `except Exception` does not catch; `except BaseException` must
         re-raise it. A ValidationError for a bad name or timeout; PgWorkerError once the attempt
-        lost its job. See docs/guide/events.md."""
-        return self._attempt_steps("wait_for_event").wait_for_event(name, timeout)
+        lost its job. From a plain `def` handler it blocks and returns the data (or ends the
+        attempt the same way). See docs/guide/events.md."""
+        return self._call(  # type: ignore[no-any-return]
+            "wait_for_event",
+            lambda: self._attempt_steps("wait_for_event").wait_for_event(name, timeout),
+        )
 
     def key(self, name: str) -> str:
         """A key for an effect outside this database, the same on every attempt of this job:
@@ -126,8 +238,11 @@ class JobContext:
     def progress(self, milestone: str, detail: dict[str, Any] | None = None) -> Awaitable[None]:
         """Report a milestone: `jobs.progress` becomes {"milestone", "detail", "at" (ISO 8601,
         UTC), "attempt"}, kept through later attempts and after the job ends, and
-        `job_milestones` keeps every one. Fenced like a step."""
-        return self._attempt_steps("progress").progress(milestone, detail)
+        `job_milestones` keeps every one. Fenced like a step. Awaited from `async def`
+        handlers; from a plain `def` handler it blocks until the milestone is written."""
+        return self._call(  # type: ignore[no-any-return]
+            "progress", lambda: self._attempt_steps("progress").progress(milestone, detail)
+        )
 
     @property
     def last_progress(self) -> dict[str, Any] | None:

@@ -327,3 +327,22 @@ async def test_the_emit_command_wakes_the_waiting_job_and_refuses_bad_input(dsn,
         refused = cli("emit", *args, "--dsn", dsn)
         assert refused.returncode == 2 and word in refused.stderr, refused.stderr
     assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 1
+
+
+async def test_a_plain_def_handler_waits_for_an_event_and_gets_its_data(dsn, conn):
+    registry = pgworker.Registry()
+    sent: list[int] = []
+
+    @registry.task("approve-sync")
+    def approve(ctx: pgworker.JobContext, payload: dict[str, Any]) -> Any:
+        ctx.step("send", sent.append, ctx.job_id)
+        return {"decision": ctx.wait_for_event(f"approval:{payload['id']}")}
+
+    job = await pgworker.enqueue(conn, "approve-sync", {"id": 5})
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: parked(conn, job.job.id))
+        assert await pgworker.emit(conn, "approval:5", {"ok": "sync"}) == 1
+        await wait_for(lambda: has_status(conn, job.job.id, "completed"))
+    assert await result_of(conn, job.job.id) == {"decision": {"ok": "sync"}}
+    assert await outcomes(conn, job.job.id) == ["waiting", "completed"]
+    assert sent == [job.job.id]

@@ -170,25 +170,23 @@ async def test_a_milestone_or_step_inside_a_transactional_step_is_a_clear_error(
     assert await conn.fetchval("SELECT count(*) FROM pgworker.job_milestones") == 0
 
 
-async def test_a_step_from_a_plain_def_handler_is_a_clear_error(dsn, conn):
-    """In a `def` handler (a thread), `ctx.step(...)` made a coroutine that nobody awaited: `fn`
-    never ran, the job completed as if it had. Now the call raises PgWorkerError at once and
-    the attempt fails saying so."""
+async def test_a_step_from_a_plain_def_handler_runs_and_returns_its_result(dsn, conn):
+    """In a `def` handler (a thread), `ctx.step(...)` once made a coroutine that nobody awaited:
+    `fn` never ran, the job completed as if it had (then it raised PgWorkerError at once). Now
+    the call runs the step on the worker's loop and returns its result (issue 24)."""
     registry = pgworker.Registry()
     ran: list[str] = []
 
     @registry.task("sync-steps", max_retries=0)
-    def handler(ctx: pgworker.JobContext, payload: Any) -> str:
-        ctx.step("charge", lambda: ran.append("charged"))
-        return "done"
+    def handler(ctx: pgworker.JobContext, payload: Any) -> Any:
+        return ctx.step("charge", lambda: ran.append("charged") or "charged")
 
     r = await pgworker.enqueue(conn, "sync-steps", {})
     async with serving_guarded(registry, dsn):
-        await wait_for(lambda: has_status(conn, r.job.id, "failed"))
+        await wait_for(lambda: has_status(conn, r.job.id, "completed"))
     job = await pgworker.get_job(conn, r.job.id)
-    assert job is not None and job.error is not None
-    assert "ctx.step" in job.error and "async def" in job.error
-    assert ran == []
+    assert job is not None and job.result == "charged"
+    assert ran == ["charged"]
 
 
 # --- secrets --------------------------------------------------------------------------------------
