@@ -198,35 +198,59 @@ async def test_a_job_cannot_run_after_itself(conn: asyncpg.Connection) -> None:
 async def test_many_parents_ending_at_once_never_leave_a_dependant_parked(
     dsn: str, conn: asyncpg.Connection
 ) -> None:
-    """60 parents finished by 3 workers of 8 slots each, their outcomes written in batches that
-    commit concurrently, with 20 dependants after all of them (and more enqueued meanwhile):
-    every dependant runs."""
-    parents = await pgworker.enqueue_many(
-        conn, [JobSpec("square", {"n": n}) for n in range(60)]
-    )
-    ids = [r.job.id for r in parents]
-    kids = [(await pgworker.enqueue(conn, "total", after=ids)).job.id for _ in range(10)]
+    """Rounds of 24 parents held running by 3 workers of 8 slots each, then let go at once: their
+    outcomes are written by three completers whose transactions overlap, and dependants after
+    pairs, fours and all of them must all run (a recount of the parents not ended, instead of
+    the counter, leaves some parked: each transaction sees the other's parent still running).
+    Dependants are also enqueued while the parents end (each locks its parents)."""
+    registry = make_registry()
+    gate = anyio.Event()
+
+    @registry.task("held", max_retries=0)
+    async def held(ctx: pgworker.JobContext, payload: Any) -> int:
+        await gate.wait()
+        return 1
+
     async with (
-        serving_guarded(make_registry(), dsn, concurrency=8),
-        serving_guarded(make_registry(), dsn, concurrency=8),
-        serving_guarded(make_registry(), dsn, concurrency=8),
+        serving_guarded(registry, dsn, concurrency=8),
+        serving_guarded(registry, dsn, concurrency=8),
+        serving_guarded(registry, dsn, concurrency=8),
     ):
-        for k in range(10):  # enqueued while the parents end: each locks them all
-            kids.append((await pgworker.enqueue(conn, "total", after=ids[k::3])).job.id)
+        for _ in range(4):
+            gate = anyio.Event()
+            parents = await pgworker.enqueue_many(conn, [JobSpec("held") for _ in range(24)])
+            ids = [r.job.id for r in parents]
+            groups = [ids[k : k + 2] for k in range(0, 24, 2)]
+            groups += [ids[k : k + 4] for k in range(0, 24, 4)] + [ids]
+            kids = [(await pgworker.enqueue(conn, "total", after=g)).job.id for g in groups]
 
-        async def all_ran() -> bool:
-            return bool(
-                await conn.fetchval(
-                    "SELECT count(*) = $2 FROM pgworker.jobs"
-                    " WHERE id = ANY($1) AND status = 'completed'",
-                    kids,
-                    len(kids),
+            async def all_running(ids: list[int] = ids) -> bool:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT count(*) = 24 FROM pgworker.jobs"
+                        " WHERE id = ANY($1) AND status = 'running'",
+                        ids,
+                    )
                 )
-            )
 
-        await wait_for(all_ran, timeout=60)
+            await wait_for(all_running, timeout=30)
+            gate.set()
+            for k in range(6):  # enqueued while the parents end
+                kids.append((await pgworker.enqueue(conn, "total", after=ids[k::6])).job.id)
+
+            async def all_ran(kids: list[int] = kids) -> bool:
+                return bool(
+                    await conn.fetchval(
+                        "SELECT count(*) = $2 FROM pgworker.jobs"
+                        " WHERE id = ANY($1) AND status = 'completed'",
+                        kids,
+                        len(kids),
+                    )
+                )
+
+            await wait_for(all_ran, timeout=30)
     assert await conn.fetchval(
-        "SELECT count(*) FROM pgworker.jobs WHERE run_at = 'infinity'"
+        "SELECT count(*) FROM pgworker.jobs WHERE run_at = 'infinity' OR parents_left <> 0"
     ) == 0
 
 
