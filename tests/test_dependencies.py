@@ -308,3 +308,66 @@ async def test_a_plain_job_costs_no_parents_query(dsn: str, conn: asyncpg.Connec
     assert got == [{}]
     with anyio.fail_after(1):
         assert (await job(conn, r.job.id)).status == "completed"
+
+
+async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_for(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    import json
+    import re
+
+    import httpx
+
+    from .test_cli import cli
+    from .webserver import serving
+
+    done = await pgworker.enqueue(conn, "square", {"n": 1})
+    await conn.execute(
+        "UPDATE pgworker.jobs SET status = 'completed', finished_at = now() WHERE id = $1",
+        done.job.id,
+    )
+    waiting = await pgworker.enqueue(conn, "square", {"n": 2})
+    # The CLI: --after repeatable, --on-parent-failure.
+    answer = cli(
+        "enqueue", "total", "--dsn", dsn, "--after", str(done.job.id),
+        "--after", str(waiting.job.id), "--on-parent-failure", "run",
+    )  # fmt: skip
+    assert answer.returncode == 0, answer.stderr
+    child_id = json.loads(answer.stdout)["id"]
+    child = await job(conn, child_id)
+    assert child.parents == (done.job.id, waiting.job.id) and child.parents_left == 1
+    refused = cli("enqueue", "total", "--dsn", dsn, "--after", "987654")
+    assert refused.returncode != 0 and "after: no job has the id 987654" in refused.stderr
+    shown = cli("show", str(child_id), "--dsn", dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "parents: 2, waits for 1" in shown.stdout
+    assert f"{waiting.job.id}  pending  (waited for)" in shown.stdout
+    as_json = json.loads(cli("show", str(child_id), "--dsn", dsn, "--json").stdout)
+    assert as_json["waits_for"] == [waiting.job.id]
+    assert as_json["job"]["parents"] == [done.job.id, waiting.job.id]
+    async with serving(dsn) as served:
+        async with served.client() as c:
+            r = await c.post("/jobs", json={"type": "total", "payload": {}, "after": [waiting.job.id]})
+            assert r.status_code == 201, r.text
+            assert r.json()["parents"] == [waiting.job.id] and r.json()["parents_left"] == 1
+            r = await c.post("/jobs", json={"type": "total", "payload": {}, "after": [555555]})
+            assert r.status_code == 422 and r.json()["field"] == "after", r.text
+            r = await c.post(
+                "/jobs",
+                json={"type": "total", "payload": {}, "after": [waiting.job.id], "on_parent_failure": "skip"},
+            )
+            assert r.status_code == 422, r.text
+            r = await c.get(f"/jobs/{child_id}")
+            assert r.json()["parents"] == [done.job.id, waiting.job.id], r.text
+        async with httpx.AsyncClient(base_url=served.url, timeout=30) as ui:
+            form = await ui.get("/ui/login")
+            csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+            assert csrf
+            await ui.post(
+                "/ui/login", data={"csrf": csrf.group(1), "token": served.token, "next": "/"}
+            )
+            page = await ui.get(f"/ui/jobs/{child_id}")
+            assert page.status_code == 200, page.text
+            assert f'href="/ui/jobs/{waiting.job.id}"' in page.text
+            assert "Waiting for 1 parent to end" in page.text
+            assert "waits for 1 parent" in page.text

@@ -382,6 +382,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 delay=body.delay,
                 version=body.version,
                 concurrency_key=body.concurrency_key,
+                after=body.after,
+                on_parent_failure=body.on_parent_failure,
                 schema=config.schema,
             )
             return _answer(job_json(result.job), 201 if result.created else 200)

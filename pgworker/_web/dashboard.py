@@ -418,6 +418,7 @@ class _Dashboard:
                     "error": job.error,
                     "run_at": job.run_at,
                     "milestone": words.milestone_of(job.progress),
+                    "parents_left": len(found["waits_for"]),
                 }
                 return self.page(
                     request,
@@ -434,6 +435,8 @@ class _Dashboard:
                         "cancellable": job.status.value in ("pending", "running"),
                         "refresh": job.status.value in ("pending", "running"),
                         "paused": paused,
+                        "parents": found["parents"],
+                        "waits_for": found["waits_for"],
                         "now": datetime.now(UTC),
                     },
                     session=session,

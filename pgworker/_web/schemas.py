@@ -99,6 +99,7 @@ Seconds = Annotated[StrictFloat, Interval(ge=0, le=limits.MAX_DELAY)]
 Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
 Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
 Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
+JobId = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_BIGINT), Integral]
 PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
 UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), BeforeValidator(_id)]
 """A job's id in a URL."""
@@ -205,6 +206,15 @@ class EnqueueBody(_Body):
     version: Positive | None = Field(None, description="the payload's version (default 1)")
     concurrency_key: ConcurrencyKey | None = Field(
         None, description="the key the task's max_running_per_key counts by (default: none)"
+    )
+    after: list[JobId] | None = Field(
+        None,
+        max_length=limits.MAX_PARENTS,
+        description="ids of the jobs this one runs after, each once (default: none); "
+        "not with run_at or delay",
+    )
+    on_parent_failure: Annotated[StrictStr, StringConstraints(pattern="^(cancel|run)$")] | None = (
+        Field(None, description="with after: cancel (default) or run, when a parent fails")
     )
 
 
