@@ -371,3 +371,16 @@ async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_f
             assert f'href="/ui/jobs/{waiting.job.id}"' in page.text
             assert "Waiting for 1 parent to end" in page.text
             assert "waits for 1 parent" in page.text
+
+
+async def test_the_fan_in_recipe_of_the_docs(dsn: str, conn: asyncpg.Connection) -> None:
+    """docs/guide/workflows.md's recipe, run as written (examples/workflows/fan_in.py)."""
+    from examples.workflows import fan_in
+
+    texts = [f"{'word ' * n}".strip() for n in range(1, 21)]
+    total_id = await fan_in.count_all(conn, texts)
+    async with serving_guarded(fan_in.registry, dsn, concurrency=8):
+        await wait_for(lambda: ended(conn, total_id), timeout=30)
+    total = await job(conn, total_id)
+    assert total.status == "completed" and total.result == sum(range(1, 21))
+    assert len(total.parents or ()) == 20
