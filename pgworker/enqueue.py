@@ -108,8 +108,7 @@ def _dependencies(
     if after is not None and (run_at is not None or delay is not None):
         raise ValidationError(
             "run_at" if run_at is not None else "delay",
-            "a job with after= runs when its last parent ends: give after= or a schedule, "
-            "not both",
+            "a job with after= runs when its last parent ends: give after= or a schedule, not both",
         )
     return after, limits.on_parent_failure(spec.on_parent_failure, after)
 

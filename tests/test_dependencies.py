@@ -96,9 +96,10 @@ async def test_a_failed_parent_cancels_a_dependant_naming_it(
     c = await job(conn, cancelled.job.id)
     assert c.status == "cancelled"
     assert c.error == f"ParentFailed: parent {bad.job.id} failed"
-    assert await conn.fetchval(
-        "SELECT count(*) FROM pgworker.job_attempts WHERE job_id = $1", c.id
-    ) == 0
+    assert (
+        await conn.fetchval("SELECT count(*) FROM pgworker.job_attempts WHERE job_id = $1", c.id)
+        == 0
+    )
     g = await job(conn, grandchild.job.id)
     assert g.status == "cancelled" and g.error == f"ParentFailed: parent {c.id} cancelled"
     r = await job(conn, runs.job.id)
@@ -175,9 +176,9 @@ async def test_unknown_ids_are_refused_by_name_with_nothing_written(
     with pytest.raises(ValidationError, match=r"^after: no job has the id 424242, 424243:"):
         await pgworker.enqueue(conn, "total", after=[424243, known.job.id, 424242])
     assert await jobs_count(conn) == before
-    assert not (await conn.fetchval(
-        "SELECT has_dependants FROM pgworker.jobs WHERE id = $1", known.job.id
-    ))
+    assert not (
+        await conn.fetchval("SELECT has_dependants FROM pgworker.jobs WHERE id = $1", known.job.id)
+    )
 
 
 async def test_a_job_cannot_run_after_itself(conn: asyncpg.Connection) -> None:
@@ -249,9 +250,12 @@ async def test_many_parents_ending_at_once_never_leave_a_dependant_parked(
                 )
 
             await wait_for(all_ran, timeout=30)
-    assert await conn.fetchval(
-        "SELECT count(*) FROM pgworker.jobs WHERE run_at = 'infinity' OR parents_left <> 0"
-    ) == 0
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE run_at = 'infinity' OR parents_left <> 0"
+        )
+        == 0
+    )
 
 
 async def test_the_replay_rule(dsn: str, conn: asyncpg.Connection) -> None:
@@ -347,14 +351,21 @@ async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_f
     assert as_json["job"]["parents"] == [done.job.id, waiting.job.id]
     async with serving(dsn) as served:
         async with served.client() as c:
-            r = await c.post("/jobs", json={"type": "total", "payload": {}, "after": [waiting.job.id]})
+            r = await c.post(
+                "/jobs", json={"type": "total", "payload": {}, "after": [waiting.job.id]}
+            )
             assert r.status_code == 201, r.text
             assert r.json()["parents"] == [waiting.job.id] and r.json()["parents_left"] == 1
             r = await c.post("/jobs", json={"type": "total", "payload": {}, "after": [555555]})
             assert r.status_code == 422 and r.json()["field"] == "after", r.text
             r = await c.post(
                 "/jobs",
-                json={"type": "total", "payload": {}, "after": [waiting.job.id], "on_parent_failure": "skip"},
+                json={
+                    "type": "total",
+                    "payload": {},
+                    "after": [waiting.job.id],
+                    "on_parent_failure": "skip",
+                },
             )
             assert r.status_code == 422, r.text
             r = await c.get(f"/jobs/{child_id}")
