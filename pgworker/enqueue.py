@@ -255,6 +255,10 @@ async def _insert(
     return _result(row, idempotency_key)
 
 
+UNKNOWN_PARENT = "no job has the id"
+"""What the error of an `after=` naming a job that does not exist says (the HTTP API: a 404)."""
+SELF_PARENT = "a job cannot run after itself"
+"""What the error of an `after=` naming the job being enqueued says (the HTTP API: a 409)."""
 _FINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 _DEADLOCK_TRIES = 3
 
@@ -286,7 +290,7 @@ async def _write_after(
     if unknown:
         shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
         raise ValidationError(
-            _name(at, "after"), f"no job has the id {shown}: give the ids of existing jobs"
+            _name(at, "after"), f"{UNKNOWN_PARENT} {shown}: give the ids of existing jobs"
         )
     left = sum(1 for i in f.after if statuses[i] not in _FINAL)
     cancelled = None
@@ -325,7 +329,7 @@ async def _write_after(
         raise ValidationError(
             _name(at, "after"),
             f"lists job {row['id']}, which is this job (its idempotency_key "
-            f"{idempotency_key!r} returns it): a job cannot run after itself",
+            f"{idempotency_key!r} returns it): {SELF_PARENT}",
         )
     return _result(row, idempotency_key)
 

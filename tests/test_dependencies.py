@@ -351,22 +351,19 @@ async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_f
     assert as_json["job"]["parents"] == [done.job.id, waiting.job.id]
     async with serving(dsn) as served:
         async with served.client() as c:
-            r = await c.post(
-                "/jobs", json={"type": "total", "payload": {}, "after": [waiting.job.id]}
-            )
+            body = {"type": "total", "payload": {}, "after": [waiting.job.id]}
+            r = await c.post("/jobs", json=body)
             assert r.status_code == 201, r.text
             assert r.json()["parents"] == [waiting.job.id] and r.json()["parents_left"] == 1
-            r = await c.post("/jobs", json={"type": "total", "payload": {}, "after": [555555]})
+            r = await c.post("/jobs", json={**body, "after": [555555]})
+            assert r.status_code == 404 and r.json()["field"] == "after", r.text
+            assert "no job has the id 555555" in r.json()["error"]
+            r = await c.post("/jobs", json={**body, "after": [waiting.job.id] * 2})
             assert r.status_code == 422 and r.json()["field"] == "after", r.text
-            r = await c.post(
-                "/jobs",
-                json={
-                    "type": "total",
-                    "payload": {},
-                    "after": [waiting.job.id],
-                    "on_parent_failure": "skip",
-                },
-            )
+            r = await c.post("/jobs", json={**body, "delay": 5})
+            assert r.status_code == 422, r.text
+            assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 4
+            r = await c.post("/jobs", json={**body, "on_parent_failure": "skip"})
             assert r.status_code == 422, r.text
             r = await c.get(f"/jobs/{child_id}")
             assert r.json()["parents"] == [done.job.id, waiting.job.id], r.text

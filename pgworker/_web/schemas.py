@@ -179,6 +179,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_AFTER_RULES: list[JsonValue] = [
+    {
+        "not": {
+            "required": ["after", "run_at"],
+            "properties": {"after": {"type": "array"}, "run_at": {"type": "string"}},
+        }
+    },
+    {
+        "not": {
+            "required": ["after", "delay"],
+            "properties": {"after": {"type": "array"}, "delay": {"type": "number"}},
+        }
+    },
+    {
+        "if": {
+            "required": ["on_parent_failure"],
+            "properties": {"on_parent_failure": {"type": "string", "pattern": "^(cancel|run)$"}},
+        },
+        "then": {"required": ["after"], "properties": {"after": {"type": "array"}}},
+    },
+]
+
+
 class EnqueueBody(_Body):
     # enqueue() refuses run_at and delay together: said here too.
     model_config = ConfigDict(
@@ -186,7 +209,9 @@ class EnqueueBody(_Body):
             "not": {
                 "required": ["run_at", "delay"],
                 "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
-            }
+            },
+            # after= refuses a schedule, and on_parent_failure needs after=: said here too.
+            "allOf": _AFTER_RULES,
         }
     )
 
@@ -209,7 +234,9 @@ class EnqueueBody(_Body):
     )
     after: list[JobId] | None = Field(
         None,
+        min_length=1,
         max_length=limits.MAX_PARENTS,
+        json_schema_extra={"uniqueItems": True},
         description="ids of the jobs this one runs after, each once (default: none); "
         "not with run_at or delay",
     )
