@@ -392,3 +392,53 @@ async def test_the_fan_in_recipe_of_the_docs(dsn: str, conn: asyncpg.Connection)
     total = await job(conn, total_id)
     assert total.status == "completed" and total.result == sum(range(1, 21))
     assert len(total.parents or ()) == 20
+
+
+async def test_an_enqueue_that_deadlocks_with_a_batch_of_outcomes_tries_again(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    """The one deadlock possible: a completer's batch holds a parent X (its outcome written) and
+    its trigger then waits for a dependant C of another parent, while an enqueue after [C, X]
+    holds C (locked first: id order) and waits for X. The enqueue, the victim (it waited first),
+    undoes its savepoint, which lets the batch through, and tries again."""
+    p1 = await pgworker.enqueue(conn, "square", {"n": 1})
+    c = await pgworker.enqueue(conn, "total", after=[p1.job.id])
+    x = await pgworker.enqueue(conn, "square", {"n": 2})
+    batch = await asyncpg.connect(dsn)
+    enqueuer = await asyncpg.connect(dsn)
+    try:
+        await batch.execute("SET deadlock_timeout = '5s'")  # the enqueue detects it first
+        tr = batch.transaction()
+        await tr.start()
+        await batch.execute("UPDATE pgworker.jobs SET priority = 1 WHERE id = $1", x.job.id)
+
+        async def enqueue() -> pgworker.EnqueueResult:
+            async with enqueuer.transaction():
+                return await pgworker.enqueue(enqueuer, "total", after=[c.job.id, x.job.id])
+
+        async def waiting() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE pid = $1 AND wait_event_type = 'Lock'",
+                    enqueuer.get_server_pid(),
+                )
+            )
+
+        results: list[pgworker.EnqueueResult] = []
+        async with anyio.create_task_group() as tg:
+
+            async def run() -> None:
+                results.append(await enqueue())
+
+            tg.start_soon(run)
+            await wait_for(waiting, timeout=10)
+            # The batch's trigger now wants C, held by the enqueue: a deadlock.
+            await batch.execute("UPDATE pgworker.jobs SET priority = 1 WHERE id = $1", c.job.id)
+            await tr.commit()
+        (result,) = results
+        assert result.created and result.job.parents == (c.job.id, x.job.id)
+        assert result.job.parents_left == 2
+    finally:
+        await batch.close()
+        await enqueuer.close()
