@@ -442,3 +442,20 @@ async def test_an_enqueue_that_deadlocks_with_a_batch_of_outcomes_tries_again(
     finally:
         await batch.close()
         await enqueuer.close()
+
+
+async def test_drain_runs_a_fan_in_and_stops_at_a_dependant_still_waiting(
+    conn: asyncpg.Connection,
+) -> None:
+    """pgworker.testing.drain runs parents, then their released dependant; a dependant whose
+    parent nobody serves stays parked, and drain ends (its time travel skips parked jobs)."""
+    from pgworker.testing import drain
+
+    registry = make_registry()
+    children = [(await pgworker.enqueue(conn, "square", {"n": n})).job.id for n in (1, 2, 3)]
+    total = await pgworker.enqueue(conn, "total", after=children)
+    orphan = await pgworker.enqueue(conn, "unserved")
+    stuck = await pgworker.enqueue(conn, "total", after=[orphan.job.id])
+    await drain(conn, registry)
+    assert (await job(conn, total.job.id)).result == 14
+    assert (await job(conn, stuck.job.id)).parents_left == 1
