@@ -6,6 +6,7 @@ ending at once in parallel slots never leave a dependant parked; the replay rule
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -14,6 +15,7 @@ import pytest
 
 import pgworker
 from pgworker import JobSpec, ValidationError
+from pgworker.operations import show_job
 
 from .helpers import serving_guarded, wait_for
 
@@ -459,3 +461,27 @@ async def test_drain_runs_a_fan_in_and_stops_at_a_dependant_still_waiting(
     await drain(conn, registry)
     assert (await job(conn, total.job.id)).result == 14
     assert (await job(conn, stuck.job.id)).parents_left == 1
+
+
+async def test_a_pruned_parent_takes_its_links_and_is_missing_from_ctx_parents(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    seen: dict[int, dict[int, Any]] = {}
+    kept = await pgworker.enqueue(conn, "square", {"n": 1})
+    gone = await pgworker.enqueue(conn, "square", {"n": 2})
+    child = await pgworker.enqueue(conn, "total", after=[kept.job.id, gone.job.id])
+    await conn.execute(
+        "UPDATE pgworker.jobs SET status = 'completed', result = '1', finished_at = $2"
+        " WHERE id = ANY($1)",
+        [kept.job.id, gone.job.id],
+        datetime.now(UTC) - timedelta(days=2),
+    )
+    await conn.execute("UPDATE pgworker.jobs SET finished_at = now() WHERE id = $1", kept.job.id)
+    assert (await pgworker.prune(conn, older_than=86400))["completed"] == 1
+    links = await conn.fetch("SELECT parent_id FROM pgworker.job_dependencies")
+    assert [r["parent_id"] for r in links] == [kept.job.id]
+    async with serving_guarded(make_registry(seen), dsn):
+        await wait_for(lambda: ended(conn, child.job.id), timeout=30)
+    assert seen[child.job.id] == {kept.job.id: ("completed", 1)}
+    shown = await show_job(conn, child.job.id)
+    assert shown is not None and shown["parents"] == {kept.job.id: "completed", gone.job.id: None}
