@@ -340,7 +340,9 @@ async def enqueue_many(
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept. `conn` is what
-    `enqueue` takes; another driver's connection always gets the INSERT."""
+    `enqueue` takes; another driver's connection always gets the INSERT. A batch in which any
+    spec has `after=` is written one job at a time, in one transaction (its parents must exist
+    before the call)."""
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
     plain = True
