@@ -381,6 +381,17 @@ async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_f
             assert f'href="/ui/jobs/{waiting.job.id}"' in page.text
             assert "Waiting for 1 parent to end" in page.text
             assert "waits for 1 parent" in page.text
+            listing = await ui.get("/ui/jobs")
+            assert "waiting to be released" in listing.text and "9999" not in listing.text
+    # A parked job is not due: no age in `pgworker status` (its parent, the one other pending
+    # job, scheduled for later here).
+    await conn.execute(
+        "UPDATE pgworker.jobs SET run_at = now() + interval '1 hour' WHERE id = $1",
+        waiting.job.id,
+    )
+    from pgworker.operations import status
+
+    assert (await status(conn))["oldest_pending"] == []
 
 
 async def test_the_fan_in_recipe_of_the_docs(dsn: str, conn: asyncpg.Connection) -> None:
