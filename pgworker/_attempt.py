@@ -55,6 +55,7 @@ class Attempt:
         "keys",
         "max_retries",
         "number",
+        "parents",
         "payload",
         "payload_error",
         "queue",
@@ -100,6 +101,7 @@ class Attempt:
         self.stopping: Stopping | None = None  # made when first read (`ctx.stopping`)
         self.task_cancelled = False
         self._log: Any = None
+        self.parents: dict[int, Job] | None = None  # read by load_parents, for jobs with parents
 
     @property
     def job(self) -> Job:
@@ -182,6 +184,24 @@ class Attempt:
             if self._job is None:
                 self._job = Job.from_record(self._record)
             self.payload = task.upgraded(self.payload, version)
+
+    @property
+    def parent_ids(self) -> list[int] | None:
+        """The ids of the job's parents (after=), or None."""
+        ids: list[int] | None = self._record["parents"]
+        return ids
+
+    async def load_parents(self) -> None:
+        """Read the parents of a job enqueued with after= (one query; none for other jobs):
+        `ctx.parents`. A parent pruned since is missing."""
+        ids = self.parent_ids
+        if ids is None:
+            return
+        if self.store is None:
+            self.parents = {}
+            return
+        rows = await self.store.q.job_parents_of(await self.store.writes(), ids)
+        self.parents = {r["id"]: Job.from_record(r) for r in rows}
 
     def stop(self, outcome: Outcome) -> None:
         if self.stopped_as is None:

@@ -168,6 +168,8 @@ async def execute(
             try:
                 if task.upgrade:  # an upgrader's failure is the attempt's, as a handler's is
                     attempt.upgrade(task)
+                if attempt.parent_ids is not None:  # after=: ctx.parents, read once
+                    await attempt.load_parents()
                 if task.is_async:
                     value = await task.fn(ctx, _decoded(task, attempt.payload))
                 else:  # its type's validators are as much its code: in its thread

@@ -299,3 +299,42 @@ def event_name(value: Any, *, error: type[Exception] = ValidationError) -> str:
 def timeout(value: Any, *, error: type[Exception] = ValidationError) -> float | None:
     """A wait's timeout: None (none), or a number of seconds (or a timedelta) from 0."""
     return None if value is None else seconds("timeout", value, error=error)
+
+
+MAX_PARENTS = 1000
+PARENT_FAILURE_CHOICES = ("cancel", "run")
+
+
+def parents(value: Any, *, error: type[Exception] = ValidationError) -> tuple[int, ...] | None:
+    """A job's `after=`: None (or empty: no parents), else the parents' ids in ascending order,
+    each a job id (a whole number from 1), none twice, at most MAX_PARENTS of them."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):
+        raise _bad(error, "after", f"must be a list of job ids, got {value!r}")
+    ids = list(value)
+    if len(ids) > MAX_PARENTS:
+        raise _bad(error, "after", f"must list at most {MAX_PARENTS:,} parents, got {len(ids):,}")
+    for i in ids:
+        if type(i) is not int or not 1 <= i <= MAX_BIGINT:
+            raise _bad(error, "after", f"must hold job ids (whole numbers from 1), got {i!r}")
+    unique = sorted(set(ids))
+    if len(unique) != len(ids):
+        seen: set[int] = set()
+        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        raise _bad(error, "after", f"lists job {twice[0]} more than once: give each parent once")
+    return tuple(unique) or None
+
+
+def on_parent_failure(
+    value: Any, after: tuple[int, ...] | None, *, error: type[Exception] = ValidationError
+) -> str | None:
+    """What a failed parent does: None when the job has no parents, else "cancel" (the default)
+    or "run"; given without `after`, refused."""
+    if value is not None and value not in PARENT_FAILURE_CHOICES:
+        raise _bad(error, "on_parent_failure", f'must be "cancel" or "run", got {value!r}')
+    if after is None:
+        if value is not None:
+            raise _bad(error, "on_parent_failure", "applies to a job with after=: give after= too")
+        return None
+    return value or "cancel"

@@ -245,6 +245,15 @@ class JobContext:
         )
 
     @property
+    def parents(self) -> dict[int, Job]:
+        """The parents of a job enqueued with `after=`, by id, as read when this attempt
+        started (their `result`, `status`, `error`); `{}` for a job without parents. A parent
+        pruned since is missing from the dict. A plain property: plain `def` handlers read it
+        too."""
+        parents = self._attempt.parents
+        return {} if parents is None else parents
+
+    @property
     def last_progress(self) -> dict[str, Any] | None:
         """The job's progress when this attempt started (the last milestone of an earlier
         attempt, or of this job before a replay), or None: where to resume from."""

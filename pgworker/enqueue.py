@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import anyio
 import anyio.lowlevel
+import asyncpg
 
 from . import _limits as limits
 from ._attempt import current_correlation_id
@@ -95,6 +96,21 @@ class _Fields(NamedTuple):
     delay: float | None
     version: int
     concurrency_key: str | None
+    after: tuple[int, ...] | None = None
+    on_parent_failure: str | None = None
+
+
+def _dependencies(
+    spec: JobSpec, run_at: datetime | None, delay: float | None
+) -> tuple[tuple[int, ...] | None, str | None]:
+    """A spec's parents (ascending) and what a failed one does; None, None for a plain job."""
+    after = limits.parents(spec.after)
+    if after is not None and (run_at is not None or delay is not None):
+        raise ValidationError(
+            "run_at" if run_at is not None else "delay",
+            "a job with after= runs when its last parent ends: give after= or a schedule, not both",
+        )
+    return after, limits.on_parent_failure(spec.on_parent_failure, after)
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -107,6 +123,10 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             correlation = current_correlation_id.get()
         max_retries = spec.max_retries
         version = spec.version
+        after: tuple[int, ...] | None = None
+        on_failure: str | None = None
+        if spec.after is not None or spec.on_parent_failure is not None:
+            after, on_failure = _dependencies(spec, run_at, delay)
         return _Fields(
             limits.name("type", spec.type, limits.MAX_TYPE_LENGTH),
             limits.name("queue", spec.queue, limits.MAX_QUEUE_LENGTH, required=False)
@@ -126,6 +146,8 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             delay,
             1 if version is None else limits.count("version", version, minimum=1),
             limits.concurrency_key(spec.concurrency_key),
+            after,
+            on_failure,
         )
     except ValidationError as exc:
         raise _in_batch(exc, at) from None
@@ -151,6 +173,8 @@ async def enqueue(
     delay: timedelta | float | None = None,
     version: int | None = None,
     concurrency_key: str | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """Insert one job and notify the workers of its queue. `version` is the payload's version
@@ -183,11 +207,15 @@ async def enqueue(
         delay,
         version,
         concurrency_key,
+        after,
+        on_parent_failure,
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
     q = queries(limits.identifier("schema", schema))
     try:
+        if f.after is not None:
+            return await _insert_after(conn, q, f, text, idempotency_key, None)
         return await _insert(conn, q, f, text, idempotency_key)
     except UNUSABLE as exc:
         error = unusable(conn, exc)
@@ -227,17 +255,98 @@ async def _insert(
     return _result(row, idempotency_key)
 
 
+UNKNOWN_PARENT = "no job has the id"
+"""What the error of an `after=` naming a job that does not exist says (the HTTP API: a 404)."""
+SELF_PARENT = "a job cannot run after itself"
+"""What the error of an `after=` naming the job being enqueued says (the HTTP API: a 409)."""
+_FINAL = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+_DEADLOCK_TRIES = 3
+
+
+async def _insert_after(
+    conn: Executor, q: Queries, f: _Fields, text: str, idempotency_key: str | None, at: int | None
+) -> EnqueueResult:
+    """One job with parents, in a transaction (a savepoint inside the caller's): the parents
+    are locked in id order and their latest statuses read, then the job is written waiting for
+    those not ended. A deadlock with a worker finishing a batch of jobs (it locks them, then
+    their dependants) rolls the savepoint back, which releases the locks, and tries again."""
+    assert f.after is not None
+    for tries in range(1, _DEADLOCK_TRIES + 1):
+        try:
+            async with transaction(conn) as c:
+                return await _write_after(c, q, f, text, idempotency_key, at)
+        except asyncpg.exceptions.DeadlockDetectedError:
+            if tries == _DEADLOCK_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _write_after(
+    c: Any, q: Queries, f: _Fields, text: str, idempotency_key: str | None, at: int | None
+) -> EnqueueResult:
+    assert f.after is not None
+    statuses = await q.job_parents_lock(c, f.after)
+    unknown = [i for i in f.after if i not in statuses]
+    if unknown:
+        shown = ", ".join(map(str, unknown[:10])) + (" ..." if len(unknown) > 10 else "")
+        raise ValidationError(
+            _name(at, "after"), f"{UNKNOWN_PARENT} {shown}: give the ids of existing jobs"
+        )
+    left = sum(1 for i in f.after if statuses[i] not in _FINAL)
+    cancelled = None
+    if f.on_parent_failure == "cancel":
+        failed = [i for i in f.after if statuses[i] in (JobStatus.FAILED, JobStatus.CANCELLED)]
+        if failed:
+            cancelled = f"ParentFailed: parent {failed[0]} {statuses[failed[0]]}"
+    row = await q.job_insert_after(
+        c,
+        f.type,
+        f.queue,
+        text,
+        f.priority,
+        f.max_retries,
+        f.idempotency_key,
+        f.correlation_id,
+        f.run_at,
+        f.delay,
+        f.version,
+        current_traceparent(),
+        f.concurrency_key,
+        list(f.after),
+        left,
+        f.on_parent_failure,
+        cancelled,
+    )
+    if row is None:  # a concurrent enqueue committed this key after the statement's snapshot
+        key = f.idempotency_key or ""
+        row = (await q.job_get_by_keys(c, [key], [f.type], [text])).get(key)
+        if row is None:
+            raise PgWorkerError(
+                f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
+                "enqueue; try again"
+            )
+    if not row["created"] and row["id"] in statuses:
+        raise ValidationError(
+            _name(at, "after"),
+            f"lists job {row['id']}, which is this job (its idempotency_key "
+            f"{idempotency_key!r} returns it): {SELF_PARENT}",
+        )
+    return _result(row, idempotency_key)
+
+
 async def enqueue_many(
     conn: Executor | Any, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
     has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept. `conn` is what
-    `enqueue` takes; another driver's connection always gets the INSERT."""
+    `enqueue` takes; another driver's connection always gets the INSERT. A batch in which any
+    spec has `after=` is written one job at a time, in one transaction (its parents must exist
+    before the call)."""
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
     plain = True
-    keyed = False
+    keyed = linked = False
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
@@ -245,10 +354,14 @@ async def enqueue_many(
             plain = False
         if spec.concurrency_key is not None:
             keyed = True
+        if spec.after is not None or spec.on_parent_failure is not None:
+            linked = True
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
     try:
+        if linked:
+            return await _insert_linked(conn, q, specs)
         if plain and not is_adapter(conn):
             return await _copy_many(conn, q, specs, keyed)
         return await _insert_many(conn, q, specs)
@@ -257,6 +370,27 @@ async def enqueue_many(
         if error is None:
             raise
         raise error from exc
+
+
+async def _insert_linked(
+    conn: Executor, q: Queries, specs: Sequence[JobSpec]
+) -> list[EnqueueResult]:
+    """enqueue_many for a batch with after=: every spec is checked first, then each is written
+    on its own, in order, in one transaction (the jobs with parents lock them one job at a
+    time; a spec may name as a parent a job of the same batch only by an id known before)."""
+    checked = []
+    for i, spec in enumerate(specs):
+        fields = _fields(spec, i)
+        checked.append((fields, _payload(i, {} if spec.payload is None else spec.payload)))
+    results = []
+    async with transaction(conn) as c:
+        for i, (fields, text) in enumerate(checked):
+            key = fields.idempotency_key
+            if fields.after is not None:
+                results.append(await _write_after(c, q, fields, text, key, i))
+            else:
+                results.append(await _insert(c, q, fields, text, key))
+    return results
 
 
 async def _insert_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:

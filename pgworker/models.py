@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -97,6 +97,12 @@ class Job:
     """The slot a periodic job was enqueued for (`registry.periodic`); None for other jobs."""
     concurrency_key: str | None = None
     """The key whose per-key limit the job shares (`enqueue(..., concurrency_key=)`), or None."""
+    parents: tuple[int, ...] | None = None
+    """The ids of the jobs this one runs after (`enqueue(..., after=)`), ascending; None for a
+    job enqueued without them."""
+    parents_left: int | None = None
+    """How many of `parents` had not ended when the row was read (0: released); None for a job
+    without parents."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""
@@ -110,6 +116,8 @@ class Job:
         for column in JSON_COLUMNS:
             values[column] = _json(r, column)
         values["status"] = JobStatus(values["status"])
+        if values["parents"] is not None:
+            values["parents"] = tuple(values["parents"])
         if payload is not _UNSET:
             values["payload"] = payload
         return cls(**values)
@@ -140,6 +148,10 @@ class JobSpec:
     """The payload's version (a task's `version=`); None is 1."""
     concurrency_key: str | None = None
     """The key a task's `max_running_per_key` counts by (`enqueue(..., concurrency_key=)`)."""
+    after: Sequence[int] | None = None
+    """The ids of the jobs this one runs after (`enqueue(..., after=)`)."""
+    on_parent_failure: str | None = None
+    """"cancel" (the default) or "run": what a failed or cancelled parent does to this job."""
 
 
 class EnqueueResult:

@@ -432,6 +432,9 @@ async def prune(
             return pruned
 
 
+_NOT_ENDED = frozenset({"pending", "running"})
+
+
 async def show_job(
     conn: Executor,
     job_id: int,
@@ -442,7 +445,9 @@ async def show_job(
     """What `pgworker show` prints: the job, its payload with the values of sensitive keys
     (`redact_keys`, see Settings) replaced by `[REDACTED]`, its milestones, its steps, every
     attempt (outcome, worker, times, error), what people did to it (replays) and its event
-    waits (ctx.wait_for_event); None when there is no such job."""
+    waits (ctx.wait_for_event); None when there is no such job. A job enqueued with after= also
+    lists `parents` (id -> status, None for one pruned since) and `waits_for`, the parents that
+    have not ended."""
     q = queries(limits.identifier("schema", schema))
     job_id = _job_id(job_id)
     if isinstance(redact_keys, str) or not isinstance(redact_keys, Sequence):
@@ -453,8 +458,14 @@ async def show_job(
     if row is None:
         return None
     job = Job.from_record(row)
+    parents: dict[int, str | None] = {}
+    if job.parents is not None:
+        found = await q.jobs_statuses(conn, job.parents)
+        parents = {i: found.get(i) for i in job.parents}
     return {
         "job": job,
+        "parents": parents,
+        "waits_for": [i for i, status in parents.items() if status in _NOT_ENDED],
         "payload": redact_payload(job.payload, redact_keys),
         "milestones": await job_milestones(conn, job_id, schema=schema),
         "steps": await job_steps(conn, job_id, schema=schema),

@@ -689,6 +689,8 @@ def _record(
         "traceparent": None,
         "scheduled_at": scheduled_at,
         "concurrency_key": concurrency_key,
+        "parents": None,
+        "parents_left": None,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"

@@ -135,6 +135,23 @@ class Queries:
         with schema_errors(self.schema):
             return await conn.fetch(self._sql["job_insert_many"], batch, traceparent)
 
+    async def job_parents_lock(self, conn: Conn, parents: Sequence[int]) -> dict[int, str]:
+        """Mark the jobs `parents` (ids in ascending order) as having dependants, their rows
+        locked until the transaction ends; the latest status of each found."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["job_parents_lock"], list(parents))
+        return {r["id"]: r["status"] for r in rows}
+
+    async def job_insert_after(self, conn: Conn, *args: Any) -> Row | None:
+        """job_insert's arguments, then the parents, how many have not ended, on_parent_failure
+        and the error of a job cancelled at once (see job_insert_after.sql)."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(self._sql["job_insert_after"], *args)
+
+    async def job_parents_of(self, conn: Runner, parents: Sequence[int]) -> list[Row]:
+        """The parents of a job that still exist, whole, in id order."""
+        return await self._rows(conn, "job_parents_of", list(parents))
+
     async def job_ids_reserve(self, conn: Conn, n: int) -> tuple[list[int], Any]:
         """`n` new job ids for a batch that COPY writes, and the transaction's time."""
         with schema_errors(self.schema):

@@ -37,7 +37,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
-from ..enqueue import enqueue
+from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue
 from ..errors import ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
@@ -356,12 +356,14 @@ def install(app: FastAPI, config: WebConfig) -> None:
         tags=["jobs"],
         responses={
             200: {"description": "the existing job of that idempotency key"},
+            404: {"model": Problem, "description": "a job of `after` does not exist"},
             409: {"model": Problem},
         },
     )
     async def create_job(body: EnqueueBody) -> Response:
         """Enqueue a job: 201 with it, 200 with the existing one when its idempotency key holds
-        the same type and payload, 409 when it holds another."""
+        the same type and payload, 409 when it holds another (or is a job of `after`), 404 when
+        a job of `after` does not exist."""
         if body.run_at is not None and body.delay is not None:
             raise ValidationError("run_at", "give run_at or delay, not both")
         add: Callable[..., Awaitable[EnqueueResult]] = enqueue
@@ -371,21 +373,32 @@ def install(app: FastAPI, config: WebConfig) -> None:
             if typed is not None:  # as the document says: JSON Schema's reading, strictly
                 typed.check_json(body.payload, "payload")
         async with database() as conn:
-            result = await add(
-                conn,
-                body.type,
-                body.payload,
-                queue=body.queue,
-                priority=body.priority,
-                max_retries=body.max_retries,
-                idempotency_key=body.idempotency_key,
-                correlation_id=body.correlation_id,
-                run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
-                delay=body.delay,
-                version=body.version,
-                concurrency_key=body.concurrency_key,
-                schema=config.schema,
-            )
+            try:
+                result = await add(
+                    conn,
+                    body.type,
+                    body.payload,
+                    queue=body.queue,
+                    priority=body.priority,
+                    max_retries=body.max_retries,
+                    idempotency_key=body.idempotency_key,
+                    correlation_id=body.correlation_id,
+                    run_at=limits.moment("run_at", body.run_at)
+                    if body.run_at is not None
+                    else None,
+                    delay=body.delay,
+                    version=body.version,
+                    concurrency_key=body.concurrency_key,
+                    after=body.after,
+                    on_parent_failure=body.on_parent_failure,
+                    schema=config.schema,
+                )
+            except ValidationError as exc:
+                if exc.field == "after" and UNKNOWN_PARENT in str(exc):
+                    return guard.problem(404, str(exc), "after")
+                if exc.field == "after" and SELF_PARENT in str(exc):
+                    return guard.problem(409, str(exc), "after")
+                raise
             return _answer(job_json(result.job), 201 if result.created else 200)
 
     @api.post(

@@ -419,6 +419,7 @@ class _Dashboard:
                     "error": job.error,
                     "run_at": job.run_at,
                     "milestone": words.milestone_of(job.progress),
+                    "parents_left": len(found["waits_for"]),
                 }
                 return self.page(
                     request,
@@ -436,6 +437,8 @@ class _Dashboard:
                         "refresh": job.status.value in ("pending", "running"),
                         "paused": paused,
                         "waiting": waiting_for(job, found["waits"]),
+                        "parents": found["parents"],
+                        "waits_for": found["waits_for"],
                         "now": datetime.now(UTC),
                     },
                     session=session,

@@ -61,6 +61,11 @@ def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
             detail = f"{at}, retrying after an error" if at else "retrying after an error"
             return State("in progress", detail, "busy")
         run_at = job.get("run_at")
+        left = job.get("parents_left")
+        if left:
+            return State("received", f"waiting for {left} parent{'' if left == 1 else 's'}", "wait")
+        if run_at is not None and run_at.year == datetime.max.year:  # parked (migration 19)
+            return State("received", "waiting to be released", "wait")
         if run_at is not None and run_at > (now or datetime.now(UTC)):
             return State("received", f"scheduled for {moment(run_at)}", "wait")
         return State("received", "waiting for a worker", "wait")

@@ -99,6 +99,7 @@ Seconds = Annotated[StrictFloat, Interval(ge=0, le=limits.MAX_DELAY)]
 Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
 Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
 Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
+JobId = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_BIGINT), Integral]
 PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
 UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), BeforeValidator(_id)]
 """A job's id in a URL."""
@@ -181,6 +182,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_AFTER_RULES: list[JsonValue] = [
+    {
+        "not": {
+            "required": ["after", "run_at"],
+            "properties": {"after": {"type": "array"}, "run_at": {"type": "string"}},
+        }
+    },
+    {
+        "not": {
+            "required": ["after", "delay"],
+            "properties": {"after": {"type": "array"}, "delay": {"type": "number"}},
+        }
+    },
+    {
+        "if": {
+            "required": ["on_parent_failure"],
+            "properties": {"on_parent_failure": {"type": "string", "pattern": "^(cancel|run)$"}},
+        },
+        "then": {"required": ["after"], "properties": {"after": {"type": "array"}}},
+    },
+]
+
+
 class EnqueueBody(_Body):
     # enqueue() refuses run_at and delay together: said here too.
     model_config = ConfigDict(
@@ -188,7 +212,9 @@ class EnqueueBody(_Body):
             "not": {
                 "required": ["run_at", "delay"],
                 "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
-            }
+            },
+            # after= refuses a schedule, and on_parent_failure needs after=: said here too.
+            "allOf": _AFTER_RULES,
         }
     )
 
@@ -208,6 +234,17 @@ class EnqueueBody(_Body):
     version: Positive | None = Field(None, description="the payload's version (default 1)")
     concurrency_key: ConcurrencyKey | None = Field(
         None, description="the key the task's max_running_per_key counts by (default: none)"
+    )
+    after: list[JobId] | None = Field(
+        None,
+        min_length=1,
+        max_length=limits.MAX_PARENTS,
+        json_schema_extra={"uniqueItems": True},
+        description="ids of the jobs this one runs after, each once (default: none); "
+        "not with run_at or delay",
+    )
+    on_parent_failure: Annotated[StrictStr, StringConstraints(pattern="^(cancel|run)$")] | None = (
+        Field(None, description="with after: cancel (default) or run, when a parent fails")
     )
 
 

@@ -30,6 +30,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
             "pgworker enqueue report --run-at 2030-01-01T09:00:00+00:00",
             "pgworker enqueue charge --idempotency-key order-42 --correlation-id req-9",
             "pgworker enqueue sync-account --concurrency-key customer-42",
+            "pgworker enqueue build-report --after 41 --after 42 --on-parent-failure run",
         ],
     )
     enq.add_argument(
@@ -71,6 +72,20 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
         "--concurrency-key",
         help="the key the task's max_running_per_key counts running jobs by, at most "
         f"{limits.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
+    )
+    enq.add_argument(
+        "--after",
+        metavar="ID",
+        type=_job_id,
+        action="append",
+        help="run only once the job ID has ended; repeat for each parent, at most "
+        f"{limits.MAX_PARENTS:,}; not with --delay or --run-at (default: none)",
+    )
+    enq.add_argument(
+        "--on-parent-failure",
+        choices=limits.PARENT_FAILURE_CHOICES,
+        help="with --after: a parent that failed or was cancelled cancels this job (cancel) or "
+        "lets it run (run) (default: cancel)",
     )
     enq.add_argument(
         "--delay",
@@ -172,6 +187,8 @@ async def _enqueue(args: argparse.Namespace) -> int:
             run_at=run_at,
             delay=args.delay,
             concurrency_key=args.concurrency_key,
+            after=args.after,
+            on_parent_failure=args.on_parent_failure,
             schema=_schema(args),
         )
     finally:

@@ -257,11 +257,14 @@ def _job(found: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def show_json(found: Mapping[str, Any]) -> str:
-    """`pgworker show --json`: {"job": its columns (payload redacted), "milestones", "steps",
-    "attempts", "events", "waits"}, times as ISO 8601."""
+    """`pgworker show --json`: {"job": its columns (payload redacted), "parents" (id -> status,
+    null once pruned), "waits_for" (the parents not ended), "milestones", "steps", "attempts",
+    "events", "waits"}, times as ISO 8601."""
     return json.dumps(
         {
             "job": _job(found),
+            "parents": {str(i): status for i, status in found.get("parents", {}).items()},
+            "waits_for": found.get("waits_for", []),
             "milestones": found["milestones"],
             "steps": found["steps"],
             "attempts": found["attempts"],
@@ -288,6 +291,15 @@ def show_text(found: Mapping[str, Any]) -> str:
         lines.append(f"  {name.ljust(width)}  {'-' if value is None else shown}")
     for name in ("progress", "payload", "result"):
         lines.append(f"  {name.ljust(width)}  {_compact(job[name])}")
+    parents = found.get("parents") or {}
+    if parents:
+        waits = found.get("waits_for", [])
+        lines += ["", f"parents: {len(parents)}, waits for {len(waits)}"]
+        lines += [
+            f"  {i}  {'pruned' if status is None else status}"
+            + ("  (waited for)" if i in waits else "")
+            for i, status in parents.items()
+        ]
     waits = found.get("waits", [])
     waiting = waiting_for(found["job"], waits)
     if waiting is not None:

@@ -1,6 +1,7 @@
 -- Retention: delete up to $3 finished jobs, oldest first, each older than the age its status is
 -- given ($1 statuses and $2 ages in seconds, aligned; a status not listed is kept), with their
--- attempts, steps, milestones, events and event waits. Returns how many jobs of each status went.
+-- attempts, steps, milestones, events, event waits and links to dependants. Returns how many jobs
+-- of each status went.
 --
 -- One range scan of jobs_finished_idx, bounded by the youngest age: the rows of a status kept
 -- longer are skipped within it. Rows locked by anyone else (a replay) are skipped, and every lock
@@ -27,7 +28,11 @@ WITH rules AS (
 ), gone AS (
     DELETE FROM {schema}.jobs AS j
     WHERE j.id = ANY(ARRAY(SELECT id FROM doomed))
-    RETURNING j.id, j.status
+    RETURNING j.id, j.status, j.has_dependants
+), dependencies AS (
+    -- A parent's links to its dependants (migration 19): only parents have any.
+    DELETE FROM {schema}.job_dependencies AS d
+    WHERE d.parent_id = ANY(ARRAY(SELECT id FROM gone WHERE has_dependants))
 ), attempts AS (
     DELETE FROM {schema}.job_attempts AS a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))
 ), steps AS (
