@@ -20,7 +20,7 @@ from ._db.connection import Executor
 from ._db.queries import Queries, queries, transaction
 from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
 from ._tracing import current_traceparent
-from .errors import IdempotencyConflict, PgWorkerError, ValidationError
+from .errors import IdempotencyConflict, JobNotPending, PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
@@ -95,6 +95,10 @@ class _Fields(NamedTuple):
     delay: float | None
     version: int
     concurrency_key: str | None
+    unique_key: str | None = None
+    unique_states: int | None = None  # the bitmask stored (see _limits.unique_states)
+    unique_period: float | None = None
+    replace: bool = False
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -126,9 +130,36 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             delay,
             1 if version is None else limits.count("version", version, minimum=1),
             limits.concurrency_key(spec.concurrency_key),
+            *_unique(spec),
         )
     except ValidationError as exc:
         raise _in_batch(exc, at) from None
+
+
+def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
+    """A spec's unique key, states (the bitmask), period and replace, checked together."""
+    key = limits.unique_key(spec.unique_key)
+    replace = spec.replace
+    if not isinstance(replace, bool):
+        raise ValidationError("replace", f"must be True or False, got {replace!r}")
+    if key is None:
+        if spec.unique_states is not None:
+            raise ValidationError("unique_states", "needs a unique_key")
+        if spec.unique_period is not None:
+            raise ValidationError("unique_period", "needs a unique_key")
+        if replace:
+            raise ValidationError(
+                "replace", "needs a unique_key (replace updates the pending job holding that key)"
+            )
+        return None, None, None, False
+    if spec.idempotency_key is not None:
+        raise ValidationError(
+            "unique_key",
+            'give idempotency_key or unique_key, not both (see "Unique jobs or idempotency keys" '
+            "in the guide)",
+        )
+    period = limits.unique_period(spec.unique_period)
+    return key, limits.unique_states(spec.unique_states, period), period, replace
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:
@@ -151,6 +182,10 @@ async def enqueue(
     delay: timedelta | float | None = None,
     version: int | None = None,
     concurrency_key: str | None = None,
+    unique_key: str | None = None,
+    unique_states: Sequence[str] | None = None,
+    unique_period: timedelta | float | None = None,
+    replace: bool = False,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """Insert one job and notify the workers of its queue. `version` is the payload's version
@@ -163,7 +198,15 @@ async def enqueue(
     1 and 1.0 are the same), the existing job comes back with `created=False`; with another type
     or payload, IdempotencyConflict is raised and nothing is written. Queue, priority, schedule
     and concurrency_key are not part of the work: a later call giving other ones gets the
-    existing job back, unchanged, not a conflict. A connection that is closed, or whose
+    existing job back, unchanged, not a conflict.
+
+    With a `unique_key` (at most 200 characters): while a job of the same type and queue holding
+    that key is in one of `unique_states` (default pending and running; they must hold both, and
+    a final state needs `unique_period`) and, with `unique_period` seconds, was enqueued in the
+    same period bucket (database time), that job comes back with `created=False`, whatever its
+    payload; a unique index decides. `replace=True` gives a pending holder this payload,
+    priority and run_at instead, and raises JobNotPending while it runs. Not with an
+    idempotency_key (ValidationError). A connection that is closed, or whose
     transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
 
     `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
@@ -183,11 +226,17 @@ async def enqueue(
         delay,
         version,
         concurrency_key,
+        unique_key,
+        unique_states,
+        unique_period,
+        replace,
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
     q = queries(limits.identifier("schema", schema))
     try:
+        if f.unique_key is not None:
+            return await _insert_unique(conn, q, f, text)
         return await _insert(conn, q, f, text, idempotency_key)
     except UNUSABLE as exc:
         error = unusable(conn, exc)
@@ -227,17 +276,70 @@ async def _insert(
     return _result(row, idempotency_key)
 
 
+UNIQUE_TRIES = 10
+"""How often an enqueue with a unique key runs its statement again when the job holding the key
+changed under it (committed after the statement's snapshot, or left its states in between)."""
+
+
+async def _insert_unique(conn: Executor, q: Queries, f: _Fields, text: str) -> EnqueueResult:
+    """Insert a job with a unique key, or return (with `replace`: update) the live job holding
+    it. The unique index decides; a race with the holder is run again, a bounded number of
+    times."""
+    for _ in range(UNIQUE_TRIES):
+        row = await q.job_insert_unique(
+            conn,
+            f.type,
+            f.queue,
+            text,
+            f.priority,
+            f.max_retries,
+            f.correlation_id,
+            f.run_at,
+            f.delay,
+            f.version,
+            current_traceparent(),
+            f.unique_key,
+            f.unique_states,
+            f.unique_period,
+            f.concurrency_key,
+        )
+        if row is None:
+            continue
+        if row["created"] or not f.replace:
+            return EnqueueResult(None, row["created"], Job.from_record, (row,))
+        changed = await q.job_unique_replace(
+            conn, row["id"], text, f.priority, f.run_at, f.delay
+        )
+        if changed is not None:
+            return EnqueueResult(None, False, Job.from_record, (changed,))
+        if row["status"] == JobStatus.RUNNING:
+            raise JobNotPending(
+                f"unique_key {f.unique_key!r} is held by job {row['id']}, which is running: "
+                "replace only changes a pending job; nothing was changed",
+                row["id"],
+                row["status"],
+            )
+        # The holder started or ended since it was read: look again.
+    raise PgWorkerError(
+        f"unique_key {f.unique_key!r}: the job holding it kept changing during the enqueue; "
+        "try again"
+    )
+
+
 async def enqueue_many(
     conn: Executor | Any, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
-    has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
+    has an idempotency key, a unique key or a schedule, else one INSERT (and one statement per
+    spec with a unique key, as `enqueue` does: a later spec with the same key gets the job of
+    the earlier one, created=False). Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept. `conn` is what
     `enqueue` takes; another driver's connection always gets the INSERT."""
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
     plain = True
     keyed = False
+    unique = False
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
@@ -245,10 +347,14 @@ async def enqueue_many(
             plain = False
         if spec.concurrency_key is not None:
             keyed = True
+        if spec.unique_key is not None or spec.replace:
+            unique = True
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
     try:
+        if unique:
+            return await _unique_many(conn, q, specs)
         if plain and not is_adapter(conn):
             return await _copy_many(conn, q, specs, keyed)
         return await _insert_many(conn, q, specs)
@@ -257,6 +363,28 @@ async def enqueue_many(
         if error is None:
             raise
         raise error from exc
+
+
+async def _unique_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
+    """A batch holding specs with a unique key: those go one statement each (a unique index
+    cannot be the arbiter of the batch's INSERT beside the idempotency key's), the others in
+    one INSERT, all in one transaction. Every spec is checked before anything is written."""
+    checked = [(_fields(spec, i), _payload(i, {} if spec.payload is None else spec.payload))
+               for i, spec in enumerate(specs)]
+    others = [i for i, (f, _) in enumerate(checked) if f.unique_key is None]
+    results: list[EnqueueResult | None] = [None] * len(specs)
+    async with transaction(conn) as c:
+        if others:
+            done = await _insert_many(c, q, [specs[i] for i in others])
+            for i, result in zip(others, done, strict=True):
+                results[i] = result
+        for i, (f, text) in enumerate(checked):
+            if f.unique_key is not None:
+                try:
+                    results[i] = await _insert_unique(c, q, f, text)
+                except JobNotPending as exc:
+                    raise JobNotPending(f"specs[{i}]: {exc}", exc.job_id, exc.status) from None
+    return [r for r in results if r is not None]
 
 
 async def _insert_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
@@ -566,4 +694,5 @@ def _new_job(
         version=f.version,
         traceparent=traceparent,
         concurrency_key=f.concurrency_key,
+        unique_key=f.unique_key,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -95,6 +95,8 @@ class Job:
     """The slot a periodic job was enqueued for (`registry.periodic`); None for other jobs."""
     concurrency_key: str | None = None
     """The key whose per-key limit the job shares (`enqueue(..., concurrency_key=)`), or None."""
+    unique_key: str | None = None
+    """The key the job is unique by (`enqueue(..., unique_key=)`), or None."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""
@@ -138,11 +140,19 @@ class JobSpec:
     """The payload's version (a task's `version=`); None is 1."""
     concurrency_key: str | None = None
     """The key a task's `max_running_per_key` counts by (`enqueue(..., concurrency_key=)`)."""
+    unique_key: str | None = None
+    """At most one live job per key, type and queue (`enqueue(..., unique_key=)`)."""
+    unique_states: Sequence[str] | None = None
+    """The states in which the key is held; None: pending and running."""
+    unique_period: timedelta | float | None = None
+    """Seconds: the key is held per period bucket of the enqueue time; None: no period."""
+    replace: bool = False
+    """With a pending job holding the key: give it this payload, priority and run_at."""
 
 
 class EnqueueResult:
     """What an enqueue gave: the job, and whether this call created it (False: an earlier job
-    holds the same idempotency key). `job` is built when first read: most callers never read it,
+    holds the same idempotency key or unique key). `job` is built when first read: most callers never read it,
     and a batch of thousands then costs no objects that nobody looks at."""
 
     __slots__ = ("_args", "_created", "_job", "_make")

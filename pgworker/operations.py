@@ -179,6 +179,9 @@ class ReplayResult:
     replayed: tuple[int, ...]
     skipped: Mapping[int, str]
     dry_run: bool = False
+    held: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    """Of the skipped jobs, those whose unique key another live job holds now, with its id:
+    replayed, they would be a second live job of the key (see "Unique jobs" in the guide)."""
 
 
 def since_moment(field: str, value: object) -> datetime | None:
@@ -353,6 +356,7 @@ def _replayed(rows: Sequence[Any]) -> ReplayResult:
     return ReplayResult(
         tuple(r["id"] for r in rows if r["replayed"]),
         {r["id"]: r["previous"] for r in rows if not r["replayed"]},
+        held={r["id"]: r["held_by"] for r in rows if r["held_by"] is not None},
     )
 
 
