@@ -321,3 +321,33 @@ async def test_a_replay_never_collides_with_the_live_holder_of_the_key(conn):
     # Once the holder ended, the replay goes through.
     await conn.execute("UPDATE pgworker.jobs SET status = 'completed' WHERE id = $1", live.job.id)
     assert (await pgworker.replay(conn, [failed.job.id], by="test")).replayed == (failed.job.id,)
+
+
+NEW_FUNCTION = (
+    "pgworker.enqueue(text, jsonb, text, anycompatible, bigint, text, text, timestamptz, "
+    "interval, bigint, text, text, text[], interval, boolean)"
+)
+
+
+async def test_migration_17_keeps_the_functions_grants(empty_dsn):
+    from .test_concurrency_key import FUNCTION, apply_only
+    from .test_sql_enqueue import migrated_to
+
+    conn = await asyncpg.connect(empty_dsn)
+    roles = ("pgw_unique_granted", "pgw_unique_other")
+    try:
+        for role in roles:
+            await conn.execute(f"DROP ROLE IF EXISTS {role}")
+            await conn.execute(f"CREATE ROLE {role}")
+        await migrated_to(conn, 16)
+        await conn.execute(f"REVOKE EXECUTE ON FUNCTION {FUNCTION} FROM PUBLIC")
+        await conn.execute(f"GRANT EXECUTE ON FUNCTION {FUNCTION} TO {roles[0]}")
+        await apply_only(conn, 17)
+        allowed = "SELECT has_function_privilege($1, $2, $3)"
+        assert await conn.fetchval(allowed, roles[0], NEW_FUNCTION, "EXECUTE")
+        assert not await conn.fetchval(allowed, roles[1], NEW_FUNCTION, "EXECUTE")
+    finally:
+        for role in roles:
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")
+        await conn.close()
