@@ -4,7 +4,7 @@ from . import sync
 from ._logs import configure_logging
 from ._version import __version__
 from .context import JobContext
-from .enqueue import enqueue, enqueue_many
+from .enqueue import enqueue, enqueue_many, update_job
 from .errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -86,5 +86,6 @@ __all__ = [
     "prune",
     "replay",
     "resume_queue",
+    "update_job",
     "sync",
 ]

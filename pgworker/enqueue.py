@@ -3,6 +3,7 @@ database's UNIQUE constraint decide idempotency."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -696,3 +697,60 @@ def _new_job(
         concurrency_key=f.concurrency_key,
         unique_key=f.unique_key,
     )
+
+
+def _actor(by: str | None) -> str:
+    """Who changes a job: `by`, else the OS user running the process."""
+    if by is None:
+        try:
+            by = getpass.getuser()
+        except Exception:  # no name for this uid (a container without a passwd entry)
+            by = "unknown"
+    return limits.name("by", by, 200)
+
+
+async def update_job(
+    conn: Executor,
+    job_id: int,
+    *,
+    run_at: datetime | None = None,
+    priority: int | str | None = None,
+    payload: Any = None,
+    by: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> Job:
+    """Change a job still `pending`: reschedule it (`run_at`, a timezone-aware datetime),
+    reprioritise it (`priority`, an int or a label) or give it a new `payload`, each checked as
+    `enqueue` checks it; None leaves a field as it is, and at least one must be given. Returns
+    the job as it is now. The change is recorded in `job_events` (kind `updated`, actor `by`,
+    default the OS user) and the workers of its queue are woken.
+
+    Refused, with nothing changed: a job that runs or ended (JobNotPending), a `run_at` for a
+    parked job (run_at infinity: it waits for its parents or for an event; ValidationError
+    naming `run_at`), an unknown id (ValidationError naming `job_id`)."""
+    q = queries(limits.identifier("schema", schema))
+    job_id = limits.count("job_id", job_id, minimum=1, maximum=limits.MAX_BIGINT)
+    if run_at is None and priority is None and payload is None:
+        raise ValidationError("fields", "give at least one of run_at, priority, payload to change")
+    when = None if run_at is None else limits.moment("run_at", run_at)
+    prio = None if priority is None else limits.priority("priority", priority)
+    text = None if payload is None else _payload(None, payload)
+    actor = _actor(by)
+    row = await q.job_update(conn, job_id, when, prio, text, actor)
+    if row is None:
+        raise ValidationError("job_id", f"there is no job {job_id}")
+    if not row["changed"]:
+        if row["previous"] != JobStatus.PENDING:
+            raise JobNotPending(
+                f"job {job_id} is {row['previous']}: only a pending job can be updated; "
+                "nothing was changed",
+                job_id,
+                row["previous"],
+            )
+        raise ValidationError(
+            "run_at",
+            f"job {job_id} is parked (run_at infinity: it waits for its parents or for an "
+            "event), so its run_at cannot be set; change its priority or payload only. Nothing "
+            "was changed",
+        )
+    return Job.from_record(row)
