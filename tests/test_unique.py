@@ -20,6 +20,7 @@ from pgworker import JobSpec
 
 from .helpers import ROOT
 from .test_cli import cli_env
+from .test_dashboard import http
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -351,3 +352,77 @@ async def test_migration_17_keeps_the_functions_grants(empty_dsn):
             await conn.execute(f"DROP OWNED BY {role}")
             await conn.execute(f"DROP ROLE {role}")
         await conn.close()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+async def test_the_cli_enqueues_with_a_unique_key_and_shows_it(conn, dsn):
+    first = run_cli("enqueue", "t", "--unique-key", "cli-k", "--dsn", dsn)
+    assert first.returncode == 0, first.stderr
+    job = json.loads(first.stdout)
+    again = run_cli(
+        "enqueue", "t", "--payload", '{"v": 2}', "--unique-key", "cli-k", "--replace",
+        "--unique-states", "pending,running", "--dsn", dsn,
+    )
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["id"], json.loads(again.stdout)["created"]) == (job["id"], False)
+    assert (await pgworker.get_job(conn, job["id"])).payload == {"v": 2}
+    shown = run_cli("show", str(job["id"]), "--dsn", dsn)
+    [line] = [line for line in shown.stdout.splitlines() if "unique_key" in line]
+    assert line.split() == ["unique_key", "cli-k"]
+    period = run_cli(
+        "enqueue", "t", "--unique-key", "p", "--unique-states", "pending,running,completed",
+        "--unique-period", "60", "--dsn", dsn,
+    )
+    assert period.returncode == 0, period.stderr
+    await conn.execute("DELETE FROM pgworker.jobs WHERE unique_key = 'p'")
+    refused = run_cli("enqueue", "t", "--unique-key", "x", "--unique-states", "pending", "--dsn", dsn)
+    assert refused.returncode == 2 and "unique_states" in refused.stderr
+    refused = run_cli("enqueue", "t", "--replace", "--dsn", dsn)
+    assert refused.returncode == 2 and "replace" in refused.stderr
+    await conn.execute("UPDATE pgworker.jobs SET status = 'running'")
+    running = run_cli("enqueue", "t", "--unique-key", "cli-k", "--replace", "--dsn", dsn)
+    assert running.returncode != 0 and "running" in running.stderr
+    assert await count(conn) == 1
+
+
+async def test_http_takes_the_unique_arguments(conn, dsn):
+    async with serving(dsn) as served, served.client() as api:
+        body = {"type": "t", "payload": {"v": 1}, "unique_key": "h-k"}
+        created = await api.post("/jobs", json=body)
+        assert created.status_code == 201, created.text
+        assert created.json()["unique_key"] == "h-k"
+        again = await api.post("/jobs", json={**body, "payload": {"v": 2}})
+        assert (again.status_code, again.json()["id"]) == (200, created.json()["id"])
+        replaced = await api.post("/jobs", json={**body, "payload": {"v": 3}, "replace": True})
+        assert (replaced.status_code, replaced.json()["payload"]) == (200, {"v": 3})
+        for bad, field in [
+            ({"unique_key": ""}, "unique_key"),
+            ({"unique_key": "k" * 201}, "unique_key"),
+            ({"unique_key": "k", "unique_states": ["pending", "nope"]}, "unique_states"),
+            ({"unique_key": "k", "unique_states": ["pending"]}, "unique_states"),
+            ({"unique_key": "k", "unique_states": ["pending", "running", "failed"]}, "unique_states"),
+            ({"unique_key": "k", "unique_period": 0}, "unique_period"),
+            ({"unique_key": "k", "unique_period": "1"}, "unique_period"),
+            ({"replace": True}, "replace"),
+            ({"unique_key": "k", "idempotency_key": "i"}, "unique_key"),
+        ]:
+            refused = await api.post("/jobs", json={"type": "t", "payload": {}, **bad})
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["field"] == field, refused.text
+        await conn.execute("UPDATE pgworker.jobs SET status = 'running'")
+        running = await api.post("/jobs", json={**body, "replace": True})
+        assert running.status_code == 409 and "running" in running.json()["error"], running.text
+        async with http(served) as page:
+            html = (await page.get(f"/ui/jobs/{created.json()['id']}")).text
+            assert "Unique key" in html and "h-k" in html
+    assert await count(conn) == 1

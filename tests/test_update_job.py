@@ -15,7 +15,9 @@ import pytest
 
 import pgworker
 
+from .helpers import ROOT
 from .test_cli import cli_env
+from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -91,3 +93,63 @@ async def test_an_unknown_or_bad_id_is_refused(conn, job_id):
     with pytest.raises(pgworker.ValidationError) as caught:
         await pgworker.update_job(conn, job_id, priority=1)
     assert caught.value.field == "job_id"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+async def test_the_cli_updates_a_pending_job(conn, dsn):
+    job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
+    out = run_cli(
+        "job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05+00:00", "--priority",
+        "high", "--payload", '{"v": 2}', "--by", "alice", "--dsn", dsn,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {
+        "id": job.id, "status": "pending", "run_at": LATER.isoformat(), "priority": 20
+    }
+    stored = await pgworker.get_job(conn, job.id)
+    assert (stored.run_at, stored.priority, stored.payload) == (LATER, 20, {"v": 2})
+    nothing = run_cli("job", "update", str(job.id), "--dsn", dsn)
+    assert nothing.returncode == 2 and "at least one" in nothing.stderr
+    naive = run_cli("job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05", "--dsn", dsn)
+    assert naive.returncode == 2 and "time zone" in naive.stderr
+    unknown = run_cli("job", "update", "999999", "--priority", "1", "--dsn", dsn)
+    assert unknown.returncode == 2 and "there is no job 999999" in unknown.stderr
+    await conn.execute("UPDATE pgworker.jobs SET status = 'running' WHERE id = $1", job.id)
+    running = run_cli("job", "update", str(job.id), "--priority", "1", "--dsn", dsn)
+    assert running.returncode == 2 and "is running" in running.stderr, running
+    assert (await pgworker.get_job(conn, job.id)).priority == 20
+
+
+async def test_http_patch_updates_a_pending_job(conn, dsn):
+    job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
+    async with serving(dsn) as served, served.client() as api:
+        done = await api.patch(
+            f"/jobs/{job.id}", json={"run_at": LATER.isoformat(), "priority": 7}
+        )
+        assert done.status_code == 200, done.text
+        assert (done.json()["priority"], done.json()["id"]) == (7, job.id)
+        assert (await api.patch("/jobs/999999", json={"priority": 1})).status_code == 404
+        for bad, field in [
+            ({}, "fields"),
+            ({"priority": "urgent"}, "priority"),
+            ({"run_at": "2040-01-01T00:00:00"}, "run_at"),
+            ({"nope": 1}, "nope"),
+        ]:
+            refused = await api.patch(f"/jobs/{job.id}", json=bad)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["field"] == field, refused.text
+        await conn.execute("UPDATE pgworker.jobs SET status = 'completed' WHERE id = $1", job.id)
+        ended = await api.patch(f"/jobs/{job.id}", json={"priority": 1})
+        assert ended.status_code == 409 and "completed" in ended.json()["error"], ended.text
+    stored = await pgworker.get_job(conn, job.id)
+    assert (stored.run_at, stored.priority) == (LATER, 7)

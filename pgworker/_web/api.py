@@ -36,7 +36,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
-from ..enqueue import enqueue
+from ..enqueue import enqueue, update_job
 from ..errors import ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
@@ -79,6 +79,7 @@ from .schemas import (
     QueueName,
     ReplayBody,
     TypeName,
+    UpdateBody,
     UrlId,
 )
 
@@ -353,13 +354,14 @@ def install(app: FastAPI, config: WebConfig) -> None:
         response_model=Json,
         tags=["jobs"],
         responses={
-            200: {"description": "the existing job of that idempotency key"},
+            200: {"description": "the existing job of that idempotency key or unique key"},
             409: {"model": Problem},
         },
     )
     async def create_job(body: EnqueueBody) -> Response:
         """Enqueue a job: 201 with it, 200 with the existing one when its idempotency key holds
-        the same type and payload, 409 when it holds another."""
+        the same type and payload (409 when it holds another), or when a live job holds its
+        unique key (with `replace`, that pending job changed; 409 while it runs)."""
         if body.run_at is not None and body.delay is not None:
             raise ValidationError("run_at", "give run_at or delay, not both")
         add: Callable[..., Awaitable[EnqueueResult]] = enqueue
@@ -382,6 +384,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 delay=body.delay,
                 version=body.version,
                 concurrency_key=body.concurrency_key,
+                unique_key=body.unique_key,
+                unique_states=body.unique_states,
+                unique_period=body.unique_period,
+                replace=bool(body.replace),
                 schema=config.schema,
             )
             return _answer(job_json(result.job), 201 if result.created else 200)
@@ -584,6 +590,29 @@ def install(app: FastAPI, config: WebConfig) -> None:
             jobs = [job_json(r) for r in rows]
             return _answer({"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None})
 
+    @api.patch(
+        "/jobs/{id}",
+        response_model=Json,
+        tags=["jobs"],
+        responses={**_UNKNOWN, 409: {"model": Problem, "description": "the job is not pending"}},
+    )
+    async def update_pending_job(id: JobId, body: UpdateBody) -> Response:
+        """Change a pending job's `run_at`, `priority` or `payload` (at least one): 200 with the
+        job, 409 once it runs or ended (nothing changed), 422 for a bad value or a run_at for a
+        parked job."""
+        async with database() as conn:
+            await _job(conn, id)
+            job = await update_job(
+                conn,
+                id,
+                run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
+                priority=body.priority,
+                payload=body.payload,
+                by="api",
+                schema=config.schema,
+            )
+            return _answer(job_json(await _job(conn, job.id)))
+
     @api.post("/jobs/{id}/cancel", response_model=Json, tags=["jobs"], responses=_UNKNOWN)
     async def cancel_job(id: JobId) -> Response:
         """Cancel a pending job, or ask the worker of a running one to stop it (its heartbeat
@@ -609,6 +638,12 @@ def install(app: FastAPI, config: WebConfig) -> None:
             done, announce = await replay_uncommitted(
                 conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
             )
+            if id in done.held:
+                return guard.problem(
+                    409,
+                    f"job {id} is {row['status']}: its unique key is held by live job "
+                    f"{done.held[id]}; left as it is",
+                )
             if done.skipped:
                 return guard.problem(
                     409,

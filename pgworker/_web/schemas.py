@@ -12,7 +12,7 @@ only (_limits.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Interval, MinLen
 from pydantic import (
@@ -124,6 +124,12 @@ ConcurrencyKey = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=limits.MAX_CONCURRENCY_KEY_LENGTH, pattern=NO_NUL),
 ]
+UniqueKey = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_UNIQUE_KEY_LENGTH, pattern=NO_NUL),
+]
+UniqueState = Literal["pending", "running", "completed", "failed", "cancelled"]
+Period = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_DELAY)]
 Actor = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
 ]
@@ -206,6 +212,35 @@ class EnqueueBody(_Body):
     concurrency_key: ConcurrencyKey | None = Field(
         None, description="the key the task's max_running_per_key counts by (default: none)"
     )
+    unique_key: UniqueKey | None = Field(
+        None,
+        description="at most one live job of this type and queue per key: while one holds it, "
+        "200 with that job (not with idempotency_key)",
+    )
+    unique_states: list[UniqueState] | None = Field(
+        None,
+        min_length=2,
+        description="the states in which the key is held (default pending, running; both are "
+        "required, a final state needs unique_period)",
+    )
+    unique_period: Period | None = Field(
+        None, description="seconds: the key is held per period bucket of the enqueue time"
+    )
+    replace: StrictBool | None = Field(
+        None,
+        description="with a pending job holding the key: give it this payload, priority and "
+        "run_at (409 while it runs)",
+    )
+
+
+class UpdateBody(_Body):
+    run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone")
+    priority: (
+        PriorityInt
+        | Annotated[StrictStr, StringConstraints(pattern="^(low|medium|high|critical)$")]
+        | None
+    ) = Field(None, description="an int or one of low, medium, high, critical")
+    payload: JsonValue | None = Field(None, description="the new payload (null: unchanged)")
 
 
 class ClaimBody(_Body):

@@ -237,6 +237,7 @@ SHOWN = (
     "correlation_id",
     "idempotency_key",
     "concurrency_key",
+    "unique_key",
     "created_at",
     "run_at",
     "finished_at",
