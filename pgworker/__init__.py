@@ -86,6 +86,6 @@ __all__ = [
     "prune",
     "replay",
     "resume_queue",
-    "update_job",
     "sync",
+    "update_job",
 ]

@@ -10,8 +10,8 @@ what is accepted.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, overload
 
@@ -300,11 +300,18 @@ def unique_key(value: Any, *, error: type[Exception] = ValidationError) -> str |
     return name("unique_key", value, MAX_UNIQUE_KEY_LENGTH, required=False, error=error)
 
 
+MIN_UNIQUE_PERIOD = 0.001
+
+
 def unique_period(value: Any, *, error: type[Exception] = ValidationError) -> float | None:
-    """A unique period: None, or a number of seconds (or a timedelta) > 0, at most ten years."""
+    """A unique period: None, or a number of seconds (or a timedelta) > 0, at least a
+    millisecond (shorter buckets are not measurable) and at most ten years."""
     if value is None:
         return None
-    return seconds("unique_period", value, zero=False, error=error)
+    period = seconds("unique_period", value, zero=False, error=error)
+    if period < MIN_UNIQUE_PERIOD:
+        raise _bad(error, "unique_period", f"must be at least 0.001 seconds, got {value!r}")
+    return period
 
 
 def unique_states(
@@ -318,8 +325,9 @@ def unique_states(
         return DEFAULT_UNIQUE_STATES
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise _bad(
-            error, "unique_states", f"must be a list of states such as ('pending', 'running'), "
-            f"got {value!r}"
+            error,
+            "unique_states",
+            f"must be a list of states such as ('pending', 'running'), got {value!r}",
         )
     mask = 0
     for state in value:

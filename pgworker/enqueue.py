@@ -308,9 +308,7 @@ async def _insert_unique(conn: Executor, q: Queries, f: _Fields, text: str) -> E
             continue
         if row["created"] or not f.replace:
             return EnqueueResult(None, row["created"], Job.from_record, (row,))
-        changed = await q.job_unique_replace(
-            conn, row["id"], text, f.priority, f.run_at, f.delay
-        )
+        changed = await q.job_unique_replace(conn, row["id"], text, f.priority, f.run_at, f.delay)
         if changed is not None:
             return EnqueueResult(None, False, Job.from_record, (changed,))
         if row["status"] == JobStatus.RUNNING:
@@ -370,8 +368,10 @@ async def _unique_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> 
     """A batch holding specs with a unique key: those go one statement each (a unique index
     cannot be the arbiter of the batch's INSERT beside the idempotency key's), the others in
     one INSERT, all in one transaction. Every spec is checked before anything is written."""
-    checked = [(_fields(spec, i), _payload(i, {} if spec.payload is None else spec.payload))
-               for i, spec in enumerate(specs)]
+    checked = [
+        (_fields(spec, i), _payload(i, {} if spec.payload is None else spec.payload))
+        for i, spec in enumerate(specs)
+    ]
     others = [i for i, (f, _) in enumerate(checked) if f.unique_key is None]
     results: list[EnqueueResult | None] = [None] * len(specs)
     async with transaction(conn) as c:

@@ -152,8 +152,8 @@ class JobSpec:
 
 class EnqueueResult:
     """What an enqueue gave: the job, and whether this call created it (False: an earlier job
-    holds the same idempotency key or unique key). `job` is built when first read: most callers never read it,
-    and a batch of thousands then costs no objects that nobody looks at."""
+    holds the same idempotency key or unique key). `job` is built when first read: most callers
+    never read it, and a batch of thousands then costs no objects that nobody looks at."""
 
     __slots__ = ("_args", "_created", "_job", "_make")
 

@@ -18,7 +18,7 @@ import pytest
 import pgworker
 from pgworker import JobSpec
 
-from .helpers import ROOT
+from .helpers import ROOT, has_status, wait_for
 from .test_cli import cli_env
 from .test_dashboard import http
 from .webserver import serving
@@ -81,9 +81,7 @@ async def test_after_a_real_worker_completes_it_the_next_enqueue_creates_a_new_j
     settings = pgworker.Settings(dsn=dsn, poll_interval=0.05)
     async with pgworker.Worker(registry, settings=settings):
         await asyncio.wait_for(done.wait(), 10)
-        async with asyncio.timeout(10):
-            while (await pgworker.get_job(conn, first.job.id)).status != "completed":
-                await asyncio.sleep(0.02)
+        await wait_for(lambda: has_status(conn, first.job.id, "completed"))
     second = await pgworker.enqueue(conn, "refresh", {}, unique_key="user-7")
     assert second.created and second.job.id != first.job.id
 
@@ -96,9 +94,8 @@ async def test_a_unique_period_gives_one_job_per_bucket(conn):
         b = await pgworker.enqueue(conn, "t", {"n": 2}, unique_key="p", unique_period=2)
         boundary = await conn.fetchval("SELECT (floor(extract(epoch FROM now()) / 2) + 1) * 2")
     assert (a.created, b.created, b.job.id) == (True, False, a.job.id)
-    async with asyncio.timeout(5):
-        while await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())") < boundary:
-            await asyncio.sleep(0.05)
+    clock = "SELECT extract(epoch FROM clock_timestamp()) >= $1"
+    await wait_for(lambda: conn.fetchval(clock, boundary), timeout=5)
     c = await pgworker.enqueue(conn, "t", {"n": 3}, unique_key="p", unique_period=2)
     assert c.created and c.job.id != a.job.id
     buckets = await conn.fetch("SELECT unique_bucket FROM pgworker.jobs ORDER BY id")
@@ -107,19 +104,22 @@ async def test_a_unique_period_gives_one_job_per_bucket(conn):
 
 async def test_a_final_state_with_a_period_holds_the_key_after_the_job_ends(conn):
     states = ("pending", "running", "completed")
-    a = await pgworker.enqueue(conn, "t", {}, unique_key="d", unique_states=states,
-                               unique_period=3600)
+    a = await pgworker.enqueue(
+        conn, "t", {}, unique_key="d", unique_states=states, unique_period=3600
+    )
     await conn.execute(
         "UPDATE pgworker.jobs SET status = 'completed', finished_at = now() WHERE id = $1",
         a.job.id,
     )
-    b = await pgworker.enqueue(conn, "t", {}, unique_key="d", unique_states=states,
-                               unique_period=3600)
+    b = await pgworker.enqueue(
+        conn, "t", {}, unique_key="d", unique_states=states, unique_period=3600
+    )
     assert (b.created, b.job.id) == (False, a.job.id)
     # Failed is not one of its states: once failed, the key is free.
     await conn.execute("UPDATE pgworker.jobs SET status = 'failed' WHERE id = $1", a.job.id)
-    c = await pgworker.enqueue(conn, "t", {}, unique_key="d", unique_states=states,
-                               unique_period=3600)
+    c = await pgworker.enqueue(
+        conn, "t", {}, unique_key="d", unique_states=states, unique_period=3600
+    )
     assert c.created
 
 
@@ -172,6 +172,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"unique_key": "k", "unique_period": -1}, "unique_period", "> 0"),
     ({"unique_key": "k", "unique_period": "2"}, "unique_period", "number of seconds"),
     ({"unique_key": "k", "unique_period": float("nan")}, "unique_period", "finite"),
+    ({"unique_key": "k", "unique_period": 0.0001}, "unique_period", "at least 0.001"),
     ({"replace": True}, "replace", "needs a unique_key"),
     ({"unique_key": "k", "replace": 1}, "replace", "True or False"),
     ({"unique_states": ("pending", "running")}, "unique_states", "needs a unique_key"),
@@ -186,7 +187,9 @@ async def test_bad_input_names_the_field_and_writes_nothing(conn, given, field, 
         await pgworker.enqueue(conn, "t", {}, **given)
     assert caught.value.field == field
     with pytest.raises(pgworker.ValidationError) as caught:
-        await pgworker.enqueue_many(conn, [JobSpec("t", {}, unique_key="ok"), JobSpec("t", {}, **given)])
+        await pgworker.enqueue_many(
+            conn, [JobSpec("t", {}, unique_key="ok"), JobSpec("t", {}, **given)]
+        )
     assert caught.value.field == f"specs[1].{field}"
     assert await count(conn) == 0
 
@@ -204,7 +207,9 @@ async def test_enqueue_many_sends_unique_specs_through_the_statement_path(conn):
     assert results[2].job.id == results[1].job.id
     assert [r.job.payload["n"] for r in results] == [0, 1, 1, 3, 4]
     assert await count(conn) == 4
-    again = await pgworker.enqueue_many(conn, [JobSpec("t", {"n": 9}, unique_key="m", replace=True)])
+    again = await pgworker.enqueue_many(
+        conn, [JobSpec("t", {"n": 9}, unique_key="m", replace=True)]
+    )
     assert (again[0].created, again[0].job.payload) == (False, {"n": 9})
 
 
@@ -269,7 +274,10 @@ async def test_the_sql_function_takes_the_unique_arguments(conn):
     )
     # A Python enqueue and the SQL function share the bucket.
     again = await pgworker.enqueue(
-        conn, "t", unique_key="sql-p", unique_states=("pending", "running", "failed"),
+        conn,
+        "t",
+        unique_key="sql-p",
+        unique_states=("pending", "running", "failed"),
         unique_period=3600,
     )
     assert (again.created, again.job.id) == (False, period["id"])
@@ -316,9 +324,10 @@ async def test_a_replay_never_collides_with_the_live_holder_of_the_key(conn):
     assert result.replayed == ()
     assert result.skipped == {failed.job.id: "failed"}
     assert result.held == {failed.job.id: live.job.id}
-    assert await conn.fetchval(
-        "SELECT status FROM pgworker.jobs WHERE id = $1", failed.job.id
-    ) == "failed"
+    assert (
+        await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", failed.job.id)
+        == "failed"
+    )
     # Once the holder ended, the replay goes through.
     await conn.execute("UPDATE pgworker.jobs SET status = 'completed' WHERE id = $1", live.job.id)
     assert (await pgworker.replay(conn, [failed.job.id], by="test")).replayed == (failed.job.id,)
@@ -370,22 +379,44 @@ async def test_the_cli_enqueues_with_a_unique_key_and_shows_it(conn, dsn):
     assert first.returncode == 0, first.stderr
     job = json.loads(first.stdout)
     again = run_cli(
-        "enqueue", "t", "--payload", '{"v": 2}', "--unique-key", "cli-k", "--replace",
-        "--unique-states", "pending,running", "--dsn", dsn,
+        "enqueue",
+        "t",
+        "--payload",
+        '{"v": 2}',
+        "--unique-key",
+        "cli-k",
+        "--replace",
+        "--unique-states",
+        "pending,running",
+        "--dsn",
+        dsn,
     )
     assert again.returncode == 0, again.stderr
-    assert (json.loads(again.stdout)["id"], json.loads(again.stdout)["created"]) == (job["id"], False)
+    assert (json.loads(again.stdout)["id"], json.loads(again.stdout)["created"]) == (
+        job["id"],
+        False,
+    )
     assert (await pgworker.get_job(conn, job["id"])).payload == {"v": 2}
     shown = run_cli("show", str(job["id"]), "--dsn", dsn)
     [line] = [line for line in shown.stdout.splitlines() if "unique_key" in line]
     assert line.split() == ["unique_key", "cli-k"]
     period = run_cli(
-        "enqueue", "t", "--unique-key", "p", "--unique-states", "pending,running,completed",
-        "--unique-period", "60", "--dsn", dsn,
+        "enqueue",
+        "t",
+        "--unique-key",
+        "p",
+        "--unique-states",
+        "pending,running,completed",
+        "--unique-period",
+        "60",
+        "--dsn",
+        dsn,
     )
     assert period.returncode == 0, period.stderr
     await conn.execute("DELETE FROM pgworker.jobs WHERE unique_key = 'p'")
-    refused = run_cli("enqueue", "t", "--unique-key", "x", "--unique-states", "pending", "--dsn", dsn)
+    refused = run_cli(
+        "enqueue", "t", "--unique-key", "x", "--unique-states", "pending", "--dsn", dsn
+    )
     assert refused.returncode == 2 and "unique_states" in refused.stderr
     refused = run_cli("enqueue", "t", "--replace", "--dsn", dsn)
     assert refused.returncode == 2 and "replace" in refused.stderr
@@ -410,7 +441,10 @@ async def test_http_takes_the_unique_arguments(conn, dsn):
             ({"unique_key": "k" * 201}, "unique_key"),
             ({"unique_key": "k", "unique_states": ["pending", "nope"]}, "unique_states"),
             ({"unique_key": "k", "unique_states": ["pending"]}, "unique_states"),
-            ({"unique_key": "k", "unique_states": ["pending", "running", "failed"]}, "unique_states"),
+            (
+                {"unique_key": "k", "unique_states": ["pending", "running", "failed"]},
+                "unique_states",
+            ),
             ({"unique_key": "k", "unique_period": 0}, "unique_period"),
             ({"unique_key": "k", "unique_period": "1"}, "unique_period"),
             ({"replace": True}, "replace"),

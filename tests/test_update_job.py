@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -78,7 +78,9 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("given", "field", "says"), BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    ("given", "field", "says"), BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)]
+)
 async def test_bad_input_names_the_field_and_changes_nothing(conn, given, field, says):
     job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
     before = await row_of(conn, job.id)
@@ -109,12 +111,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_the_cli_updates_a_pending_job(conn, dsn):
     job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
     out = run_cli(
-        "job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05+00:00", "--priority",
-        "high", "--payload", '{"v": 2}', "--by", "alice", "--dsn", dsn,
+        "job",
+        "update",
+        str(job.id),
+        "--run-at",
+        "2040-01-02T03:04:05+00:00",
+        "--priority",
+        "high",
+        "--payload",
+        '{"v": 2}',
+        "--by",
+        "alice",
+        "--dsn",
+        dsn,
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {
-        "id": job.id, "status": "pending", "run_at": LATER.isoformat(), "priority": 20
+        "id": job.id,
+        "status": "pending",
+        "run_at": LATER.isoformat(),
+        "priority": 20,
     }
     stored = await pgworker.get_job(conn, job.id)
     assert (stored.run_at, stored.priority, stored.payload) == (LATER, 20, {"v": 2})
@@ -133,9 +149,7 @@ async def test_the_cli_updates_a_pending_job(conn, dsn):
 async def test_http_patch_updates_a_pending_job(conn, dsn):
     job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
     async with serving(dsn) as served, served.client() as api:
-        done = await api.patch(
-            f"/jobs/{job.id}", json={"run_at": LATER.isoformat(), "priority": 7}
-        )
+        done = await api.patch(f"/jobs/{job.id}", json={"run_at": LATER.isoformat(), "priority": 7})
         assert done.status_code == 200, done.text
         assert (done.json()["priority"], done.json()["id"]) == (7, job.id)
         assert (await api.patch("/jobs/999999", json={"priority": 1})).status_code == 404

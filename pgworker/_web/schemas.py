@@ -128,8 +128,17 @@ UniqueKey = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=limits.MAX_UNIQUE_KEY_LENGTH, pattern=NO_NUL),
 ]
-UniqueState = Literal["pending", "running", "completed", "failed", "cancelled"]
-Period = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_DELAY)]
+UniqueStates = Annotated[
+    list[Literal["pending", "running", "completed", "failed", "cancelled"]],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"enum": ["pending", "running", "completed", "failed", "cancelled"]},
+            "allOf": [{"contains": {"const": "pending"}}, {"contains": {"const": "running"}}],
+        }
+    ),
+]
+Period = Annotated[StrictFloat, Interval(ge=limits.MIN_UNIQUE_PERIOD, le=limits.MAX_DELAY)]
 Actor = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
 ]
@@ -184,14 +193,55 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _both(name: str, given: dict[str, Any], other: str) -> dict[str, Any]:
+    """A JSON Schema matching a body that gives `name` (so) and `other` (a string)."""
+    return {"required": [name, other], "properties": {name: given, other: {"type": "string"}}}
+
+
+def _without_key(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Schema matching a body that gives `name` (so) without a unique_key."""
+    return {
+        "required": [name],
+        "properties": {name: given},
+        "not": {"required": ["unique_key"], "properties": {"unique_key": {"type": "string"}}},
+    }
+
+
 class EnqueueBody(_Body):
-    # enqueue() refuses run_at and delay together: said here too.
+    # enqueue() refuses run_at and delay together, and the unique arguments' combinations:
+    # said here too.
     model_config = ConfigDict(
         json_schema_extra={
             "not": {
                 "required": ["run_at", "delay"],
                 "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
-            }
+            },
+            "allOf": [
+                {"not": _both("idempotency_key", {"type": "string"}, "unique_key")},
+                *(
+                    {"not": _without_key(name, given)}
+                    for name, given in (
+                        ("unique_states", {"type": "array"}),
+                        ("unique_period", {"type": "number"}),
+                        ("replace", {"const": True}),
+                    )
+                ),
+                {
+                    "not": {
+                        "required": ["unique_states"],
+                        "properties": {
+                            "unique_states": {
+                                "type": "array",
+                                "contains": {"enum": ["completed", "failed", "cancelled"]},
+                            }
+                        },
+                        "not": {
+                            "required": ["unique_period"],
+                            "properties": {"unique_period": {"type": "number"}},
+                        },
+                    }
+                },
+            ],
         }
     )
 
@@ -217,9 +267,8 @@ class EnqueueBody(_Body):
         description="at most one live job of this type and queue per key: while one holds it, "
         "200 with that job (not with idempotency_key)",
     )
-    unique_states: list[UniqueState] | None = Field(
+    unique_states: UniqueStates | None = Field(
         None,
-        min_length=2,
         description="the states in which the key is held (default pending, running; both are "
         "required, a final state needs unique_period)",
     )
@@ -234,6 +283,16 @@ class EnqueueBody(_Body):
 
 
 class UpdateBody(_Body):
+    # update_job needs at least one field to change, not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("run_at", "priority", "payload")
+            ]
+        }
+    )
+
     run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone")
     priority: (
         PriorityInt

@@ -241,10 +241,10 @@ BEGIN
                          'else the key would be held until the job is pruned';
         ELSIF v_field IS NULL AND enqueue.unique_period IS NOT NULL THEN
             v_period := extract(epoch FROM enqueue.unique_period)::float8;
-            IF v_period <= 0 OR v_period > 315360000 THEN
+            IF v_period < 0.001 OR v_period > 315360000 THEN
                 v_field := 'unique_period';
-                v_problem := format('must be more than 0 and at most 315,360,000 seconds (10 '
-                                    'years), got %s', enqueue.unique_period);
+                v_problem := format('must be a number of seconds > 0, at least 0.001 and at '
+                                    'most 315,360,000 (10 years), got %s', enqueue.unique_period);
             END IF;
         END IF;
     END IF;
