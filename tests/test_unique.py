@@ -460,3 +460,22 @@ async def test_http_takes_the_unique_arguments(conn, dsn):
             html = (await page.get(f"/ui/jobs/{created.json()['id']}")).text
             assert "Unique key" in html and "h-k" in html
     assert await count(conn) == 1
+
+
+async def test_psycopg_and_pgworker_sync_take_the_unique_key(conn, dsn):
+    import psycopg
+
+    import pgworker.sync
+
+    async with await psycopg.AsyncConnection.connect(dsn) as aconn:
+        a = await pgworker.enqueue(aconn, "t", {"n": 1}, unique_key="ps")
+        b = await pgworker.enqueue(aconn, "t", {"n": 2}, unique_key="ps", replace=True)
+        [c] = await pgworker.enqueue_many(aconn, [JobSpec("t", {"n": 3}, unique_key="ps")])
+    with psycopg.connect(dsn) as sconn:
+        d = pgworker.sync.enqueue(sconn, "t", {"n": 4}, unique_key="ps")
+        [e] = pgworker.sync.enqueue_many(sconn, [JobSpec("t", {}, unique_key="other")])
+    assert a.created and e.created
+    assert [r.created for r in (b, c, d)] == [False, False, False]
+    assert {r.job.id for r in (a, b, c, d)} == {a.job.id}
+    assert (await pgworker.get_job(conn, a.job.id)).payload == {"n": 2}
+    assert await count(conn) == 2
