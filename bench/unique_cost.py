@@ -15,8 +15,9 @@ In a database of its own (`bench_unique_cost`, dropped at the end), one process,
 
 Each figure is jobs (calls) per second, the median of `--runs` runs, the table emptied before
 each. `--transaction` runs each case in one transaction (no commit per call: the statements'
-own cost, less noisy on a shared machine). `--plain-only` measures the two plain cases only: run it from an older checkout
-(PYTHONPATH=/path/to/old) to compare plain enqueue old against new.
+own cost, less noisy on a shared machine). `--plain-only` measures the two plain cases only:
+run it from an older checkout (PYTHONPATH=/path/to/old) to compare plain enqueue old against
+new.
 """
 
 from __future__ import annotations

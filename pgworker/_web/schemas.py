@@ -218,14 +218,9 @@ class EnqueueBody(_Body):
             },
             "allOf": [
                 {"not": _both("idempotency_key", {"type": "string"}, "unique_key")},
-                *(
-                    {"not": _without_key(name, given)}
-                    for name, given in (
-                        ("unique_states", {"type": "array"}),
-                        ("unique_period", {"type": "number"}),
-                        ("replace", {"const": True}),
-                    )
-                ),
+                {"not": _without_key("unique_states", {"type": "array"})},
+                {"not": _without_key("unique_period", {"type": "number"})},
+                {"not": _without_key("replace", {"const": True})},
                 {
                     "not": {
                         "required": ["unique_states"],
