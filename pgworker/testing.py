@@ -689,6 +689,7 @@ def _record(
         "traceparent": None,
         "scheduled_at": scheduled_at,
         "concurrency_key": concurrency_key,
+        "unique_key": None,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"

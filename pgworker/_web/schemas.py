@@ -209,20 +209,20 @@ def _without_key(name: str, given: dict[str, Any]) -> dict[str, Any]:
 
 class EnqueueBody(_Body):
     # enqueue() refuses run_at and delay together, and the unique arguments' combinations:
-    # said here too.
+    # said here too (a body matching none of these; `allOf` holds the typed payloads' rules).
     model_config = ConfigDict(
         json_schema_extra={
             "not": {
-                "required": ["run_at", "delay"],
-                "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
-            },
-            "allOf": [
-                {"not": _both("idempotency_key", {"type": "string"}, "unique_key")},
-                {"not": _without_key("unique_states", {"type": "array"})},
-                {"not": _without_key("unique_period", {"type": "number"})},
-                {"not": _without_key("replace", {"const": True})},
-                {
-                    "not": {
+                "anyOf": [
+                    {
+                        "required": ["run_at", "delay"],
+                        "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
+                    },
+                    _both("idempotency_key", {"type": "string"}, "unique_key"),
+                    _without_key("unique_states", {"type": "array"}),
+                    _without_key("unique_period", {"type": "number"}),
+                    _without_key("replace", {"const": True}),
+                    {
                         "required": ["unique_states"],
                         "properties": {
                             "unique_states": {
@@ -234,9 +234,9 @@ class EnqueueBody(_Body):
                             "required": ["unique_period"],
                             "properties": {"unique_period": {"type": "number"}},
                         },
-                    }
-                },
-            ],
+                    },
+                ]
+            },
         }
     )
 
