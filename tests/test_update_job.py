@@ -134,6 +134,8 @@ async def test_the_cli_updates_a_pending_job(conn, dsn):
     }
     stored = await pgworker.get_job(conn, job.id)
     assert (stored.run_at, stored.priority, stored.payload) == (LATER, 20, {"v": 2})
+    shown = run_cli("show", str(job.id), "--dsn", dsn)
+    assert "updated by alice" in shown.stdout, shown
     nothing = run_cli("job", "update", str(job.id), "--dsn", dsn)
     assert nothing.returncode == 2 and "at least one" in nothing.stderr
     naive = run_cli("job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05", "--dsn", dsn)
