@@ -314,10 +314,12 @@ async def replay(
         found = await q.jobs_statuses(conn, wanted)
         if ids is not None:
             _no_unknown(wanted, found)
+        held = await q.jobs_unique_held(conn, wanted)
         return ReplayResult(
-            tuple(i for i in wanted if found.get(i) in REPLAYABLE),
-            {i: s for i, s in found.items() if s not in REPLAYABLE},
+            tuple(i for i in wanted if found.get(i) in REPLAYABLE and i not in held),
+            {i: s for i, s in found.items() if s not in REPLAYABLE or i in held},
             dry_run=True,
+            held=held,
         )
     done: list[Any] = []
     # By ids: one transaction, so that an unknown id leaves everything as it was. By type: a

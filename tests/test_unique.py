@@ -320,6 +320,8 @@ async def test_a_replay_never_collides_with_the_live_holder_of_the_key(conn):
     )
     live = await pgworker.enqueue(conn, "t", {}, unique_key="rp")
     assert live.created
+    dry = await pgworker.replay(conn, [failed.job.id], by="test", dry_run=True)
+    assert (dry.replayed, dry.held) == ((), {failed.job.id: live.job.id})
     result = await pgworker.replay(conn, [failed.job.id], by="test")
     assert result.replayed == ()
     assert result.skipped == {failed.job.id: "failed"}

@@ -681,6 +681,12 @@ class Queries:
             rows = await conn.fetch(self._sql["jobs_statuses"], list(ids))
         return {r["id"]: r["status"] for r in rows}
 
+    async def jobs_unique_held(self, conn: Runner, ids: Sequence[int]) -> dict[int, int]:
+        """Of `ids`, the failed or cancelled jobs whose unique key a live job holds, with it."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["jobs_unique_held"], list(ids))
+        return {r["id"]: r["held_by"] for r in rows}
+
     async def jobs_replay(
         self, conn: Runner, ids: Sequence[int], actor: str, reason: str | None
     ) -> list[Row]:
