@@ -5,11 +5,12 @@ from ._events import emit
 from ._logs import configure_logging
 from ._version import __version__
 from .context import JobContext
-from .enqueue import enqueue, enqueue_many
+from .enqueue import enqueue, enqueue_many, update_job
 from .errors import (
     ConfigError,
     DatabaseUnavailable,
     IdempotencyConflict,
+    JobNotPending,
     PermanentError,
     PgWorkerError,
     PrivilegeError,
@@ -52,6 +53,7 @@ __all__ = [
     "IdempotencyConflict",
     "Job",
     "JobContext",
+    "JobNotPending",
     "JobSpec",
     "JobStatus",
     "PeriodicSchedule",
@@ -87,4 +89,5 @@ __all__ = [
     "replay",
     "resume_queue",
     "sync",
+    "update_job",
 ]

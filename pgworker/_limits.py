@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, overload
 
@@ -338,3 +339,71 @@ def on_parent_failure(
             raise _bad(error, "on_parent_failure", "applies to a job with after=: give after= too")
         return None
     return value or "cancel"
+
+
+MAX_UNIQUE_KEY_LENGTH = 200
+UNIQUE_STATES = {"pending": 1, "running": 2, "completed": 4, "failed": 8, "cancelled": 16}
+"""The bit of each state in `jobs.unique_states` (migration 17's unique_state_in)."""
+DEFAULT_UNIQUE_STATES = 3
+"""pending and running."""
+
+
+def unique_key(value: Any, *, error: type[Exception] = ValidationError) -> str | None:
+    """A job's unique key: None, or a non-empty string of at most 200 characters."""
+    return name("unique_key", value, MAX_UNIQUE_KEY_LENGTH, required=False, error=error)
+
+
+MIN_UNIQUE_PERIOD = 0.001
+
+
+def unique_period(value: Any, *, error: type[Exception] = ValidationError) -> float | None:
+    """A unique period: None, or a number of seconds (or a timedelta) > 0, at least a
+    millisecond (shorter buckets are not measurable) and at most ten years."""
+    if value is None:
+        return None
+    period = seconds("unique_period", value, zero=False, error=error)
+    if period < MIN_UNIQUE_PERIOD:
+        raise _bad(error, "unique_period", f"must be at least 0.001 seconds, got {value!r}")
+    return period
+
+
+def unique_states(
+    value: Any, period: float | None, *, error: type[Exception] = ValidationError
+) -> int:
+    """The states a unique key is held in, as the bitmask stored (None: pending and running).
+    They must hold pending and running (a job moves between them on retry, snooze and rescue:
+    outside on one side, it would collide when it moves back), and a final state needs a
+    period (else the key is held until the job is pruned)."""
+    if value is None:
+        return DEFAULT_UNIQUE_STATES
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise _bad(
+            error,
+            "unique_states",
+            f"must be a list of states such as ('pending', 'running'), got {value!r}",
+        )
+    mask = 0
+    for state in value:
+        bit = UNIQUE_STATES.get(state) if isinstance(state, str) else None
+        if bit is None:
+            raise _bad(
+                error,
+                "unique_states",
+                f"unknown state {state!r}; use pending, running, completed, failed, cancelled",
+            )
+        mask |= bit
+    if mask & 3 != 3:
+        raise _bad(
+            error,
+            "unique_states",
+            "must contain both pending and running (a job moves between them on retry, snooze "
+            f"and rescue), got {tuple(value)!r}",
+        )
+    if mask > 3 and period is None:
+        raise _bad(
+            error,
+            "unique_states",
+            "a final state (completed, failed, cancelled) needs a unique_period: else the key "
+            "would be held until the job is pruned",
+        )
+    return mask

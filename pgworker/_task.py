@@ -53,6 +53,10 @@ class Task:
     """At most this many running at once per `concurrency_key`, keys served round-robin."""
     rate_limit: Rate | None = None
     """At most `starts` starts per `period` seconds, fleet-wide."""
+    unique_states: tuple[str, ...] | None = None
+    """The default `unique_states` of an enqueue with a `unique_key` (None: pending, running)."""
+    unique_period: float | None = None
+    """The default `unique_period` (seconds) of an enqueue with a `unique_key`."""
 
     @property
     def limited(self) -> bool:

@@ -3,6 +3,7 @@ database's UNIQUE constraint decide idempotency."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -21,7 +22,7 @@ from ._db.connection import Executor
 from ._db.queries import Queries, queries, transaction
 from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
 from ._tracing import current_traceparent
-from .errors import IdempotencyConflict, PgWorkerError, ValidationError
+from .errors import IdempotencyConflict, JobNotPending, PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
@@ -98,6 +99,10 @@ class _Fields(NamedTuple):
     concurrency_key: str | None
     after: tuple[int, ...] | None = None
     on_parent_failure: str | None = None
+    unique_key: str | None = None
+    unique_states: int | None = None  # the bitmask stored (see _limits.unique_states)
+    unique_period: float | None = None
+    replace: bool = False
 
 
 def _dependencies(
@@ -148,9 +153,42 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             limits.concurrency_key(spec.concurrency_key),
             after,
             on_failure,
+            *_unique(spec),
         )
     except ValidationError as exc:
         raise _in_batch(exc, at) from None
+
+
+def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
+    """A spec's unique key, states (the bitmask), period and replace, checked together."""
+    key = limits.unique_key(spec.unique_key)
+    replace = spec.replace
+    if not isinstance(replace, bool):
+        raise ValidationError("replace", f"must be True or False, got {replace!r}")
+    if key is None:
+        if spec.unique_states is not None:
+            raise ValidationError("unique_states", "needs a unique_key")
+        if spec.unique_period is not None:
+            raise ValidationError("unique_period", "needs a unique_key")
+        if replace:
+            raise ValidationError(
+                "replace", "needs a unique_key (replace updates the pending job holding that key)"
+            )
+        return None, None, None, False
+    if spec.after is not None:
+        raise ValidationError(
+            "unique_key",
+            "give unique_key or after, not both: a job that runs after others cannot also be "
+            "unique (enqueue the dependant once, e.g. from the code that enqueues its parents)",
+        )
+    if spec.idempotency_key is not None:
+        raise ValidationError(
+            "unique_key",
+            'give idempotency_key or unique_key, not both (see "Unique jobs or idempotency keys" '
+            "in the guide)",
+        )
+    period = limits.unique_period(spec.unique_period)
+    return key, limits.unique_states(spec.unique_states, period), period, replace
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:
@@ -175,6 +213,10 @@ async def enqueue(
     concurrency_key: str | None = None,
     after: Sequence[int] | None = None,
     on_parent_failure: str | None = None,
+    unique_key: str | None = None,
+    unique_states: Sequence[str] | None = None,
+    unique_period: timedelta | float | None = None,
+    replace: bool = False,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """Insert one job and notify the workers of its queue. `version` is the payload's version
@@ -187,7 +229,15 @@ async def enqueue(
     1 and 1.0 are the same), the existing job comes back with `created=False`; with another type
     or payload, IdempotencyConflict is raised and nothing is written. Queue, priority, schedule
     and concurrency_key are not part of the work: a later call giving other ones gets the
-    existing job back, unchanged, not a conflict. A connection that is closed, or whose
+    existing job back, unchanged, not a conflict.
+
+    With a `unique_key` (at most 200 characters): while a job of the same type and queue holding
+    that key is in one of `unique_states` (default pending and running; they must hold both, and
+    a final state needs `unique_period`) and, with `unique_period` seconds, was enqueued in the
+    same period bucket (database time), that job comes back with `created=False`, whatever its
+    payload; a unique index decides. `replace=True` gives a pending holder this payload,
+    priority and run_at instead, and raises JobNotPending while it runs. Not with an
+    idempotency_key (ValidationError). A connection that is closed, or whose
     transaction is aborted, raises DatabaseUnavailable or PgWorkerError saying what to do.
 
     `conn` may also be a psycopg AsyncConnection or a SQLAlchemy AsyncConnection or
@@ -209,6 +259,10 @@ async def enqueue(
         concurrency_key,
         after,
         on_parent_failure,
+        unique_key,
+        unique_states,
+        unique_period,
+        replace,
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
@@ -216,6 +270,8 @@ async def enqueue(
     try:
         if f.after is not None:
             return await _insert_after(conn, q, f, text, idempotency_key, None)
+        if f.unique_key is not None:
+            return await _insert_unique(conn, q, f, text)
         return await _insert(conn, q, f, text, idempotency_key)
     except UNUSABLE as exc:
         error = unusable(conn, exc)
@@ -334,11 +390,61 @@ async def _write_after(
     return _result(row, idempotency_key)
 
 
+UNIQUE_TRIES = 10
+"""How often an enqueue with a unique key runs its statement again when the job holding the key
+changed under it (committed after the statement's snapshot, or left its states in between)."""
+
+
+async def _insert_unique(conn: Executor, q: Queries, f: _Fields, text: str) -> EnqueueResult:
+    """Insert a job with a unique key, or return (with `replace`: update) the live job holding
+    it. The unique index decides; a race with the holder is run again, a bounded number of
+    times."""
+    for _ in range(UNIQUE_TRIES):
+        row = await q.job_insert_unique(
+            conn,
+            f.type,
+            f.queue,
+            text,
+            f.priority,
+            f.max_retries,
+            f.correlation_id,
+            f.run_at,
+            f.delay,
+            f.version,
+            current_traceparent(),
+            f.unique_key,
+            f.unique_states,
+            f.unique_period,
+            f.concurrency_key,
+        )
+        if row is None:
+            continue
+        if row["created"] or not f.replace:
+            return EnqueueResult(None, row["created"], Job.from_record, (row,))
+        changed = await q.job_unique_replace(conn, row["id"], text, f.priority, f.run_at, f.delay)
+        if changed is not None:
+            return EnqueueResult(None, False, Job.from_record, (changed,))
+        if row["status"] == JobStatus.RUNNING:
+            raise JobNotPending(
+                f"unique_key {f.unique_key!r} is held by job {row['id']}, which is running: "
+                "replace only changes a pending job; nothing was changed",
+                row["id"],
+                row["status"],
+            )
+        # The holder started or ended since it was read: look again.
+    raise PgWorkerError(
+        f"unique_key {f.unique_key!r}: the job holding it kept changing during the enqueue; "
+        "try again"
+    )
+
+
 async def enqueue_many(
     conn: Executor | Any, specs: Sequence[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[EnqueueResult]:
     """Insert many jobs in one transaction (a savepoint inside the caller's): COPY when no spec
-    has an idempotency key or a schedule, else one INSERT. Results come in the order of `specs`.
+    has an idempotency key, a unique key or a schedule, else one INSERT (and one statement per
+    spec with a unique key, as `enqueue` does: a later spec with the same key gets the job of
+    the earlier one, created=False). Results come in the order of `specs`.
     Any invalid spec or idempotency conflict raises before anything is kept. `conn` is what
     `enqueue` takes; another driver's connection always gets the INSERT. A batch in which any
     spec has `after=` is written one job at a time, in one transaction (its parents must exist
@@ -346,7 +452,7 @@ async def enqueue_many(
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
     plain = True
-    keyed = linked = False
+    keyed = linked = unique = False
     for i, spec in enumerate(specs):
         if not isinstance(spec, JobSpec):
             raise ValidationError(f"specs[{i}]", f"must be a pgworker.JobSpec, got {spec!r}")
@@ -356,12 +462,16 @@ async def enqueue_many(
             keyed = True
         if spec.after is not None or spec.on_parent_failure is not None:
             linked = True
+        if spec.unique_key is not None or spec.replace:
+            unique = True
     if not specs:
         return []
     q = queries(limits.identifier("schema", schema))
     try:
         if linked:
             return await _insert_linked(conn, q, specs)
+        if unique:
+            return await _unique_many(conn, q, specs)
         if plain and not is_adapter(conn):
             return await _copy_many(conn, q, specs, keyed)
         return await _insert_many(conn, q, specs)
@@ -388,9 +498,38 @@ async def _insert_linked(
             key = fields.idempotency_key
             if fields.after is not None:
                 results.append(await _write_after(c, q, fields, text, key, i))
+            elif fields.unique_key is not None:
+                try:
+                    results.append(await _insert_unique(c, q, fields, text))
+                except JobNotPending as exc:
+                    raise JobNotPending(f"specs[{i}]: {exc}", exc.job_id, exc.status) from None
             else:
                 results.append(await _insert(c, q, fields, text, key))
     return results
+
+
+async def _unique_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
+    """A batch holding specs with a unique key: those go one statement each (a unique index
+    cannot be the arbiter of the batch's INSERT beside the idempotency key's), the others in
+    one INSERT, all in one transaction. Every spec is checked before anything is written."""
+    checked = [
+        (_fields(spec, i), _payload(i, {} if spec.payload is None else spec.payload))
+        for i, spec in enumerate(specs)
+    ]
+    others = [i for i, (f, _) in enumerate(checked) if f.unique_key is None]
+    results: list[EnqueueResult | None] = [None] * len(specs)
+    async with transaction(conn) as c:
+        if others:
+            done = await _insert_many(c, q, [specs[i] for i in others])
+            for i, result in zip(others, done, strict=True):
+                results[i] = result
+        for i, (f, text) in enumerate(checked):
+            if f.unique_key is not None:
+                try:
+                    results[i] = await _insert_unique(c, q, f, text)
+                except JobNotPending as exc:
+                    raise JobNotPending(f"specs[{i}]: {exc}", exc.job_id, exc.status) from None
+    return [r for r in results if r is not None]
 
 
 async def _insert_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> list[EnqueueResult]:
@@ -700,4 +839,62 @@ def _new_job(
         version=f.version,
         traceparent=traceparent,
         concurrency_key=f.concurrency_key,
+        unique_key=f.unique_key,
     )
+
+
+def _actor(by: str | None) -> str:
+    """Who changes a job: `by`, else the OS user running the process."""
+    if by is None:
+        try:
+            by = getpass.getuser()
+        except Exception:  # no name for this uid (a container without a passwd entry)
+            by = "unknown"
+    return limits.name("by", by, 200)
+
+
+async def update_job(
+    conn: Executor,
+    job_id: int,
+    *,
+    run_at: datetime | None = None,
+    priority: int | str | None = None,
+    payload: Any = None,
+    by: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> Job:
+    """Change a job still `pending`: reschedule it (`run_at`, a timezone-aware datetime),
+    reprioritise it (`priority`, an int or a label) or give it a new `payload`, each checked as
+    `enqueue` checks it; None leaves a field as it is, and at least one must be given. Returns
+    the job as it is now. The change is recorded in `job_events` (kind `updated`, actor `by`,
+    default the OS user) and the workers of its queue are woken.
+
+    Refused, with nothing changed: a job that runs or ended (JobNotPending), a `run_at` for a
+    parked job (run_at infinity: it waits for its parents or for an event; ValidationError
+    naming `run_at`), an unknown id (ValidationError naming `job_id`)."""
+    q = queries(limits.identifier("schema", schema))
+    job_id = limits.count("job_id", job_id, minimum=1, maximum=limits.MAX_BIGINT)
+    if run_at is None and priority is None and payload is None:
+        raise ValidationError("fields", "give at least one of run_at, priority, payload to change")
+    when = None if run_at is None else limits.moment("run_at", run_at)
+    prio = None if priority is None else limits.priority("priority", priority)
+    text = None if payload is None else _payload(None, payload)
+    actor = _actor(by)
+    row = await q.job_update(conn, job_id, when, prio, text, actor)
+    if row is None:
+        raise ValidationError("job_id", f"there is no job {job_id}")
+    if not row["changed"]:
+        if row["previous"] != JobStatus.PENDING:
+            raise JobNotPending(
+                f"job {job_id} is {row['previous']}: only a pending job can be updated; "
+                "nothing was changed",
+                job_id,
+                row["previous"],
+            )
+        raise ValidationError(
+            "run_at",
+            f"job {job_id} is parked (run_at infinity: it waits for its parents or for an "
+            "event), so its run_at cannot be set; change its priority or payload only. Nothing "
+            "was changed",
+        )
+    return Job.from_record(row)

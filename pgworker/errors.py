@@ -44,6 +44,17 @@ class IdempotencyConflict(PgWorkerError):
         self.job_id = job_id
 
 
+class JobNotPending(PgWorkerError):
+    """The job is no longer pending (it runs, or it ended): `update_job` and an enqueue with
+    `replace=True` change only a pending job, and changed nothing. `job_id` and `status` say
+    which job and where it stands."""
+
+    def __init__(self, message: str, job_id: int, status: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
 class SchemaError(PgWorkerError):
     """The database schema is missing, older or newer than this code expects, or the server is
     older than pgworker supports (`migrate` says so before it writes anything)."""

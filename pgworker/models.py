@@ -103,6 +103,8 @@ class Job:
     parents_left: int | None = None
     """How many of `parents` had not ended when the row was read (0: released); None for a job
     without parents."""
+    unique_key: str | None = None
+    """The key the job is unique by (`enqueue(..., unique_key=)`), or None."""
     steps: dict[str, Any] | None = field(default=None, compare=False, metadata={"column": False})
     """The results of the steps the job has done, by name, as `get_job` read them (None when not
     read: a claim does not). Not a column of `jobs` (see `job_steps`), nor part of equality."""
@@ -152,12 +154,20 @@ class JobSpec:
     """The ids of the jobs this one runs after (`enqueue(..., after=)`)."""
     on_parent_failure: str | None = None
     """"cancel" (the default) or "run": what a failed or cancelled parent does to this job."""
+    unique_key: str | None = None
+    """At most one live job per key, type and queue (`enqueue(..., unique_key=)`)."""
+    unique_states: Sequence[str] | None = None
+    """The states in which the key is held; None: pending and running."""
+    unique_period: timedelta | float | None = None
+    """Seconds: the key is held per period bucket of the enqueue time; None: no period."""
+    replace: bool = False
+    """With a pending job holding the key: give it this payload, priority and run_at."""
 
 
 class EnqueueResult:
     """What an enqueue gave: the job, and whether this call created it (False: an earlier job
-    holds the same idempotency key). `job` is built when first read: most callers never read it,
-    and a batch of thousands then costs no objects that nobody looks at."""
+    holds the same idempotency key or unique key). `job` is built when first read: most callers
+    never read it, and a batch of thousands then costs no objects that nobody looks at."""
 
     __slots__ = ("_args", "_created", "_job", "_make")
 

@@ -179,6 +179,9 @@ class ReplayResult:
     replayed: tuple[int, ...]
     skipped: Mapping[int, str]
     dry_run: bool = False
+    held: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    """Of the skipped jobs, those whose unique key another live job holds now, with its id:
+    replayed, they would be a second live job of the key (see "Unique jobs" in the guide)."""
 
 
 def since_moment(field: str, value: object) -> datetime | None:
@@ -311,10 +314,12 @@ async def replay(
         found = await q.jobs_statuses(conn, wanted)
         if ids is not None:
             _no_unknown(wanted, found)
+        held = await q.jobs_unique_held(conn, wanted)
         return ReplayResult(
-            tuple(i for i in wanted if found.get(i) in REPLAYABLE),
-            {i: s for i, s in found.items() if s not in REPLAYABLE},
+            tuple(i for i in wanted if found.get(i) in REPLAYABLE and i not in held),
+            {i: s for i, s in found.items() if s not in REPLAYABLE or i in held},
             dry_run=True,
+            held=held,
         )
     done: list[Any] = []
     # By ids: one transaction, so that an unknown id leaves everything as it was. By type: a
@@ -353,6 +358,7 @@ def _replayed(rows: Sequence[Any]) -> ReplayResult:
     return ReplayResult(
         tuple(r["id"] for r in rows if r["replayed"]),
         {r["id"]: r["previous"] for r in rows if not r["replayed"]},
+        held={r["id"]: r["held_by"] for r in rows if r["held_by"] is not None},
     )
 
 

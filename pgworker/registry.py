@@ -10,7 +10,7 @@ import importlib
 import inspect
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -46,6 +46,11 @@ def _with_defaults(task: Task, options: dict[str, Any]) -> dict[str, Any]:
         options["max_retries"] = task.retry.max_retries
     if options.get("version") is None:
         options["version"] = task.version
+    if options.get("unique_key") is not None:
+        if options.get("unique_states") is None:
+            options["unique_states"] = task.unique_states
+        if options.get("unique_period") is None:
+            options["unique_period"] = task.unique_period
     return options
 
 
@@ -149,6 +154,8 @@ class Registry:
         max_running: int | None = None,
         max_running_per_key: int | None = None,
         rate_limit: str | None = None,
+        unique_states: Sequence[str] | None = None,
+        unique_period: float | None = None,
     ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]:
         """Register `fn(ctx, payload)` as the handler of job type `name`, and give its
         TaskHandle (`await send_invoice.enqueue(conn, payload)`; calling it calls `fn`).
@@ -171,7 +178,10 @@ class Registry:
         Limits hold across every worker of the fleet, enforced in the claim (docs/guide/limits.md):
         `max_running` jobs of the task running at once; `max_running_per_key` running at once per
         `concurrency_key` given at enqueue, the keys served round-robin; `rate_limit` starts per
-        period (`"10/s"`, `"600/m"`, `"1000/h"`, `"5000/d"`)."""
+        period (`"10/s"`, `"600/m"`, `"1000/h"`, `"5000/d"`).
+
+        `unique_states` and `unique_period` are the defaults of an enqueue that gives a
+        `unique_key` (docs/guide/enqueue.md, "Unique jobs"), checked here."""
         if not isinstance(name, str) or not name:
             raise ConfigError("name", f"must be a non-empty string, got {name!r}")
         if name in self._tasks:
@@ -207,6 +217,9 @@ class Registry:
         rate = None
         if rate_limit is not None:
             rate = limits.rate("rate_limit", rate_limit, error=ConfigError)
+        period = limits.unique_period(unique_period, error=ConfigError)
+        limits.unique_states(unique_states, period, error=ConfigError)
+        states = None if unique_states is None else tuple(unique_states)
 
         def register(fn: Callable[P, R]) -> TaskHandle[P, R]:
             if isinstance(fn, TaskHandle):  # stacked: the same handler under a second name
@@ -227,6 +240,8 @@ class Registry:
                 max_running=max_running,
                 max_running_per_key=max_running_per_key,
                 rate_limit=rate,
+                unique_states=states,
+                unique_period=period,
             )
             self._tasks[name] = task
             return TaskHandle(task)

@@ -32,6 +32,10 @@ def enqueue(
     delay: timedelta | float | None = None,
     version: int | None = None,
     concurrency_key: str | None = None,
+    unique_key: str | None = None,
+    unique_states: Sequence[str] | None = None,
+    unique_period: timedelta | float | None = None,
+    replace: bool = False,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
     """`pgworker.enqueue` for a synchronous connection (see the module's docstring)."""
@@ -49,6 +53,10 @@ def enqueue(
             delay=delay,
             version=version,
             concurrency_key=concurrency_key,
+            unique_key=unique_key,
+            unique_states=unique_states,
+            unique_period=unique_period,
+            replace=replace,
             schema=schema,
         )
     )

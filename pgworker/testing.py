@@ -691,6 +691,7 @@ def _record(
         "concurrency_key": concurrency_key,
         "parents": None,
         "parents_left": None,
+        "unique_key": None,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"

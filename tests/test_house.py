@@ -38,6 +38,7 @@ PUBLIC = {
     "IdempotencyConflict",
     "Job",
     "JobContext",
+    "JobNotPending",
     "JobSpec",
     "JobStatus",
     "PeriodicSchedule",
@@ -71,6 +72,7 @@ PUBLIC = {
     "prune",
     "replay",
     "resume_queue",
+    "update_job",
     "sync",
 }
 PUBLIC_MODULES = {

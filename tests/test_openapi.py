@@ -149,8 +149,8 @@ async def test_the_server_keeps_what_the_document_says(server: Served, conn: Any
         for method, path, allowed in [
             ("GET", "/jobs/claim", "POST"),
             ("OPTIONS", "/jobs", "GET, POST"),
-            ("OPTIONS", "/jobs/1", "GET"),
-            ("DELETE", "/jobs/1", "GET"),
+            ("OPTIONS", "/jobs/1", "GET, PATCH"),
+            ("DELETE", "/jobs/1", "GET, PATCH"),
             ("PUT", "/jobs/1/cancel", "POST"),
             ("PATCH", "/queues", "GET"),
             ("OPTIONS", "/healthz", "GET"),

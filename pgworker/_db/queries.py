@@ -127,6 +127,43 @@ class Queries:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_insert"], *args)
 
+    async def job_insert_unique(self, conn: Runner, *args: Any) -> Row | None:
+        """One job with a unique key (see job_insert_unique.sql): the new job, or the one
+        holding the key, with `created`; None when the statement must run again."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(self._sql["job_insert_unique"], *args)
+
+    async def job_unique_replace(
+        self,
+        conn: Runner,
+        job_id: int,
+        payload: str,
+        priority: int,
+        run_at: Any,
+        delay: float | None,
+    ) -> Row | None:
+        """The pending job `job_id` with this payload, priority and run_at; None when it is no
+        longer pending."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(
+                self._sql["job_unique_replace"], job_id, payload, priority, run_at, delay
+            )
+
+    async def job_update(
+        self,
+        conn: Runner,
+        job_id: int,
+        run_at: Any,
+        priority: int | None,
+        payload: str | None,
+        actor: str,
+    ) -> Row | None:
+        """Change a pending job (see job_update.sql); None when there is no such job."""
+        with schema_errors(self.schema):
+            return await conn.fetchrow(
+                self._sql["job_update"], job_id, run_at, priority, payload, actor
+            )
+
     async def job_insert_many(
         self, conn: Conn, batch: str, traceparent: str | None = None
     ) -> list[Row]:
@@ -692,6 +729,12 @@ class Queries:
         with schema_errors(self.schema):
             rows = await conn.fetch(self._sql["jobs_statuses"], list(ids))
         return {r["id"]: r["status"] for r in rows}
+
+    async def jobs_unique_held(self, conn: Runner, ids: Sequence[int]) -> dict[int, int]:
+        """Of `ids`, the failed or cancelled jobs whose unique key a live job holds, with it."""
+        with schema_errors(self.schema):
+            rows = await conn.fetch(self._sql["jobs_unique_held"], list(ids))
+        return {r["id"]: r["held_by"] for r in rows}
 
     async def jobs_replay(
         self, conn: Runner, ids: Sequence[int], actor: str, reason: str | None

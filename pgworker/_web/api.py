@@ -37,7 +37,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
-from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue
+from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
 from ..errors import ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
@@ -81,6 +81,7 @@ from .schemas import (
     QueueName,
     ReplayBody,
     TypeName,
+    UpdateBody,
     UrlId,
 )
 
@@ -355,15 +356,16 @@ def install(app: FastAPI, config: WebConfig) -> None:
         response_model=Json,
         tags=["jobs"],
         responses={
-            200: {"description": "the existing job of that idempotency key"},
+            200: {"description": "the existing job of that idempotency key or unique key"},
             404: {"model": Problem, "description": "a job of `after` does not exist"},
             409: {"model": Problem},
         },
     )
     async def create_job(body: EnqueueBody) -> Response:
         """Enqueue a job: 201 with it, 200 with the existing one when its idempotency key holds
-        the same type and payload, 409 when it holds another (or is a job of `after`), 404 when
-        a job of `after` does not exist."""
+        the same type and payload (409 when it holds another, or is a job of `after`), or when
+        a live job holds its unique key (with `replace`, that pending job changed; 409 while it
+        runs); 404 when a job of `after` does not exist."""
         if body.run_at is not None and body.delay is not None:
             raise ValidationError("run_at", "give run_at or delay, not both")
         add: Callable[..., Awaitable[EnqueueResult]] = enqueue
@@ -391,6 +393,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
                     concurrency_key=body.concurrency_key,
                     after=body.after,
                     on_parent_failure=body.on_parent_failure,
+                    unique_key=body.unique_key,
+                    unique_states=body.unique_states,
+                    unique_period=body.unique_period,
+                    replace=bool(body.replace),
                     schema=config.schema,
                 )
             except ValidationError as exc:
@@ -599,6 +605,29 @@ def install(app: FastAPI, config: WebConfig) -> None:
             jobs = [job_json(r) for r in rows]
             return _answer({"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None})
 
+    @api.patch(
+        "/jobs/{id}",
+        response_model=Json,
+        tags=["jobs"],
+        responses={**_UNKNOWN, 409: {"model": Problem, "description": "the job is not pending"}},
+    )
+    async def update_pending_job(id: JobId, body: UpdateBody) -> Response:
+        """Change a pending job's `run_at`, `priority` or `payload` (at least one): 200 with the
+        job, 409 once it runs or ended (nothing changed), 422 for a bad value or a run_at for a
+        parked job."""
+        async with database() as conn:
+            await _job(conn, id)
+            job = await update_job(
+                conn,
+                id,
+                run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
+                priority=body.priority,
+                payload=body.payload,
+                by="api",
+                schema=config.schema,
+            )
+            return _answer(job_json(await _job(conn, job.id)))
+
     @api.post("/jobs/{id}/cancel", response_model=Json, tags=["jobs"], responses=_UNKNOWN)
     async def cancel_job(id: JobId) -> Response:
         """Cancel a pending job, or ask the worker of a running one to stop it (its heartbeat
@@ -624,6 +653,12 @@ def install(app: FastAPI, config: WebConfig) -> None:
             done, announce = await replay_uncommitted(
                 conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
             )
+            if id in done.held:
+                return guard.problem(
+                    409,
+                    f"job {id} is {row['status']}: its unique key is held by live job "
+                    f"{done.held[id]}; left as it is",
+                )
             if done.skipped:
                 return guard.problem(
                     409,

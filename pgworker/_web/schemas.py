@@ -12,7 +12,7 @@ only (_limits.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Interval, MinLen
 from pydantic import (
@@ -128,6 +128,21 @@ ConcurrencyKey = Annotated[
     StrictStr,
     StringConstraints(min_length=1, max_length=limits.MAX_CONCURRENCY_KEY_LENGTH, pattern=NO_NUL),
 ]
+UniqueKey = Annotated[
+    StrictStr,
+    StringConstraints(min_length=1, max_length=limits.MAX_UNIQUE_KEY_LENGTH, pattern=NO_NUL),
+]
+UniqueStates = Annotated[
+    list[Literal["pending", "running", "completed", "failed", "cancelled"]],
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"enum": ["pending", "running", "completed", "failed", "cancelled"]},
+            "allOf": [{"contains": {"const": "pending"}}, {"contains": {"const": "running"}}],
+        }
+    ),
+]
+Period = Annotated[StrictFloat, Interval(ge=limits.MIN_UNIQUE_PERIOD, le=limits.MAX_DELAY)]
 Actor = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
 ]
@@ -205,13 +220,50 @@ _AFTER_RULES: list[JsonValue] = [
 ]
 
 
+def _both(name: str, given: dict[str, Any], other: str) -> dict[str, Any]:
+    """A JSON Schema matching a body that gives `name` (so) and `other` (a string)."""
+    return {"required": [name, other], "properties": {name: given, other: {"type": "string"}}}
+
+
+def _without_key(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Schema matching a body that gives `name` (so) without a unique_key."""
+    return {
+        "required": [name],
+        "properties": {name: given},
+        "not": {"required": ["unique_key"], "properties": {"unique_key": {"type": "string"}}},
+    }
+
+
 class EnqueueBody(_Body):
-    # enqueue() refuses run_at and delay together: said here too.
+    # enqueue() refuses run_at and delay together, and the unique arguments' combinations:
+    # said here too (a body matching none of these; `allOf` holds the typed payloads' rules).
     model_config = ConfigDict(
         json_schema_extra={
             "not": {
-                "required": ["run_at", "delay"],
-                "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
+                "anyOf": [
+                    {
+                        "required": ["run_at", "delay"],
+                        "properties": {"run_at": {"type": "string"}, "delay": {"type": "number"}},
+                    },
+                    _both("idempotency_key", {"type": "string"}, "unique_key"),
+                    _both("after", {"type": "array"}, "unique_key"),
+                    _without_key("unique_states", {"type": "array"}),
+                    _without_key("unique_period", {"type": "number"}),
+                    _without_key("replace", {"const": True}),
+                    {
+                        "required": ["unique_states"],
+                        "properties": {
+                            "unique_states": {
+                                "type": "array",
+                                "contains": {"enum": ["completed", "failed", "cancelled"]},
+                            }
+                        },
+                        "not": {
+                            "required": ["unique_period"],
+                            "properties": {"unique_period": {"type": "number"}},
+                        },
+                    },
+                ]
             },
             # after= refuses a schedule, and on_parent_failure needs after=: said here too.
             "allOf": _AFTER_RULES,
@@ -246,6 +298,44 @@ class EnqueueBody(_Body):
     on_parent_failure: Annotated[StrictStr, StringConstraints(pattern="^(cancel|run)$")] | None = (
         Field(None, description="with after: cancel (default) or run, when a parent fails")
     )
+    unique_key: UniqueKey | None = Field(
+        None,
+        description="at most one live job of this type and queue per key: while one holds it, "
+        "200 with that job (not with idempotency_key)",
+    )
+    unique_states: UniqueStates | None = Field(
+        None,
+        description="the states in which the key is held (default pending, running; both are "
+        "required, a final state needs unique_period)",
+    )
+    unique_period: Period | None = Field(
+        None, description="seconds: the key is held per period bucket of the enqueue time"
+    )
+    replace: StrictBool | None = Field(
+        None,
+        description="with a pending job holding the key: give it this payload, priority and "
+        "run_at (409 while it runs)",
+    )
+
+
+class UpdateBody(_Body):
+    # update_job needs at least one field to change, not null.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                for name in ("run_at", "priority", "payload")
+            ]
+        }
+    )
+
+    run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone")
+    priority: (
+        PriorityInt
+        | Annotated[StrictStr, StringConstraints(pattern="^(low|medium|high|critical)$")]
+        | None
+    ) = Field(None, description="an int or one of low, medium, high, critical")
+    payload: JsonValue | None = Field(None, description="the new payload (null: unchanged)")
 
 
 class ClaimBody(_Body):

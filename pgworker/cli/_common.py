@@ -179,6 +179,7 @@ def _name(args: argparse.Namespace) -> str:
         getattr(args, "failed_command", None)
         or getattr(args, "periodic_command", None)
         or getattr(args, "queue_command", None)
+        or getattr(args, "job_command", None)
     )
     return f"{args.command} {sub}" if sub else str(args.command)
 

@@ -1,13 +1,14 @@
-"""enqueue, cancel, show: one job at a time."""
+"""enqueue, cancel, show, job update: one job at a time."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from datetime import datetime
+from typing import cast
 
 from .. import _limits as limits
-from ..enqueue import enqueue
+from ..enqueue import enqueue, update_job
 from ..errors import PgWorkerError, ValidationError
 from ..models import PRIORITY_LABELS
 from ..operations import CancelResult, cancel, show_job
@@ -31,6 +32,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
             "pgworker enqueue charge --idempotency-key order-42 --correlation-id req-9",
             "pgworker enqueue sync-account --concurrency-key customer-42",
             "pgworker enqueue build-report --after 41 --after 42 --on-parent-failure run",
+            "pgworker enqueue refresh-user --unique-key user-7 --replace --delay 30",
         ],
     )
     enq.add_argument(
@@ -88,6 +90,29 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
         "lets it run (run) (default: cancel)",
     )
     enq.add_argument(
+        "--unique-key",
+        help="while a job of this type and queue holding this key is in one of --unique-states, "
+        "return it (created false) instead of a new job; at most "
+        f"{limits.MAX_UNIQUE_KEY_LENGTH} characters, not with --idempotency-key (default: none)",
+    )
+    enq.add_argument(
+        "--unique-states",
+        type=_states,
+        help="the states holding the key, comma-separated; both pending and running are "
+        "required, a final state needs --unique-period (default: pending,running)",
+    )
+    enq.add_argument(
+        "--unique-period",
+        type=number,
+        help="seconds: the key is held per period bucket of the enqueue time (default: none)",
+    )
+    enq.add_argument(
+        "--replace",
+        action="store_true",
+        help="with a pending job holding the key, give it this payload, priority and run time "
+        "instead; refused while it runs (default: off)",
+    )
+    enq.add_argument(
         "--delay",
         type=number,
         help=f"run no sooner than this many seconds from now, at most {limits.MAX_DELAY:,.0f} "
@@ -137,6 +162,110 @@ def add_show(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         "--json", action="store_true", help="print JSON instead of text (default: text)"
     )
     show.set_defaults(perform=_show)
+
+
+def _states(raw: str) -> list[str]:
+    """--unique-states: comma-separated states (checked by enqueue)."""
+    return [s.strip() for s in raw.split(",")]
+
+
+def add_job(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    """job update: change a pending job."""
+    job = _command(
+        sub,
+        "job",
+        [],
+        "change a pending job (see `pgworker job update`)",
+        "Commands on one job that change it: `update` reschedules, reprioritises or gives a new "
+        "payload to a job still pending.",
+        ["pgworker job update 42 --run-at 2030-01-01T09:00:00+00:00 --priority high"],
+    )
+    job_sub = cast(
+        "argparse._SubParsersAction[_Parser]",
+        job.add_subparsers(dest="job_command", required=True, metavar="COMMAND", title="commands"),
+    )
+    update = _command(
+        job_sub,
+        "update",
+        [common],
+        "reschedule, reprioritise or change the payload of a pending job",
+        "Change a job still pending (at least one of --run-at, --priority, --payload) and print "
+        "it as JSON: id, status, run_at, priority. Refused, with nothing changed, once the job "
+        "runs or ended, and for --run-at on a parked job (one waiting for its parents or an "
+        "event). Recorded in the job's events (who, what changed).",
+        [
+            "pgworker job update 42 --run-at 2030-01-01T09:00:00+00:00",
+            "pgworker job update 42 --priority critical",
+            "pgworker job update 42 --payload '{\"user\": 7}' --by alice",
+        ],
+    )
+    update.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    update.add_argument(
+        "--run-at",
+        help="run no sooner than this ISO 8601 time with a timezone, e.g. "
+        "2030-01-01T09:00:00+00:00 (default: unchanged)",
+    )
+    update.add_argument(
+        "--priority",
+        type=_priority,
+        help=f"an int or one of {', '.join(PRIORITY_LABELS)} (default: unchanged)",
+    )
+    update.add_argument("--payload", help="the new payload as JSON (default: unchanged)")
+    update.add_argument("--by", help="who changes it (default: the OS user)")
+    update.set_defaults(perform=_update)
+
+
+def _moment(flag: str, raw: str | None) -> datetime | None:
+    """An ISO 8601 time with a time zone given to `flag`, or None."""
+    if not raw:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise PgWorkerError(f"{flag} {raw!r} is not an ISO 8601 time") from exc
+    if moment.tzinfo is None:
+        raise ValidationError(flag, f"{raw!r} has no time zone; add one, e.g. {raw}+00:00")
+    return moment
+
+
+def _json_arg(flag: str, raw: str) -> object:
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValidationError(
+            "payload", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        ) from None
+    except ValueError as exc:
+        raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None
+
+
+async def _update(args: argparse.Namespace) -> int:
+    run_at = _moment("--run-at", args.run_at)
+    payload = None if args.payload is None else _json_arg("--payload", args.payload)
+    conn = await _connect(args)
+    try:
+        job = await update_job(
+            conn,
+            args.job_id,
+            run_at=run_at,
+            priority=args.priority,
+            payload=payload,
+            by=args.by,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    say(
+        json.dumps(
+            {
+                "id": job.id,
+                "status": job.status.value,
+                "run_at": job.run_at.isoformat(),
+                "priority": job.priority,
+            }
+        )
+    )
+    return 0
 
 
 def _priority(raw: str) -> int:
@@ -189,6 +318,10 @@ async def _enqueue(args: argparse.Namespace) -> int:
             concurrency_key=args.concurrency_key,
             after=args.after,
             on_parent_failure=args.on_parent_failure,
+            unique_key=args.unique_key,
+            unique_states=args.unique_states,
+            unique_period=args.unique_period,
+            replace=args.replace,
             schema=_schema(args),
         )
     finally:

@@ -26,6 +26,7 @@ _COMMANDS = (
     _queues.add_status,
     _failed.add_failed,
     _jobs.add_show,
+    _jobs.add_job,
     _failed.add_replay,
     _queues.add_prune,
     _periodic.add,

@@ -238,6 +238,7 @@ SHOWN = (
     "correlation_id",
     "idempotency_key",
     "concurrency_key",
+    "unique_key",
     "created_at",
     "run_at",
     "finished_at",
@@ -359,7 +360,9 @@ def replay_text(result: ReplayResult) -> str:
 def skipped_lines(result: ReplayResult) -> list[str]:
     """Why the jobs left alone were: one line each, for stderr."""
     return [
-        f"job {i} is {status}: only failed or cancelled jobs are replayed; left as it is"
+        f"job {i} is {status}: its unique key is held by live job {result.held[i]}; left as it is"
+        if i in result.held
+        else f"job {i} is {status}: only failed or cancelled jobs are replayed; left as it is"
         for i, status in sorted(result.skipped.items())
     ]
 

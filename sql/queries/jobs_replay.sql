@@ -3,9 +3,20 @@
 -- the next attempt is numbered after the last one and the attempts' history stays whole. Each
 -- replay is recorded in job_events (actor $2, reason $3), and the workers of their queues are
 -- woken when the transaction commits. Returns one row per job found, with the status it had and
--- whether it was replayed; the other jobs are left as they are.
+-- whether it was replayed; the other jobs are left as they are. A job whose unique key (migration
+-- 17) is now held by another live job of its bucket, and whose own unique states do not hold its
+-- failed or cancelled status, would collide with it once pending: it is left as it is, and
+-- `held_by` names the holder.
 WITH target AS (
-    SELECT j.id, j.status
+    SELECT j.id, j.status,
+           CASE WHEN j.unique_key IS NOT NULL
+                     AND NOT {schema}.unique_state_in(j.unique_states, j.status) THEN (
+               SELECT h.id FROM {schema}.jobs AS h
+               WHERE h.queue = j.queue AND h.type = j.type AND h.unique_key = j.unique_key
+                 AND h.unique_bucket = j.unique_bucket AND h.id <> j.id
+                 AND h.unique_key IS NOT NULL
+                 AND {schema}.unique_state_in(h.unique_states, h.status)
+           ) END AS held_by
     FROM {schema}.jobs AS j
     WHERE j.id = ANY($1::bigint[])
     ORDER BY j.id
@@ -22,7 +33,7 @@ WITH target AS (
         run_at = now(),
         updated_at = now()
     FROM target AS t
-    WHERE j.id = t.id AND t.status IN ('failed', 'cancelled')
+    WHERE j.id = t.id AND t.status IN ('failed', 'cancelled') AND t.held_by IS NULL
     RETURNING j.id, j.type, j.queue, j.attempts, j.correlation_id
 ), recorded AS (
     INSERT INTO {schema}.job_events (job_id, kind, actor, reason, detail)
@@ -34,7 +45,7 @@ WITH target AS (
     SELECT pg_notify({jobs_channel}, q.queue)
     FROM (SELECT DISTINCT queue FROM replayed) AS q
 )
-SELECT t.id, t.status AS previous, r.id IS NOT NULL AS replayed, r.type, r.queue, r.attempts,
+SELECT t.id, t.status AS previous, r.id IS NOT NULL AS replayed, t.held_by, r.type, r.queue, r.attempts,
        r.correlation_id, (SELECT count(*) FROM woken) AS queues_woken
 FROM target AS t
 LEFT JOIN replayed AS r ON r.id = t.id
