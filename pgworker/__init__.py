@@ -36,6 +36,7 @@ from .operations import (
     replay,
     resume_queue,
 )
+from ._waits import wait
 from .registry import Registry, Task, TaskHandle
 from .retry import RetryPolicy
 from .settings import Settings
@@ -85,4 +86,5 @@ __all__ = [
     "replay",
     "resume_queue",
     "sync",
+    "wait",
 ]
