@@ -89,13 +89,16 @@ def _target(source: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
             host, port = directory, int(name.rpartition(".")[2])
         else:
             host, port = addr[0], addr[1]
+        # The SSL context it was given (require and above), or the mode it tried (below).
+        mode = getattr(params.sslmode, "name", None)
+        ssl = mode if mode in ("disable", "allow", "prefer") else params.ssl
         return (), {
             "host": host,
             "port": port,
             "user": params.user,
             "password": params.password,
             "database": params.database,
-            "ssl": params.ssl,
+            "ssl": ssl,
         }
     raise ValidationError(
         "conn",
@@ -207,7 +210,8 @@ class _Waiter:
             "statement_cache_size": 0,
             "server_settings": {"application_name": f"{APPLICATION_NAME}:{os.getpid()}"},
         }
-        conn = await connect(*self._args, **kwargs)
+        # A Connection's target is all keywords: an empty DSN adds nothing to them.
+        conn = await connect(*(self._args or ("",)), **kwargs)
         self.connections += 1
         try:
             await conn.add_listener(self._q.ended_channel, self._on_ended)

@@ -124,3 +124,132 @@ async def test_200_waits_return_within_100ms_of_each_end_on_one_connection(
 
 async def _all_awaited(conn: Any, n: int) -> bool:
     return bool(await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE awaited") == n)
+
+
+async def test_failed_and_cancelled_jobs_return_too(
+    dsn: str, conn: asyncpg.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each end is announced: with the poll out of the way, only a notification returns them."""
+    monkeypatch.setattr(_waits, "POLL_INTERVAL", 600.0)
+    failed = await pgworker.enqueue(conn, "boom")
+    pending = await pgworker.enqueue(conn, "nap", queue="nobody")
+    running = await pgworker.enqueue(conn, "nap", {"ms": 60_000})
+    async with worker(dsn, tmp_path):
+        job = await failed.wait(dsn, timeout=10)
+        assert job.status == "failed" and "boom" in (job.error or "")
+        # A pending job cancelled by an operator, and a running one stopped by its worker.
+        cancelled = asyncio.create_task(pgworker.wait(dsn, pending.job.id, timeout=10))
+        await wait_for(lambda: _all_awaited(conn, 1))
+        await pgworker.cancel(conn, pending.job.id)
+        assert (await cancelled).status == "cancelled"
+        await wait_for(lambda: _status(conn, running.job.id, "running"))
+        stopped = asyncio.create_task(running.wait(dsn, timeout=10))
+        await wait_for(lambda: _all_awaited(conn, 2))
+        assert await pgworker.cancel(conn, running.job.id) == "cancelling"
+        assert (await stopped).status == "cancelled"
+
+
+async def _status(conn: Any, job_id: int, status: str) -> bool:
+    found = await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job_id)
+    return bool(found == status)
+
+
+async def test_a_timeout_raises_and_leaves_the_job_alone(
+    dsn: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    pending = (await pgworker.enqueue(conn, "nap", queue="nobody")).job
+    before = await pgworker.get_job(conn, pending.id)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await pgworker.wait(dsn, pending.id, timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 2
+    assert await pgworker.get_job(conn, pending.id) == before
+    running = (await pgworker.enqueue(conn, "nap", {"ms": 60_000})).job
+    async with worker(dsn, tmp_path):
+        await wait_for(lambda: _status(conn, running.id, "running"))
+        before = await pgworker.get_job(conn, running.id)
+        with pytest.raises(TimeoutError):
+            await pgworker.wait(dsn, running.id, timeout=0.2)
+        assert await pgworker.get_job(conn, running.id) == before
+        await pgworker.cancel(conn, running.id)
+
+
+async def test_an_unknown_id_raises_at_once(dsn: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.wait(dsn, 10**12, timeout=60)
+    assert caught.value.field == "job_id"
+    assert "there is no job" in str(caught.value)
+    assert time.monotonic() - started < _waits.POLL_INTERVAL
+
+
+@pytest.mark.parametrize("timeout", [-1, -0.001, float("nan"), float("inf"), "5", True, [1]])
+async def test_a_bad_timeout_is_refused(dsn: str, conn: asyncpg.Connection, timeout: Any) -> None:
+    job = (await pgworker.enqueue(conn, "nap", queue="nobody")).job
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.wait(dsn, job.id, timeout=timeout)
+    assert caught.value.field == "timeout"
+    assert not await conn.fetchval("SELECT awaited FROM pgworker.jobs WHERE id = $1", job.id)
+
+
+@pytest.mark.parametrize("job_id", [0, -1, "1", 1.0, True, 2**63])
+async def test_a_bad_job_id_is_refused(dsn: str, job_id: Any) -> None:
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.wait(dsn, job_id)
+    assert caught.value.field == "job_id"
+
+
+async def test_a_job_deleted_while_awaited_raises(dsn: str, conn: asyncpg.Connection) -> None:
+    job = (await pgworker.enqueue(conn, "nap", queue="nobody")).job
+    waiting = asyncio.create_task(pgworker.wait(dsn, job.id, timeout=30))
+    await wait_for(lambda: _all_awaited(conn, 1))
+    await conn.execute("DELETE FROM pgworker.jobs WHERE id = $1", job.id)
+    with pytest.raises(pgworker.PgWorkerError, match="deleted while awaited"):
+        await asyncio.wait_for(waiting, _waits.POLL_INTERVAL * 3)
+
+
+async def test_a_connection_or_pool_is_never_used_to_wait(
+    dsn: str, conn: asyncpg.Connection, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """Given a Connection, the waiter opens its own to the same database (the caller's
+    transaction is left as it was); given a Pool, no connection of it is held."""
+    a = await pgworker.enqueue(conn, "nap", {"n": 1})
+    b = await pgworker.enqueue(conn, "nap", {"n": 2})
+    async with worker(dsn, tmp_path):
+        async with conn.transaction():
+            await conn.execute("SELECT 1")
+            assert (await a.wait(conn, timeout=30)).result == {"n": 1}
+            assert conn.is_in_transaction()
+        assert (await b.wait(pool, timeout=30)).result == {"n": 2}
+        assert pool.get_idle_size() == pool.get_size()
+        async with pool.acquire() as proxy:
+            assert (await pgworker.wait(proxy, b.job.id, timeout=30)).result == {"n": 2}
+
+
+async def test_the_waiter_closes_its_connection_when_idle(
+    dsn: str, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_waits, "IDLE_CLOSE", 0.2)
+    job = (await pgworker.enqueue(conn, "nap", queue="nobody")).job
+    with pytest.raises(TimeoutError):
+        await pgworker.wait(dsn, job.id, timeout=0.1)
+    await wait_for(lambda: _no_waiter(conn), timeout=5)
+
+
+async def _no_waiter(conn: Any) -> bool:
+    return await waiter_connections(conn) == 0
+
+
+async def test_a_lost_connection_is_replaced_and_its_waits_go_on(
+    dsn: str, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    job = (await pgworker.enqueue(conn, "nap", {"n": 7})).job
+    waiting = asyncio.create_task(pgworker.wait(dsn, job.id, timeout=60))
+    await wait_for(lambda: _all_awaited(conn, 1))
+    killed = await conn.fetchval(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+        waiter_name(),
+    )
+    assert killed == 1
+    async with worker(dsn, tmp_path):
+        assert (await asyncio.wait_for(waiting, 30)).result == {"n": 7}
