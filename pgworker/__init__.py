@@ -3,6 +3,7 @@
 from . import sync
 from ._logs import configure_logging
 from ._version import __version__
+from ._waits import wait
 from .context import JobContext
 from .enqueue import enqueue, enqueue_many
 from .errors import (
@@ -36,7 +37,6 @@ from .operations import (
     replay,
     resume_queue,
 )
-from ._waits import wait
 from .registry import Registry, Task, TaskHandle
 from .retry import RetryPolicy
 from .settings import Settings

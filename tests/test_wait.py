@@ -83,9 +83,7 @@ async def test_200_waits_return_within_100ms_of_each_end_on_one_connection(
     dsn: str, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
     rng = random.Random(24)
-    specs = [
-        pgworker.JobSpec("nap", {"n": i, "ms": rng.randrange(300, 3000)}) for i in range(JOBS)
-    ]
+    specs = [pgworker.JobSpec("nap", {"n": i, "ms": rng.randrange(300, 3000)}) for i in range(JOBS)]
     # Enqueued before the worker starts: every wait is registered while its job is pending.
     ids = [r.job.id for r in await pgworker.enqueue_many(conn, specs)]
     returned: dict[int, float] = {}
