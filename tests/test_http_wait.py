@@ -101,9 +101,7 @@ async def test_long_polls_hold_no_connection_of_the_pool(
     n = POOL_SIZE * 2
     jobs = [(await pgworker.enqueue(conn, "echo", {"i": i})).job for i in range(n)]
     async with server.client(timeout=30) as c:
-        polls = [
-            asyncio.create_task(c.get(f"/jobs/{j.id}", params={"wait": "20"})) for j in jobs
-        ]
+        polls = [asyncio.create_task(c.get(f"/jobs/{j.id}", params={"wait": "20"})) for j in jobs]
         await wait_for(lambda: awaited(conn, n))
         started = time.monotonic()
         assert (await c.get(f"/jobs/{jobs[0].id}")).status_code == 200
