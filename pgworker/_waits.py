@@ -146,6 +146,18 @@ class _Waiter:
         finally:
             self._forget(job_id, future)
 
+    async def close(self) -> None:
+        """Stop serving: pending waits are cancelled, the connection closed."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for futures in self._waits.values():
+            for future in futures:
+                future.cancel()
+        self._close()
+
     def _forget(self, job_id: int, future: asyncio.Future[Job]) -> None:
         futures = self._waits.get(job_id)
         if futures is not None and future in futures:
@@ -304,6 +316,13 @@ def waiter(source: Source, schema: str = DEFAULT_SCHEMA) -> _Waiter:
     if key not in found:
         found[key] = _Waiter(args, kwargs, schema)
     return found[key]
+
+
+async def close() -> None:
+    """Close the waiters of this event loop (a server shutting down): their waits are
+    cancelled."""
+    for found in list(_waiters.pop(asyncio.get_running_loop(), {}).values()):
+        await found.close()
 
 
 async def wait(

@@ -36,6 +36,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
+from .._waits import close as close_waiters
 from .._waits import wait as wait_for_end
 from ..enqueue import enqueue
 from ..errors import PgWorkerError, ValidationError
@@ -164,6 +165,7 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
             if maintenance is not None:
                 with contextlib.suppress(Exception):
                     await maintenance.resign()
+            await close_waiters()
             await pool.close()
 
 
