@@ -24,7 +24,7 @@ import pytest
 import pgworker
 from pgworker import _waits
 
-from .helpers import spawn_worker, wait_for
+from .helpers import fake_claim, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -145,6 +145,21 @@ async def test_failed_and_cancelled_jobs_return_too(
         await wait_for(lambda: _all_awaited(conn, 2))
         assert await pgworker.cancel(conn, running.job.id) == "cancelling"
         assert (await stopped).status == "cancelled"
+
+
+async def test_a_job_the_rescue_fails_returns_too(
+    dsn: str, conn: asyncpg.Connection, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose worker vanished, out of retries, is failed by the leader's rescue: announced
+    as any other end (the trigger sees every path to a final status)."""
+    monkeypatch.setattr(_waits, "POLL_INTERVAL", 600.0)
+    job = (await pgworker.enqueue(conn, "nap", queue="nobody", max_retries=0)).job
+    await fake_claim(conn, job.id)
+    waiting = asyncio.create_task(pgworker.wait(dsn, job.id, timeout=30))
+    await wait_for(lambda: _all_awaited(conn, 1))
+    async with worker(dsn, tmp_path, "--lease", "2"):
+        ended = await waiting
+    assert ended.status == "failed"
 
 
 async def _status(conn: Any, job_id: int, status: str) -> bool:
