@@ -4,6 +4,7 @@ from . import sync
 from ._events import emit
 from ._logs import configure_logging
 from ._version import __version__
+from ._waits import wait
 from .context import JobContext
 from .enqueue import enqueue, enqueue_many, update_job
 from .errors import (
@@ -90,4 +91,5 @@ __all__ = [
     "resume_queue",
     "sync",
     "update_job",
+    "wait",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -200,6 +200,18 @@ class EnqueueResult:
             self._make, self._args = None, ()
         return self._job
 
+    async def wait(
+        self,
+        conn: Any,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the promised signature)
+        *,
+        schema: str = DEFAULT_SCHEMA,
+    ) -> Job:
+        """The job once it is completed, failed or cancelled: `pgworker.wait(conn, job.id,
+        timeout)` (see there)."""
+        assert wait_hook is not None  # set when pgworker is imported
+        return await wait_hook(conn, self.job.id, timeout, schema=schema)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EnqueueResult):
             return NotImplemented
@@ -209,6 +221,11 @@ class EnqueueResult:
 
     def __repr__(self) -> str:
         return f"EnqueueResult(job={self.job!r}, created={self.created!r})"
+
+
+wait_hook: Callable[..., Awaitable[Job]] | None = None
+"""`pgworker.wait`, set by pgworker/_waits.py when imported (pgworker's __init__ imports it):
+EnqueueResult.wait calls it, from this module below it."""
 
 
 class AttemptResult(NamedTuple):

@@ -73,6 +73,8 @@ PUBLIC = {
     "replay",
     "resume_queue",
     "update_job",
+    "emit",
+    "wait",
     "sync",
 }
 PUBLIC_MODULES = {

@@ -57,6 +57,9 @@ STATEMENTS = {
     "attempt_outcomes": lambda running, expired: attempts(running),
     "worker_heartbeat": lambda running, expired: f"{attempts(running)}, 30",
     "jobs_rescue": rescue,
+    # A waiter's (_waits.py): the jobs awaited marked, then read.
+    "jobs_await_mark": lambda running, expired: literal([k["id"] for k in running]),
+    "jobs_awaited": lambda running, expired: literal([k["id"] for k in running]),
 }
 
 

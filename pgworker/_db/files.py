@@ -5,9 +5,9 @@ to it in the repository and the directory itself in a wheel (see pyproject.toml)
 `importlib.resources` lookup serves an editable install and an installed wheel.
 
 Placeholders: `{schema}` becomes the quoted schema name, `{schema_literal}` the schema name as
-a SQL string literal (a checked plain identifier: it holds no quote), `{jobs_channel}` and
-`{cancel_channel}` the NOTIFY channels as SQL literals, `{job_columns}` the columns of a `Job`,
-and `{name}` the fragment `_name.sql`.
+a SQL string literal (a checked plain identifier: it holds no quote), `{jobs_channel}`,
+`{cancel_channel}` and `{ended_channel}` the NOTIFY channels as SQL literals, `{job_columns}`
+the columns of a `Job`, and `{name}` the fragment `_name.sql`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ def cancel_channel(schema: str) -> str:
     return f"{schema}_cancel"
 
 
+def ended_channel(schema: str) -> str:
+    """The NOTIFY channel that announces the end of an awaited job; the payload is its id."""
+    return f"{schema}_ended"
+
+
 def job_columns() -> str:
     """The select list of a `jobs` row aliased `j`, in the order of `Job`'s fields."""
     return ", ".join(
@@ -49,6 +54,7 @@ def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
     return (
         text.replace("{jobs_channel}", f"'{jobs_channel(schema)}'")
         .replace("{cancel_channel}", f"'{cancel_channel(schema)}'")
+        .replace("{ended_channel}", f"'{ended_channel(schema)}'")
         .replace("{job_columns}", job_columns())
         .replace("{schema_literal}", f"'{schema}'")
         .replace("{schema}", f'"{schema}"')

@@ -114,6 +114,7 @@ class Queries:
         self.schema = schema
         self.jobs_channel = files.jobs_channel(schema)
         self.cancel_channel = files.cancel_channel(schema)
+        self.ended_channel = files.ended_channel(schema)
         self._sql = files.queries(schema)
 
     async def _rows(self, conn: Runner, name: str, *args: Any) -> list[Row]:
@@ -220,6 +221,18 @@ class Queries:
     async def job_get(self, conn: Runner, job_id: int) -> Row | None:
         with schema_errors(self.schema):
             return await conn.fetchrow(self._sql["job_get"], job_id)
+
+    # --- awaiting jobs (_waits.py) -------------------------------------------------------------
+
+    async def jobs_await_mark(self, conn: Conn, job_ids: Sequence[int]) -> None:
+        """Mark the jobs awaited: their end is announced on `ended_channel` from now on."""
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["jobs_await_mark"], list(job_ids))
+
+    async def jobs_awaited(self, conn: Conn, job_ids: Sequence[int]) -> list[Row]:
+        """One row per id: `wanted`, `current` (its status, None when there is no such job) and
+        the job's columns once it ended."""
+        return await self._rows(conn, "jobs_awaited", list(job_ids))
 
     async def notify(self, conn: Runner, channel: str, payload: str) -> None:
         await conn.execute(self._sql["notify"], channel, payload)

@@ -37,8 +37,10 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
 from .._service import Health, supervise
+from .._waits import close as close_waiters
+from .._waits import wait as wait_for_end
 from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
-from ..errors import ValidationError
+from ..errors import PgWorkerError, ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
     JOB_FIELDS,
@@ -50,6 +52,7 @@ from ..models import (
     Outcome,
 )
 from ..operations import (
+    FINISHED,
     UNCHANGED,
     QueueState,
     cancel,
@@ -83,6 +86,7 @@ from .schemas import (
     TypeName,
     UpdateBody,
     UrlId,
+    WaitSeconds,
 )
 
 HEALTH_TIMEOUT = 5.0
@@ -164,6 +168,7 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
             if maintenance is not None:
                 with contextlib.suppress(Exception):
                     await maintenance.resign()
+            await close_waiters()
             await pool.close()
 
 
@@ -247,9 +252,11 @@ def _time_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def _answer(content: Any, status_code: int = 200) -> JSONResponse:
+def _answer(
+    content: Any, status_code: int = 200, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The answer, rendered now: any value within limits.MAX_DEPTH fits the stdlib encoder."""
-    return _Rendered(content, status_code=status_code)
+    return _Rendered(content, status_code=status_code, headers=headers)
 
 
 def _with_json(rows: list[Row], column: str) -> list[dict[str, Any]]:
@@ -564,9 +571,60 @@ def install(app: FastAPI, config: WebConfig) -> None:
             raise _NotFound(job_id)
         return row
 
+    async def ended(job_id: int, seconds: float, request: Request) -> str:
+        """Wait up to `seconds` for the job's end through the process's one waiter (_waits.py),
+        holding no connection of the pool: "ended", "timeout", or "gone" (the client left).
+        Whether it ended is then said from the job as read, which may have ended since."""
+        outcome = "timeout"
+        async with anyio.create_task_group() as tg:
+
+            async def end() -> None:
+                nonlocal outcome
+                try:
+                    await wait_for_end(pool(), job_id, seconds, schema=config.schema)
+                    outcome = "ended"
+                except TimeoutError:
+                    pass
+                except ValidationError as exc:
+                    if exc.field != "job_id":
+                        raise
+                    outcome = "unknown"
+                except PgWorkerError:
+                    outcome = "ended"  # deleted while awaited: the read that follows says 404
+                tg.cancel_scope.cancel()
+
+            async def left() -> None:
+                nonlocal outcome
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                outcome = "gone"
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(end)
+            tg.start_soon(left)
+        if outcome == "unknown":
+            raise _NotFound(job_id)
+        return outcome
+
     @api.get("/jobs/{id}", response_model=Json, tags=["jobs"], responses=_UNKNOWN)
-    async def get_job(id: JobId) -> Response:
-        """The job, with its `attempt_history`, `milestones` and `steps`."""
+    async def get_job(
+        id: JobId,
+        request: Request,
+        wait: Annotated[
+            WaitSeconds | None,
+            Query(
+                description="long poll: wait up to this many seconds (more than 0, at most 60) "
+                "for the job to end; the header `Pgworker-Wait` says `ended` or `timeout`"
+            ),
+        ] = None,
+    ) -> Response:
+        """The job, with its `attempt_history`, `milestones` and `steps`. With `wait`, answered
+        when the job ends (completed, failed or cancelled) or when `wait` seconds ran out,
+        whichever comes first, with the job as it is then: its `status` says whether it ended,
+        and so does the header `Pgworker-Wait` (`ended` or `timeout`)."""
+        waited = None if wait is None else await ended(id, wait, request)
+        if waited == "gone":
+            return Response(status_code=499)  # nobody reads it: the client left
         async with database() as conn:
             row = await _job(conn, id)
             attempts = [plain(dict(r)) for r in await q.job_attempts_of(conn, id)]
@@ -576,7 +634,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
                     attempt_history=attempts,
                     milestones=_with_json(await q.job_milestones_of(conn, id), "detail"),
                     steps=_with_json(await q.job_steps_of(conn, id), "result"),
-                )
+                ),
+                headers=None if waited is None else {"Pgworker-Wait": _wait_word(row)},
             )
 
     @api.get("/jobs", response_model=Json, tags=["jobs"])
@@ -796,6 +855,11 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @app.exception_handler(_Fenced)
     async def fenced(request: Request, exc: _Fenced) -> JSONResponse:
         return guard.problem(409, str(exc))
+
+
+def _wait_word(row: Row) -> str:
+    """`Pgworker-Wait`: "ended" when the job answered has ended, else "timeout"."""
+    return "ended" if row["status"] in FINISHED else "timeout"
 
 
 def _queue_entry(name: str) -> dict[str, Any]:

@@ -60,6 +60,18 @@ def _decimal(value: Any) -> Any:
     return value
 
 
+def _real(value: Any) -> Any:
+    """A number of seconds from a URL: a decimal number in ASCII digits (`2`, `0.5`)."""
+    if isinstance(value, str):
+        try:
+            return limits.real(value)
+        except ValueError:
+            raise PydanticCustomError(
+                "number", "must be a number of seconds in ASCII digits, e.g. 10 or 0.5"
+            ) from None
+    return value
+
+
 def _id(value: Any) -> Any:
     """A job's id in a URL: `_decimal`'s digits, without a leading zero (`01` would be a second
     spelling of job 1, which the README refuses)."""
@@ -101,6 +113,10 @@ Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
 Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
 JobId = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_BIGINT), Integral]
 PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
+MAX_WAIT = 60.0
+"""The longest long poll of GET /jobs/{id}?wait=, in seconds."""
+WaitSeconds = Annotated[float, Interval(gt=0, le=MAX_WAIT), BeforeValidator(_real)]
+"""GET /jobs/{id}?wait=: more than 0 and at most MAX_WAIT seconds."""
 UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), BeforeValidator(_id)]
 """A job's id in a URL."""
 TypeName = Annotated[
