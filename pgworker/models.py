@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -118,12 +118,18 @@ class Job:
         for column in JSON_COLUMNS:
             values[column] = _json(r, column)
         values["status"] = JobStatus(values["status"])
+        if values["run_at"].tzinfo is None:  # asyncpg's 'infinity', naive: parked
+            values["run_at"] = PARKED
         if values["parents"] is not None:
             values["parents"] = tuple(values["parents"])
         if payload is not _UNSET:
             values["payload"] = payload
         return cls(**values)
 
+
+PARKED = datetime.max.replace(tzinfo=UTC)
+"""The run_at of a parked job ('infinity' in the database: it waits for its parents or for an
+event), as a Job holds it."""
 
 JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.metadata.get("column", True))
 """The columns of `jobs` a Job holds, in order (its fields but those marked not a column)."""

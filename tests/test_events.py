@@ -293,6 +293,10 @@ async def test_show_and_the_dashboard_say_what_a_job_waits_for(dsn, conn):
     assert found is not None
     text = _render.show_text(found)
     assert "waits for event approval:4" in text
+    # A parked job's run_at ('infinity') is an aware time like every other.
+    job = await pgworker.get_job(conn, r.job.id)
+    assert job is not None and job.run_at == pgworker.models.PARKED
+    assert "run_at" in text and "infinity (parked" in text
     assert "until" not in text.split("waits for event approval:4")[1].splitlines()[0]
     assert '"name": "approval:4"' in _render.show_json(found)
     # With a deadline, it is said.

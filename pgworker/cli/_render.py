@@ -146,6 +146,8 @@ def when(moment: datetime | None) -> str:
     """A time as ISO 8601 in UTC to the second (2030-01-01T09:00:00Z); `-` for none."""
     if moment is None:
         return "-"
+    if moment.year == 9999:  # a parked job's run_at ('infinity')
+        return "infinity (parked: when released)"
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
