@@ -169,6 +169,7 @@ async def test_a_scrape_after_known_jobs_counts_them(dsn, conn, tmp_path):
             "cancelled",
             "interrupted",
             "lost",
+            "waiting",
         }
         # Each attempt this worker ran is one observation of its run time; each claim one of
         # its wait (the lost attempt ran elsewhere).

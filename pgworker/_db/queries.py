@@ -622,10 +622,15 @@ class Queries:
         never), recorded or resumed (see event_wait.sql) in a transaction of its own on `conn`,
         after the name's advisory lock."""
         async with conn.transaction():
-            await conn.execute(self._sql["event_lock"], name)
+            await self.event_lock(conn, name)
             row = await conn.fetchrow(self._sql["event_wait"], *attempt, seq, name, seconds)
         assert row is not None  # one row, always
         return row
+
+    async def event_lock(self, conn: Runner, name: str) -> None:
+        """The transaction-scoped lock that makes the waits and emits of event `name` take
+        turns (see event_lock.sql)."""
+        await conn.execute(self._sql["event_lock"], name)
 
     async def event_emit(self, conn: Runner, name: str, data: str | None) -> int:
         """Emit event `name` (data as JSON text); how many waiting jobs it woke."""

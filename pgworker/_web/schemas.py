@@ -112,6 +112,10 @@ Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
 Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
 Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
 JobId = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_BIGINT), Integral]
+MAX_JSON_ID = 2**53 - 1
+"""The largest job id a JSON body names (`after`): the largest integer every JSON reader holds
+exactly (a validator comparing as doubles would take 2**63 + 191 for 2**63 - 1)."""
+BodyJobId = Annotated[StrictInt, Interval(ge=1, le=MAX_JSON_ID), Integral]
 PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
 MAX_WAIT = 60.0
 """The longest long poll of GET /jobs/{id}?wait=, in seconds."""
@@ -213,27 +217,22 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-_AFTER_RULES: list[JsonValue] = [
+_AFTER_RULES: list[dict[str, Any]] = [
     {
-        "not": {
-            "required": ["after", "run_at"],
-            "properties": {"after": {"type": "array"}, "run_at": {"type": "string"}},
-        }
+        "required": ["after", "run_at"],
+        "properties": {"after": {"type": "array"}, "run_at": {"type": "string"}},
     },
     {
-        "not": {
-            "required": ["after", "delay"],
-            "properties": {"after": {"type": "array"}, "delay": {"type": "number"}},
-        }
+        "required": ["after", "delay"],
+        "properties": {"after": {"type": "array"}, "delay": {"type": "number"}},
     },
     {
-        "if": {
-            "required": ["on_parent_failure"],
-            "properties": {"on_parent_failure": {"type": "string", "pattern": "^(cancel|run)$"}},
-        },
-        "then": {"required": ["after"], "properties": {"after": {"type": "array"}}},
+        "required": ["on_parent_failure"],
+        "properties": {"on_parent_failure": {"type": "string"}},
+        "not": {"required": ["after"], "properties": {"after": {"type": "array"}}},
     },
 ]
+"""The bodies enqueue refuses for after=: with a schedule, and on_parent_failure without it."""
 
 
 def _both(name: str, given: dict[str, Any], other: str) -> dict[str, Any]:
@@ -263,6 +262,7 @@ class EnqueueBody(_Body):
                     },
                     _both("idempotency_key", {"type": "string"}, "unique_key"),
                     _both("after", {"type": "array"}, "unique_key"),
+                    *_AFTER_RULES,
                     _without_key("unique_states", {"type": "array"}),
                     _without_key("unique_period", {"type": "number"}),
                     _without_key("replace", {"const": True}),
@@ -281,8 +281,6 @@ class EnqueueBody(_Body):
                     },
                 ]
             },
-            # after= refuses a schedule, and on_parent_failure needs after=: said here too.
-            "allOf": _AFTER_RULES,
         }
     )
 
@@ -303,13 +301,13 @@ class EnqueueBody(_Body):
     concurrency_key: ConcurrencyKey | None = Field(
         None, description="the key the task's max_running_per_key counts by (default: none)"
     )
-    after: list[JobId] | None = Field(
+    after: list[BodyJobId] | None = Field(
         None,
         min_length=1,
         max_length=limits.MAX_PARENTS,
         json_schema_extra={"uniqueItems": True},
-        description="ids of the jobs this one runs after, each once (default: none); "
-        "not with run_at or delay",
+        description="ids of the jobs this one runs after, each once, at most 2**53 - 1 "
+        "(default: none); not with run_at or delay",
     )
     on_parent_failure: Annotated[StrictStr, StringConstraints(pattern="^(cancel|run)$")] | None = (
         Field(None, description="with after: cancel (default) or run, when a parent fails")
