@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
@@ -90,3 +91,35 @@ async def test_enqueue_many_with_one_unique_key_twice_in_a_batch(conn) -> None:
     results = await pgworker.enqueue_many(conn, specs)
     assert results[0].job.id == results[1].job.id
     assert [r.created for r in results] == [True, False]
+
+
+LAST_MICROSECOND = datetime.max.replace(tzinfo=UTC)
+"""What asyncpg sends as PostgreSQL's 'infinity': the run_at of a parked job."""
+
+
+async def test_update_job_refuses_the_run_at_that_parks_a_job_forever(conn) -> None:
+    """run_at=datetime.max (UTC) is stored as 'infinity': the job would be parked with no parent
+    or event to release it, and update_job would then refuse to reschedule it."""
+    job = await pgworker.enqueue(conn, "t", {})
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.update_job(conn, job.job.id, run_at=LAST_MICROSECOND)
+    assert caught.value.field == "run_at"
+    assert await conn.fetchval(
+        "SELECT isfinite(run_at) FROM pgworker.jobs WHERE id = $1", job.job.id
+    )
+
+
+async def test_enqueue_refuses_the_run_at_that_parks_a_job_forever(conn) -> None:
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.enqueue(conn, "t", {}, run_at=LAST_MICROSECOND)
+    assert caught.value.field == "run_at"
+    assert not await conn.fetchval("SELECT count(*) FROM pgworker.jobs")
+
+
+async def test_unique_states_from_a_generator_are_named_in_the_error(conn) -> None:
+    """A generator of states is read once: the refusal must still show what was given."""
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.enqueue(
+            conn, "u", {}, unique_key="k", unique_states=(s for s in ["pending"])
+        )
+    assert "'pending'" in str(caught.value)
