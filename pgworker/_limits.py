@@ -202,6 +202,21 @@ def moment(field: str, value: Any, *, error: type[Exception] = ValidationError) 
     return value
 
 
+def run_at(value: Any, *, error: type[Exception] = ValidationError) -> datetime:
+    """A job's run_at: a `moment`, but not the last microsecond of year 9999 in UTC, which asyncpg
+    sends as PostgreSQL's 'infinity': the run_at of a parked job (migration 19), never claimed,
+    and refused by update_job as waiting for parents or an event."""
+    value = moment("run_at", value, error=error)
+    if value.astimezone(UTC).replace(tzinfo=None) == datetime.max:
+        raise _bad(
+            error,
+            "run_at",
+            f"must be before 9999-12-31 23:59:59.999999 UTC (sent as infinity: the job would "
+            f"never run), got {value!r}",
+        )
+    return value
+
+
 def clamp_delay(delay: float) -> float:
     """A computed delay made storable: NaN and negatives are 0, the rest capped at MAX_DELAY."""
     if not delay > 0:
@@ -382,6 +397,7 @@ def unique_states(
             "unique_states",
             f"must be a list of states such as ('pending', 'running'), got {value!r}",
         )
+    value = tuple(value)  # a generator is read once: the message below shows it too
     mask = 0
     for state in value:
         bit = UNIQUE_STATES.get(state) if isinstance(state, str) else None

@@ -31,7 +31,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from . import _limits as limits
 from . import models
-from ._db.connection import connect
+from ._db.connection import CONNECTION_ERRORS, connect
 from ._db.queries import Row, queries
 from ._logs import get_logger
 from .errors import PgWorkerError, ValidationError
@@ -128,6 +128,11 @@ class _Waiter:
         """Jobs read at least once: one found missing later was deleted while awaited."""
         self._ended: set[int] = set()
         """Jobs whose end was announced, to read."""
+        self._unmarked: set[int] = set()
+        """Jobs the mark skipped (their row locked by another transaction): marked again, and
+        read, on every poll until marked."""
+        self._first_read: dict[int, asyncio.Future[None]] = {}
+        """Set once a job is read unfinished: what a wait timing out before that waits for."""
         self._kick = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -141,8 +146,21 @@ class _Waiter:
         self._fresh.add(job_id)
         self._wake()
         try:
-            async with asyncio.timeout(seconds):
-                return await future
+            try:
+                async with asyncio.timeout(seconds):
+                    # Shielded: the timeout cancels this task, not the wait's future.
+                    return await asyncio.shield(future)
+            except TimeoutError:
+                if not future.done() and job_id not in self._known:
+                    # Out of time before the job was read once (timeout=0 among them): the
+                    # answer is that read, an ended job returned, an unknown id refused.
+                    read = self._first_read.setdefault(
+                        job_id, asyncio.get_running_loop().create_future()
+                    )
+                    await asyncio.wait([future, read], return_when=asyncio.FIRST_COMPLETED)
+                if future.done() and not future.cancelled():
+                    return future.result()  # answered as the time ran out
+                raise
         finally:
             self._forget(job_id, future)
 
@@ -165,6 +183,8 @@ class _Waiter:
             if not futures:
                 del self._waits[job_id]
                 self._known.discard(job_id)
+                self._unmarked.discard(job_id)
+                self._read_once(job_id)
         if not self._waits:
             self._kick.set()  # the loop starts counting its idle time
 
@@ -199,8 +219,13 @@ class _Waiter:
                     await self._step()
                     pause = BACKOFF[0]
                 except Exception as exc:
+                    # A connection lost after it was opened is replaced, its waits marked and
+                    # read again; one that cannot be opened (or a statement refused) fails the
+                    # waits never read.
+                    lost = self._conn is not None and isinstance(exc, CONNECTION_ERRORS)
                     self._close()
-                    self._fail_unknown(exc)
+                    if not lost:
+                        self._fail_unknown(exc)
                     _log.warning("waiter lost its connection; reconnecting", error=repr(exc))
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, BACKOFF[1])
@@ -248,13 +273,15 @@ class _Waiter:
             self._conn = await self._open()
         conn = self._conn
         loop = asyncio.get_running_loop()
-        fresh = self._fresh & self._waits.keys()
+        poll = loop.time() >= self._next_poll
+        fresh = (self._fresh | (self._unmarked if poll else set())) & self._waits.keys()
         reads = fresh | (self._ended & self._waits.keys())
         self._fresh, self._ended = set(), set()
         try:
             if fresh:
-                await self._q.jobs_await_mark(conn, sorted(fresh))
-            if loop.time() >= self._next_poll:
+                skipped = await self._q.jobs_await_mark(conn, sorted(fresh))
+                self._unmarked = (self._unmarked - fresh) | set(skipped)
+            if poll:
                 reads |= self._waits.keys()
                 self._next_poll = loop.time() + POLL_INTERVAL
             if reads:
@@ -291,6 +318,12 @@ class _Waiter:
                     self._settle(job_id, exc)
             else:
                 self._known.add(job_id)
+                self._read_once(job_id)
+
+    def _read_once(self, job_id: int) -> None:
+        read = self._first_read.pop(job_id, None)
+        if read is not None and not read.done():
+            read.set_result(None)
 
     def _settle(self, job_id: int, outcome: Job | BaseException) -> None:
         for future in self._waits.pop(job_id, []):
@@ -301,6 +334,8 @@ class _Waiter:
             else:
                 future.set_result(outcome)
         self._known.discard(job_id)
+        self._unmarked.discard(job_id)
+        self._read_once(job_id)
 
 
 _waiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _Waiter]] = (

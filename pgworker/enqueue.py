@@ -80,7 +80,7 @@ def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
     if run_at is not None:
-        return limits.moment("run_at", run_at), None
+        return limits.run_at(run_at), None
     return None, limits.seconds("delay", delay)
 
 
@@ -876,7 +876,7 @@ async def update_job(
     job_id = limits.count("job_id", job_id, minimum=1, maximum=limits.MAX_BIGINT)
     if run_at is None and priority is None and payload is None:
         raise ValidationError("fields", "give at least one of run_at, priority, payload to change")
-    when = None if run_at is None else limits.moment("run_at", run_at)
+    when = None if run_at is None else limits.run_at(run_at)
     prio = None if priority is None else limits.priority("priority", priority)
     text = None if payload is None else _payload(None, payload)
     actor = _actor(by)

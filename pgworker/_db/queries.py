@@ -224,10 +224,11 @@ class Queries:
 
     # --- awaiting jobs (_waits.py) -------------------------------------------------------------
 
-    async def jobs_await_mark(self, conn: Conn, job_ids: Sequence[int]) -> None:
-        """Mark the jobs awaited: their end is announced on `ended_channel` from now on."""
-        with schema_errors(self.schema):
-            await conn.execute(self._sql["jobs_await_mark"], list(job_ids))
+    async def jobs_await_mark(self, conn: Conn, job_ids: Sequence[int]) -> list[int]:
+        """Mark the jobs awaited: their end is announced on `ended_channel` from now on. Returns
+        the ids of those skipped because another transaction holds their row locked."""
+        rows = await self._rows(conn, "jobs_await_mark", list(job_ids))
+        return [row["id"] for row in rows]
 
     async def jobs_awaited(self, conn: Conn, job_ids: Sequence[int]) -> list[Row]:
         """One row per id: `wanted`, `current` (its status, None when there is no such job) and

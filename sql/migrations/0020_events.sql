@@ -74,7 +74,11 @@ BEGIN
             COLUMN = 'name';
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended({schema_literal} || ':event:' || emit.name, 0));
-    INSERT INTO {schema}.events (name, data) VALUES (emit.name, emit.data)
+    -- emitted_at is the time of this statement, not of the transaction: a wait takes the
+    -- events emitted since its job was enqueued (jobs.created_at), and an emit in a transaction
+    -- begun before the enqueue, run after it, is one of them.
+    INSERT INTO {schema}.events (name, data, emitted_at)
+    VALUES (emit.name, emit.data, clock_timestamp())
     RETURNING id INTO v_event;
     WITH delivered AS (
         UPDATE {schema}.job_event_waits AS w
