@@ -9,6 +9,7 @@ what is accepted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Iterable
@@ -328,7 +329,7 @@ def parents(value: Any, *, error: type[Exception] = ValidationError) -> tuple[in
         return None
     if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):
         raise _bad(error, "after", f"must be a list of job ids, got {value!r}")
-    ids = list(value)
+    ids = list(itertools.islice(value, MAX_PARENTS + 1))  # an endless iterable: refused
     if len(ids) > MAX_PARENTS:
         raise _bad(error, "after", f"must list at most {MAX_PARENTS:,} parents, got {len(ids):,}")
     for i in ids:

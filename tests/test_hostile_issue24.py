@@ -123,3 +123,12 @@ async def test_unique_states_from_a_generator_are_named_in_the_error(conn) -> No
             conn, "u", {}, unique_key="k", unique_states=(s for s in ["pending"])
         )
     assert "'pending'" in str(caught.value)
+
+
+async def test_an_endless_after_is_refused_not_read_forever(dsn, conn):
+    import itertools
+
+    with pytest.raises(pgworker.ValidationError, match="at most 1,000 parents") as caught:
+        await pgworker.enqueue(conn, "x", {}, after=itertools.count(1))
+    assert caught.value.field == "after"
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
