@@ -1,14 +1,15 @@
-"""What migration 18 (awaiting a job) costs the jobs nobody awaits: the claim and the outcome
-write of plain jobs, with its trigger (`new`) and without it (`old`, the trigger dropped), in
-rounds that alternate the two.
+"""What the row triggers on a job's status (migration 18, awaiting a job; migration 19,
+dependencies) cost the jobs that use neither: the claim and the outcome write of plain jobs, with
+the triggers (`new`) and without them (`old`, disabled), in rounds that alternate the two.
 
     PYTHONPATH=. python -m bench.await_cost [--dsn DSN] [--jobs 20000] [--batch 100] [--rounds 4]
 
 In a database of its own (`bench_await_cost`, dropped at the end), migrated to the latest schema,
 each round enqueues `--jobs` no-op jobs, then claims them `--batch` at a time with the worker's
 claim statement on a worker's pool (generic plans) and writes their outcomes with the completer's
-statement (`job_finish_many`), and reports the microseconds per job of each. The trigger's WHEN
-clause is evaluated for every row the outcome write updates: this is where a cost would show."""
+statement (`job_finish_many`), and reports the microseconds per job of each. The triggers' WHEN
+clauses are evaluated for every row whose status the claim or the outcome write changes: this is
+where a cost would show."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ from pgworker._db.queries import queries
 from pgworker.models import AttemptResult, JobStatus, Outcome
 
 DATABASE = "bench_await_cost"
+TRIGGERS = (
+    "jobs_ended_notify",  # migration 18
+    "jobs_release_dependants",  # migration 19
+    "jobs_repark_dependants",
+    "jobs_recount_parents",
+)
+"""The row triggers on a job's status (issue 24), each with a WHEN clause that plain jobs fail."""
 
 
 async def one_round(pool: asyncpg.Pool, jobs: int, batch: int) -> tuple[float, float]:
@@ -85,15 +93,9 @@ async def main() -> None:
         found: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for _ in range(args.rounds):
             for label in ("old", "new"):
-                await admin.execute("DROP TRIGGER IF EXISTS jobs_ended_notify ON pgworker.jobs")
-                if label == "new":
-                    await admin.execute(
-                        "CREATE TRIGGER jobs_ended_notify AFTER UPDATE OF status ON pgworker.jobs"
-                        " FOR EACH ROW WHEN (NEW.awaited AND NEW.status IN"
-                        " ('completed', 'failed', 'cancelled')"
-                        " AND OLD.status IS DISTINCT FROM NEW.status)"
-                        " EXECUTE FUNCTION pgworker.notify_job_ended()"
-                    )
+                action = "ENABLE" if label == "new" else "DISABLE"
+                for trigger in TRIGGERS:
+                    await admin.execute(f"ALTER TABLE pgworker.jobs {action} TRIGGER {trigger}")
                 await pool.expire_connections()
                 found[label].append(await one_round(pool, args.jobs, args.batch))
         for label, rounds in found.items():
