@@ -207,15 +207,15 @@ def run_at(value: Any, *, error: type[Exception] = ValidationError) -> datetime:
     """A job's run_at: a `moment`, but not the last microsecond of year 9999 in UTC, which asyncpg
     sends as PostgreSQL's 'infinity': the run_at of a parked job (migration 19), never claimed,
     and refused by update_job as waiting for parents or an event."""
-    value = moment("run_at", value, error=error)
-    if value.astimezone(UTC).replace(tzinfo=None) == datetime.max:
+    when: datetime = moment("run_at", value, error=error)
+    if when.astimezone(UTC).replace(tzinfo=None) == datetime.max:
         raise _bad(
             error,
             "run_at",
             f"must be before 9999-12-31 23:59:59.999999 UTC (sent as infinity: the job would "
             f"never run), got {value!r}",
         )
-    return value
+    return when
 
 
 def clamp_delay(delay: float) -> float:

@@ -157,7 +157,8 @@ class _Waiter:
                     read = self._first_read.setdefault(
                         job_id, asyncio.get_running_loop().create_future()
                     )
-                    await asyncio.wait([future, read], return_when=asyncio.FIRST_COMPLETED)
+                    either: list[asyncio.Future[Any]] = [future, read]
+                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if future.done() and not future.cancelled():
                     return future.result()  # answered as the time ran out
                 raise
