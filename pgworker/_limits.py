@@ -13,7 +13,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, overload
 
 from .errors import MAX_DELAY as MAX_DELAY
@@ -204,17 +204,12 @@ def moment(field: str, value: Any, *, error: type[Exception] = ValidationError) 
 
 
 def run_at(value: Any, *, error: type[Exception] = ValidationError) -> datetime:
-    """A job's run_at: a `moment`, but not the last microsecond of year 9999 in UTC, which asyncpg
-    sends as PostgreSQL's 'infinity': the run_at of a parked job (migration 19), never claimed,
-    and refused by update_job as waiting for parents or an event."""
+    """A job's run_at: a `moment`, one microsecond earlier when it is the last microsecond of
+    year 9999 in UTC, which asyncpg would send as PostgreSQL's 'infinity': the run_at of a parked
+    job (migrations 19 and 20), which nothing would ever release. Every other time is kept."""
     when: datetime = moment("run_at", value, error=error)
     if when.astimezone(UTC).replace(tzinfo=None) == datetime.max:
-        raise _bad(
-            error,
-            "run_at",
-            f"must be before 9999-12-31 23:59:59.999999 UTC (sent as infinity: the job would "
-            f"never run), got {value!r}",
-        )
+        return when - timedelta(microseconds=1)
     return when
 
 

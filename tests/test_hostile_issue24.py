@@ -97,23 +97,18 @@ LAST_MICROSECOND = datetime.max.replace(tzinfo=UTC)
 """What asyncpg sends as PostgreSQL's 'infinity': the run_at of a parked job."""
 
 
-async def test_update_job_refuses_the_run_at_that_parks_a_job_forever(conn) -> None:
-    """run_at=datetime.max (UTC) is stored as 'infinity': the job would be parked with no parent
-    or event to release it, and update_job would then refuse to reschedule it."""
-    job = await pgworker.enqueue(conn, "t", {})
-    with pytest.raises(pgworker.ValidationError) as caught:
-        await pgworker.update_job(conn, job.job.id, run_at=LAST_MICROSECOND)
-    assert caught.value.field == "run_at"
-    assert await conn.fetchval(
-        "SELECT isfinite(run_at) FROM pgworker.jobs WHERE id = $1", job.job.id
-    )
-
-
-async def test_enqueue_refuses_the_run_at_that_parks_a_job_forever(conn) -> None:
-    with pytest.raises(pgworker.ValidationError) as caught:
-        await pgworker.enqueue(conn, "t", {}, run_at=LAST_MICROSECOND)
-    assert caught.value.field == "run_at"
-    assert not await conn.fetchval("SELECT count(*) FROM pgworker.jobs")
+async def test_the_last_microsecond_as_run_at_does_not_park_a_job_forever(conn) -> None:
+    """run_at=datetime.max (UTC) would be stored as 'infinity', the run_at of a parked job that
+    nothing releases (and update_job would then refuse to reschedule it): it is kept one
+    microsecond earlier, a finite time, by enqueue and by update_job."""
+    job = await pgworker.enqueue(conn, "t", {}, run_at=LAST_MICROSECOND)
+    finite = "SELECT isfinite(run_at) FROM pgworker.jobs WHERE id = $1"
+    assert await conn.fetchval(finite, job.job.id)
+    other = await pgworker.enqueue(conn, "t", {})
+    await pgworker.update_job(conn, other.job.id, run_at=LAST_MICROSECOND)
+    assert await conn.fetchval(finite, other.job.id)
+    # Still a time update_job changes: the job is not parked.
+    await pgworker.update_job(conn, job.job.id, run_at=datetime(2030, 1, 1, tzinfo=UTC))
 
 
 async def test_unique_states_from_a_generator_are_named_in_the_error(conn) -> None:

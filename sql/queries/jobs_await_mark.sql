@@ -16,8 +16,9 @@ WITH wanted AS (
     WHERE j.id = ANY($1::bigint[]) AND NOT j.awaited AND j.status IN ('pending', 'running')
     FOR NO KEY UPDATE SKIP LOCKED
 ), marked AS (
+    -- = ANY(ARRAY(...)), not a join: primary-key probes even in a plan made on an empty table.
     UPDATE {schema}.jobs AS j SET awaited = true
-    FROM free AS f WHERE j.id = f.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM free))
     RETURNING j.id
 )
 SELECT w.id FROM wanted AS w WHERE w.id NOT IN (SELECT id FROM marked)
