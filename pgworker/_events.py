@@ -5,15 +5,13 @@ enqueue does, so that a bad one writes nothing."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from . import _limits as limits
 from ._db.connection import Executor
 from ._db.queries import queries
 from ._drivers import NATIVE, UNUSABLE, adapt, unusable
-from ._redact import describe
-from .errors import ValidationError
+from ._payloads import json_text
 from .models import DEFAULT_SCHEMA
 
 
@@ -21,17 +19,7 @@ def event_data(value: Any) -> str | None:
     """An event's data as JSON text (None: no data), or a ValidationError naming `data`."""
     if value is None:
         return None
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except RecursionError:
-        problem: str | None = f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
-    except Exception as exc:  # the value's own methods ran: anything may come out
-        problem = f"is not JSON-serialisable ({describe(exc)})"
-    else:
-        problem = limits.json_problem(text, value)
-    if problem is not None:
-        raise ValidationError("data", f"{problem}; nothing was emitted")
-    return text
+    return json_text("data", value, "", "nothing was emitted")
 
 
 async def emit(

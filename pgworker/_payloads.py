@@ -17,7 +17,8 @@ import sys
 import typing
 from typing import Any
 
-from ._limits import MAX_DEPTH
+from ._limits import MAX_DEPTH, json_problem
+from ._redact import describe
 from ._version import DISTRIBUTION
 from .errors import ConfigError, InvalidPayload, ValidationError
 
@@ -258,3 +259,19 @@ def _typed(annotation: Any, depth: int = 0) -> bool:
         return True
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and issubclass(annotation, pydantic.BaseModel)
+
+
+def json_text(field: str, value: Any, what: str, consequence: str) -> str:
+    """`value` as compact JSON text storable in jsonb, or a ValidationError naming `field`:
+    "{what} {problem}; {consequence}"."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        problem: str | None = f"must not nest lists and objects more than {MAX_DEPTH} deep"
+    except Exception as exc:  # the value's own methods ran: anything may come out
+        problem = f"is not JSON-serialisable ({describe(exc)})"
+    else:
+        problem = json_problem(text, value)
+    if problem is not None:
+        raise ValidationError(field, f"{what} {problem}; {consequence}".lstrip())
+    return text

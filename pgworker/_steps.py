@@ -37,7 +37,7 @@ from . import _limits as limits
 from . import _threads
 from ._attempt import WaitingForEvent
 from ._db.queries import AttemptKey
-from ._redact import describe
+from ._payloads import json_text
 from ._step_connection import StepConnection
 from ._step_store import StepStore
 from .errors import PgWorkerError, ValidationError
@@ -81,17 +81,7 @@ def step_name(value: Any) -> str:
 
 def _json(field: str, value: Any, what: str) -> str:
     """`value` as compact JSON text storable in jsonb, or a ValidationError naming `field`."""
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    except RecursionError:
-        problem: str | None = f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
-    except Exception as exc:  # the value's own methods ran: anything may come out
-        problem = f"is not JSON-serialisable ({describe(exc)})"
-    else:
-        problem = limits.json_problem(text, value)
-    if problem is not None:
-        raise ValidationError(field, f"{what} {problem}; nothing was stored")
-    return text
+    return json_text(field, value, what, "nothing was stored")
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -283,8 +283,15 @@ async def enqueue(
 async def _insert(
     conn: Executor, q: Queries, f: _Fields, text: str, idempotency_key: str | None
 ) -> EnqueueResult:
-    row = await q.job_insert(
-        conn,
+    row = await q.job_insert(conn, *_columns(f, text))
+    if row is None:
+        row = await _holder(conn, q, f, text, idempotency_key)
+    return _result(row, idempotency_key)
+
+
+def _columns(f: _Fields, text: str) -> tuple[Any, ...]:
+    """The arguments job_insert.sql and job_insert_after.sql share, in their order."""
+    return (
         f.type,
         f.queue,
         text,
@@ -298,17 +305,21 @@ async def _insert(
         current_traceparent(),
         f.concurrency_key,
     )
+
+
+async def _holder(
+    conn: Executor, q: Queries, f: _Fields, text: str, idempotency_key: str | None
+) -> Any:
+    """The job holding the idempotency key, committed by a concurrent enqueue after the insert's
+    snapshot was taken (the insert then returned nothing)."""
+    key = f.idempotency_key or ""
+    row = (await q.job_get_by_keys(conn, [key], [f.type], [text])).get(key)
     if row is None:
-        # A concurrent enqueue committed this key after our statement's snapshot was taken.
-        key = f.idempotency_key or ""
-        found = await q.job_get_by_keys(conn, [key], [f.type], [text])
-        row = found.get(key)
-        if row is None:
-            raise PgWorkerError(
-                f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
-                "enqueue; try again"
-            )
-    return _result(row, idempotency_key)
+        raise PgWorkerError(
+            f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
+            "enqueue; try again"
+        )
+    return row
 
 
 UNKNOWN_PARENT = "no job has the id"
@@ -355,32 +366,10 @@ async def _write_after(
         if failed:
             cancelled = f"ParentFailed: parent {failed[0]} {statuses[failed[0]]}"
     row = await q.job_insert_after(
-        c,
-        f.type,
-        f.queue,
-        text,
-        f.priority,
-        f.max_retries,
-        f.idempotency_key,
-        f.correlation_id,
-        f.run_at,
-        f.delay,
-        f.version,
-        current_traceparent(),
-        f.concurrency_key,
-        list(f.after),
-        left,
-        f.on_parent_failure,
-        cancelled,
+        c, *_columns(f, text), list(f.after), left, f.on_parent_failure, cancelled
     )
-    if row is None:  # a concurrent enqueue committed this key after the statement's snapshot
-        key = f.idempotency_key or ""
-        row = (await q.job_get_by_keys(c, [key], [f.type], [text])).get(key)
-        if row is None:
-            raise PgWorkerError(
-                f"idempotency_key {idempotency_key!r}: the job holding it vanished during the "
-                "enqueue; try again"
-            )
+    if row is None:
+        row = await _holder(c, q, f, text, idempotency_key)
     if not row["created"] and row["id"] in statuses:
         raise ValidationError(
             _name(at, "after"),

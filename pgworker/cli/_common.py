@@ -5,6 +5,7 @@ but health resolves the same way, and the loading of a user's registry."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import textwrap
@@ -208,3 +209,17 @@ def _not_users(filename: str) -> bool:
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def json_option(flag: str, raw: str) -> object:
+    """An option's JSON value (`--payload`, `--data`): bad JSON is a usage error naming `flag`,
+    too deep a ValidationError naming its field."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValidationError(
+            flag.removeprefix("--"),
+            f"must not nest lists and objects more than {limits.MAX_DEPTH} deep",
+        ) from None
+    except ValueError as exc:
+        raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None

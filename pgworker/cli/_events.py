@@ -7,8 +7,7 @@ import json
 
 from .. import _limits as limits
 from .._events import emit
-from ..errors import PgWorkerError, ValidationError
-from ._common import _command, _connect, _Parser, _schema, say
+from ._common import _command, _connect, _Parser, _schema, json_option, say
 
 
 def add_emit(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -33,16 +32,7 @@ def add_emit(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
 
 
 async def _emit(args: argparse.Namespace) -> int:
-    data = None
-    if args.data is not None:
-        try:
-            data = json.loads(args.data)
-        except RecursionError:
-            raise ValidationError(
-                "data", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
-            ) from None
-        except ValueError as exc:
-            raise PgWorkerError(f"--data is not valid JSON: {exc}") from None
+    data = None if args.data is None else json_option("--data", args.data)
     name = limits.event_name(args.name)
     conn = await _connect(args)
     try:

@@ -14,7 +14,18 @@ from ..models import PRIORITY_LABELS
 from ..operations import CancelResult, cancel, show_job
 from ..settings import Settings
 from . import _render
-from ._common import _command, _connect, _dsn, _job_id, _Parser, _schema, integer, number, say
+from ._common import (
+    _command,
+    _connect,
+    _dsn,
+    _job_id,
+    _Parser,
+    _schema,
+    integer,
+    json_option,
+    number,
+    say,
+)
 
 
 def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -228,20 +239,9 @@ def _moment(flag: str, raw: str | None) -> datetime | None:
     return moment
 
 
-def _json_arg(flag: str, raw: str) -> object:
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise ValidationError(
-            "payload", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
-        ) from None
-    except ValueError as exc:
-        raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None
-
-
 async def _update(args: argparse.Namespace) -> int:
     run_at = _moment("--run-at", args.run_at)
-    payload = None if args.payload is None else _json_arg("--payload", args.payload)
+    payload = None if args.payload is None else json_option("--payload", args.payload)
     conn = await _connect(args)
     try:
         job = await update_job(
@@ -282,14 +282,7 @@ def _priority(raw: str) -> int:
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except RecursionError:
-        raise ValidationError(
-            "payload", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
-        ) from None
-    except ValueError as exc:
-        raise PgWorkerError(f"--payload is not valid JSON: {exc}") from None
+    payload = json_option("--payload", args.payload)
     run_at = None
     if args.run_at:
         try:
