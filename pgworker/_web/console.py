@@ -145,7 +145,8 @@ class Console:
                 workers = [
                     w
                     for w in await board.q.dashboard_workers(conn, SHOWN_WORKERS, WORKERS_KEPT)
-                    if name in w["queues"]
+                    # An HTTP claimer that names no queue claims from any.
+                    if name in w["queues"] or (w["http"] and not w["queues"])
                 ]
                 return board.page(
                     request,
