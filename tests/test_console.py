@@ -18,8 +18,7 @@ import pytest
 
 import pgworker
 
-from .helpers import wait_for
-from .test_dashboard import WAIT, browser, css, csrf_of, http, log_in, page, text_of, until
+from .test_dashboard import WAIT, browser, csrf_of, css, http, log_in, page, text_of, until
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -139,9 +138,10 @@ async def test_the_json_the_pages_poll_needs_a_login(dsn, conn):
         async with http(served) as client:
             live = (await client.get("/ui/live")).json()
             assert live["queues"]["mail"]["pending"] == 1 and live["totals"]["pending"] == 1
-            assert "script-src 'self'" in (await client.get("/ui/live")).headers[
-                "content-security-policy"
-            ]
+            assert (
+                "script-src 'self'"
+                in (await client.get("/ui/live")).headers["content-security-policy"]
+            )
 
 
 # --- in the browser -------------------------------------------------------------------------------
@@ -201,9 +201,7 @@ async def test_pause_and_resume_from_the_queue_page(page, dsn, conn, tmp_path):
         ) is None
 
 
-async def test_the_workers_page_shows_a_gone_worker_and_an_http_claimer(
-    page, dsn, conn, tmp_path
-):
+async def test_the_workers_page_shows_a_gone_worker_and_an_http_claimer(page, dsn, conn, tmp_path):
     await conn.execute(
         "INSERT INTO pgworker.workers (worker_id, hostname, pid, queues, types, concurrency,"
         " lease, last_seen_at) VALUES"
@@ -251,8 +249,9 @@ async def test_markup_in_queue_and_type_names_is_shown_as_text(page, dsn, conn, 
         assert css(page, "[data-chart]").get_attribute("data-total-enqueued") == "5"
         until(
             page,
-            lambda d: css(d, "[data-live-status=pending]").get_attribute("data-live-queue")
-            == HOSTILE,
+            lambda d: (
+                css(d, "[data-live-status=pending]").get_attribute("data-live-queue") == HOSTILE
+            ),
         )
         assert not page.find_elements("css selector", "main img")
         assert page.execute_script("return window.pwned === undefined") is True
