@@ -75,6 +75,7 @@ class Heartbeat:
             s.served_queues,
             self._producer.served,
             s.concurrency,
+            s.lease,
         )
 
     async def unregister(self) -> None:

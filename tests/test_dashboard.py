@@ -815,7 +815,8 @@ def _wheel_and_web_files(tmp_path: Path) -> tuple[set[str], set[str]]:
     wanted = {
         p.relative_to(ROOT).as_posix()
         for folder in ("templates", "static")
-        for p in (web / folder).iterdir()
+        for p in (web / folder).rglob("*")
+        if p.is_file()  # static/vendor/uplot/ too
     }
     return shipped, wanted
 

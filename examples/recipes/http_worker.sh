@@ -30,3 +30,4 @@ api --json "{$held, \"result\": {\"sent\": true}}" "$URL/jobs/$id/complete"
 api "$URL/jobs/$id"                         # the job, its attempt_history, milestones, steps
 api "$URL/jobs?status=failed&limit=20"      # newest first; next page: &before=<next_before>
 api "$URL/queues"                           # counts by status, oldest pending age per queue
+api "$URL/stats?window=hour&queue=mail"      # per minute: enqueued, completed, failed, p50/p95

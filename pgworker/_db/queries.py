@@ -380,6 +380,7 @@ class Queries:
         queues: Sequence[str],
         types: Sequence[str],
         concurrency: int,
+        lease: float | None = None,
     ) -> None:
         await conn.execute(
             self._sql["worker_register"],
@@ -389,6 +390,7 @@ class Queries:
             list(queues),
             list(types),
             concurrency,
+            lease,
         )
 
     async def workers_live(self, conn: Runner, seen_within: float) -> list[Row]:
@@ -715,11 +717,53 @@ class Queries:
             conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
         )
 
-    async def dashboard_workers(self, conn: Runner, limit: int) -> list[Row]:
-        return await self._rows(conn, "dashboard_workers", limit)
+    async def dashboard_workers(self, conn: Runner, limit: int, kept: float) -> list[Row]:
+        """The workers seen within `kept` seconds, most recently seen first, at most `limit`."""
+        return await self._rows(conn, "dashboard_workers", limit, kept)
 
     async def dashboard_overdue(self, conn: Runner, limit: int) -> list[Row]:
         return await self._rows(conn, "dashboard_overdue", limit)
+
+    # --- the console's charts (issue 25, item 4) ---------------------------------------------
+
+    async def stats_attempts(
+        self,
+        conn: Runner,
+        since: datetime,
+        until: datetime,
+        bucket: int,
+        queue: str | None,
+        sample: int,
+    ) -> list[Row]:
+        """Per bucket of `bucket` seconds: attempts completed and failed, run and wait p50/p95."""
+        return await self._rows(conn, "stats_attempts", since, until, bucket, queue, sample)
+
+    async def stats_attempts_type(
+        self,
+        conn: Runner,
+        since: datetime,
+        until: datetime,
+        bucket: int,
+        queue: str | None,
+        sample: int,
+        type_: str,
+    ) -> list[Row]:
+        """stats_attempts of one type, along the (type, started_at) index."""
+        return await self._rows(
+            conn, "stats_attempts_type", since, until, bucket, queue, sample, type_
+        )
+
+    async def stats_enqueued(
+        self,
+        conn: Runner,
+        since: datetime,
+        until: datetime,
+        bucket: int,
+        queue: str | None,
+        type_: str | None,
+    ) -> list[Row]:
+        """Per bucket of `bucket` seconds: the jobs created."""
+        return await self._rows(conn, "stats_enqueued", since, until, bucket, queue, type_)
 
     # --- failed jobs, replay, retention ------------------------------------------------------
 
@@ -956,6 +1000,7 @@ class Queries:
         hostname: str,
         queues: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
+        lease: float | None = None,
     ) -> None:
         with schema_errors(self.schema):
             await conn.execute(
@@ -964,6 +1009,7 @@ class Queries:
                 hostname,
                 None if queues is None else list(queues),
                 None if types is None else list(types),
+                lease,
             )
 
     async def http_jobs_list(

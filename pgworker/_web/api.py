@@ -66,8 +66,9 @@ from ..operations import (
 from ..retry import RetryPolicy, next_retry, why_final
 from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
-from . import guard
+from . import charts, guard
 from .bounds import Unanswered, bounded, client_check
+from .charts import StatsAnswer, StatsWindow
 from .config import WebConfig
 from .schemas import (
     ClaimBody,
@@ -437,7 +438,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 raise ValidationError("versions", "must list at least one version per type")
             versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
         async with database() as conn:
-            await q.http_worker_seen(conn, worker_id, _host(request), queues, types)
+            await q.http_worker_seen(conn, worker_id, _host(request), queues, types, lease)
             for _ in range(POISON_SKIPS):
                 row = await q.http_job_claim(
                     conn,
@@ -817,6 +818,21 @@ def install(app: FastAPI, config: WebConfig) -> None:
         """The workers known (Python and HTTP ones), with the ids of the jobs each runs."""
         async with database() as conn:
             return _answer({"workers": [plain(dict(r)) for r in await q.http_workers(conn)]})
+
+    @api.get("/stats", response_model=StatsAnswer, tags=["operators"])
+    async def get_stats(
+        window: Annotated[StatsWindow, Query()] = StatsWindow.HOUR,
+        queue: Annotated[QueueName | None, Query()] = None,
+        type: Annotated[TypeName | None, Query()] = None,
+    ) -> Response:
+        """The dashboard's charts: per minute of the last hour (`window=hour`) or per ten minutes
+        of the last day (`day`), the jobs enqueued, the attempts completed and failed (by their
+        start), and the p50 and p95 of the attempts' wait (claim - run_at) and run time, in
+        seconds (null when nothing was measured), of one queue and one type when given. One
+        array per series, aligned with `at` (each bucket's start, seconds since the epoch);
+        `sampled`: the percentiles were taken over the attempts of one job in that many."""
+        async with database() as conn:
+            return _answer(await charts.stats(conn, q, window.value, queue, type))
 
     @api.get("/periodic", response_model=Json, tags=["operators"])
     async def list_schedules() -> Response:

@@ -18,7 +18,7 @@ from .config import WebConfig
 
 def create_app(config: WebConfig) -> FastAPI:
     """The application: the API under /jobs, /queues, /workers, /healthz, the dashboard at /."""
-    from . import api, dashboard, schemas
+    from . import api, console, dashboard, schemas
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -28,7 +28,7 @@ def create_app(config: WebConfig) -> FastAPI:
     app = FastAPI(title="pgworker", version=__version__, lifespan=lifespan)
     app.state.config = config
     api.install(app, config)
-    dashboard.install(app, config)
+    console.install(app, dashboard.install(app, config))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import asyncpg
 import jinja2
@@ -75,13 +75,17 @@ SHOWN_SCHEDULES = 500
 """The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
 that snoozed for weeks may have thousands of attempts."""
 LIVE_WITHIN = 60.0
-"""A worker seen within this many seconds is live."""
+"""A worker seen within this many seconds is live (one whose lease is not recorded)."""
+WORKERS_KEPT = 24 * 3600.0
+"""The workers page leaves out a worker not seen for this long (the maintenance leader forgets
+it then too: _maintenance.WORKERS_FORGOTTEN_AFTER)."""
 ACTOR = "dashboard"
 """Who replays, pauses, resumes and limits, as recorded in job_events and operator_log."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; "
+        "img-src 'self'; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Frame-Options": "DENY",
@@ -128,7 +132,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def install(app: FastAPI, config: Any) -> None:
+def install(app: FastAPI, config: Any) -> _Dashboard:
     """Add the dashboard's pages to `app`: / and /ui/..., with their static files."""
     dashboard = _Dashboard(app, config)
     app.mount(
@@ -153,6 +157,7 @@ def install(app: FastAPI, config: Any) -> None:
     ]
     for path, handler, methods in routes:
         app.router.add_route(path, dashboard.guarded(handler), methods=methods)
+    return dashboard
 
 
 class _Dashboard:
@@ -450,7 +455,7 @@ class _Dashboard:
 
         async def render(session: Session) -> Response:
             async with self.database() as conn:
-                rows = await self.q.dashboard_workers(conn, SHOWN_WORKERS)
+                rows = await self.q.dashboard_workers(conn, SHOWN_WORKERS, WORKERS_KEPT)
                 overdue = await self.q.dashboard_overdue(conn, SHOWN_OVERDUE)
                 return self.page(
                     request,
@@ -601,7 +606,7 @@ class _Dashboard:
                     if state.changed
                     else ("warn", f"Queue {queue} was not paused.")
                 )
-            response = self._redirect("/")
+            response = self._redirect(_back(form, queue))
             self._flash(request, response, session, kind, text)
         return response
 
@@ -638,7 +643,7 @@ class _Dashboard:
                     if state.changed
                     else ("warn", f"Queue {queue} already had these limits.")
                 )
-                response = self._redirect("/")
+                response = self._redirect(_back(form, queue))
                 self._flash(request, response, session, kind, text)
         except ValidationError as exc:
             raise _Refused(400, "Bad limit", str(exc)) from None
@@ -700,6 +705,13 @@ def _form_text(form: Mapping[str, Any], field: str) -> str | None:
     if not isinstance(value, str):
         raise ValidationError(field, "must be text")
     return value.strip() or None
+
+
+def _back(form: Mapping[str, Any], queue: str) -> str:
+    """Where a queue's button leads back to: its queue's page when pressed there, else /."""
+    if form.get("back") == "queue":
+        return f"{PREFIX}/queues/{quote(queue, safe='')}"
+    return "/"
 
 
 def _sentence(text: str) -> str:
