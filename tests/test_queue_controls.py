@@ -390,3 +390,13 @@ async def test_the_elected_worker_says_which_queues_are_paused(dsn, conn):
         await wait_for(lambda: paused() == (1.0, 0.0), timeout=15)
         await pgworker.resume_queue(conn, "a")
         await wait_for(lambda: paused() == (0.0, 0.0), timeout=15)
+
+
+async def test_http_queue_names_with_a_line_break_reach_their_routes(dsn, conn):
+    """Starlette's `path` parameters stop at a line break: such a queue was a 404."""
+    async with serving(dsn) as served, served.client() as c:
+        for verb in ("pause", "limit", "resume"):
+            body = {"rate": "1/m"} if verb == "limit" else {}
+            answer = await c.post(f"/queues/a%0Ab/{verb}", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["queue"] == "a\nb"

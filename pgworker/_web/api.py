@@ -728,8 +728,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
         announce()
         return answer
 
-    # `{name:path}`: an event's name may hold any character, a `/` (sent as %2F) too.
-    @api.post("/events/{name:path}", response_model=Json, tags=["events"])
+    # `{name:text}`: an event's name may hold any character, a `/` (sent as %2F) too.
+    @api.post("/events/{name:text}", response_model=Json, tags=["events"])
     async def emit_event(
         name: Annotated[EventName, Path(description="the event's name, URL-encoded")],
         data: Annotated[Any, Body(description="the event's data: any JSON (none: null)")] = None,
@@ -761,8 +761,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 entry.update(_control_json(state))
             return _answer({"queues": [found[name] for name in sorted(found)]})
 
-    # `{queue:path}`: a queue's name may hold any character, a `/` (sent as %2F) too.
-    @api.post("/queues/{queue:path}/pause", response_model=Json, tags=["operators"])
+    # `{queue:text}`: a queue's name may hold any character, a `/` (sent as %2F) too.
+    @api.post("/queues/{queue:text}/pause", response_model=Json, tags=["operators"])
     async def pause(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
         """Pause the queue on every worker: no claim that starts once this commits takes its
         jobs; running ones finish, new ones wait as pending. Recorded in the operator log. 200
@@ -776,7 +776,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
             )
             return _answer(_change_json(state))
 
-    @api.post("/queues/{queue:path}/resume", response_model=Json, tags=["operators"])
+    @api.post("/queues/{queue:text}/resume", response_model=Json, tags=["operators"])
     async def resume(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
         """Resume the queue: its workers are woken when this commits and claim its backlog at
         once. Recorded in the operator log. 200 with the queue's state, `changed` (false: it was
@@ -788,7 +788,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
             )
             return _answer(_change_json(state))
 
-    @api.post("/queues/{queue:path}/limit", response_model=Json, tags=["operators"])
+    @api.post("/queues/{queue:text}/limit", response_model=Json, tags=["operators"])
     async def limit(queue: QueuePath, body: QueueLimitBody) -> Response:
         """Limit the queue on every worker: `max_running`, the most of its jobs running at once,
         and `rate`, the most starts per period (`600/m`); a key left out leaves that limit as it

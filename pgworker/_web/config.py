@@ -7,8 +7,20 @@ import hmac
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_convertor
+
 if TYPE_CHECKING:
     from ..registry import Registry
+
+class _TextConvertor(PathConvertor):
+    """`{name:text}`: a path parameter that may hold any character, `/` (sent as %2F) and line
+    breaks too (Starlette's `path` does not match a newline: a queue named "a\nb" was a 404)."""
+
+    regex = "(?s:.*)"
+
+
+if "text" not in CONVERTOR_TYPES:
+    register_url_convertor("text", _TextConvertor())
 
 BODY_LIMIT = 1024 * 1024
 """The largest request body accepted by default, in bytes."""

@@ -175,7 +175,7 @@ def install(app: Any, board: _Dashboard) -> None:
         # A queue named pause, resume or limit has its page at the path of that button's POST:
         # the route is the same path, with GET.
         *((f"{PREFIX}/queues/{verb}", console.queue) for verb in ("pause", "resume", "limit")),
-        (f"{PREFIX}/queues/{{name:path}}", console.queue),
+        (f"{PREFIX}/queues/{{name:text}}", console.queue),
     ]
     for path, handler in routes:
         app.router.add_route(path, board.guarded(handler), methods=["GET"])
