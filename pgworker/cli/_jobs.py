@@ -14,7 +14,20 @@ from ..models import PRIORITY_LABELS
 from ..operations import CancelResult, cancel, show_job
 from ..settings import Settings
 from . import _render
-from ._common import _command, _connect, _dsn, _job_id, _Parser, _schema, integer, number, say
+from ._common import (
+    _command,
+    _connect,
+    _dsn,
+    _job_id,
+    _Parser,
+    _schema,
+    add_bulk_options,
+    add_filter_options,
+    integer,
+    number,
+    run_bulk,
+    say,
+)
 
 
 def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -133,13 +146,25 @@ def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         [common],
         "cancel a job",
         "Cancel a pending job, or ask the worker of a running job to stop it; a finished job "
-        "is left as it is. Prints what happened.",
+        "is left as it is. Prints what happened. With --filter, every pending or running job "
+        "the filter options match, in batches, after a confirmation stating their count.",
         [
             "pgworker cancel 42",
             "pgworker cancel 42 --schema jobs",
+            "pgworker cancel --filter --status pending --type report- --yes",
         ],
     )
-    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    can.add_argument(
+        "job_id",
+        metavar="ID",
+        type=_job_id,
+        nargs="?",
+        help="the job's id (required without --filter)",
+    )
+    add_bulk_options(can)
+    add_filter_options(can)
+    can.add_argument("--by", help="with --filter: who cancels (default: the OS user)")
+    can.add_argument("--reason", help="with --filter: why, recorded with each job")
     can.set_defaults(perform=_cancel)
 
 
@@ -343,6 +368,12 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
+    if args.filter:
+        if args.job_id is not None:
+            raise ValidationError("--filter", "goes with the filter options, not with an id")
+        return await run_bulk(args, "cancel")
+    if args.job_id is None:
+        raise ValidationError("ID", "give the id of the job to cancel, or --filter")
     conn = await _connect(args)
     try:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))
