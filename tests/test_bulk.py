@@ -169,7 +169,8 @@ async def test_a_bulk_replay_in_batches_replays_each_job_once_and_not_later_ones
     assert [(r["actor"], r["reason"]) for r in actors] == [("alice", "remote is back")]
     assert (
         await conn.fetchval(
-            "SELECT count(*) FROM pgworker.jobs WHERE id = ANY($1::bigint[]) AND status = 'pending'",
+            "SELECT count(*) FROM pgworker.jobs"
+            " WHERE id = ANY($1::bigint[]) AND status = 'pending'",
             ids,
         )
         == 1234
