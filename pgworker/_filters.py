@@ -52,7 +52,8 @@ class JobFilter:
 
     `type` matches the types that start with it (`send` matches `send-invoice`); `error` the
     jobs whose last error holds it, in any letter case; the time ranges are half-open (`_after`
-    inclusive, `_before` exclusive); `payload` is JSON text of an object the job's payload
+    inclusive, `_before` exclusive; a range that ends before it starts matches nothing);
+    `payload` is JSON text of an object the job's payload
     contains (`{"customer_id": 42}` matches `{"customer_id": 42, "total": 9}`)."""
 
     status: str | None = None
@@ -112,12 +113,6 @@ class JobFilter:
                 found[field] = _payload(field, value)
             else:
                 found[field] = _PARSERS[field](field, value)
-        for start, end in (
-            ("created_after", "created_before"),
-            ("finished_after", "finished_before"),
-        ):
-            if start in found and end in found and found[end] <= found[start]:
-                raise ValidationError(end, f"must be later than {start}")
         return cls(**found)
 
     @property

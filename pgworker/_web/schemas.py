@@ -573,7 +573,7 @@ class FilterBody(_Body):
     finished_after: RunAt | None = Field(None, description="finished at or after")
     finished_before: RunAt | None = Field(None, description="finished before")
     correlation_id: Correlation | None = None
-    id: JobId | None = None
+    id: BodyJobId | None = None
     payload: dict[str, Any] | None = Field(
         None, description='an object the payload contains, e.g. {"customer_id": 42}'
     )
