@@ -338,7 +338,9 @@ def add_bulk_options(parser: argparse.ArgumentParser) -> None:
         "asking for confirmation with the count (default: by id)",
     )
     parser.add_argument(
-        "--yes", action="store_true", help="with --filter: do not ask for confirmation"
+        "--yes",
+        action="store_true",
+        help="with --filter: do not ask for confirmation (default: ask)",
     )
     parser.add_argument(
         "--batch-size",

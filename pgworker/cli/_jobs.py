@@ -159,12 +159,14 @@ def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         metavar="ID",
         type=_job_id,
         nargs="?",
-        help="the job's id (required without --filter)",
+        help="the job's id; with --filter, none (required)",
     )
     add_bulk_options(can)
     add_filter_options(can)
-    can.add_argument("--by", help="with --filter: who cancels (default: the OS user)")
-    can.add_argument("--reason", help="with --filter: why, recorded with each job")
+    can.add_argument(
+        "--by", help="with --filter: who cancels, recorded with each job (default: the OS user)"
+    )
+    can.add_argument("--reason", help="with --filter: why, recorded with each job (default: none)")
     can.set_defaults(perform=_cancel)
 
 
