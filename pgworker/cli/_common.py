@@ -263,6 +263,16 @@ def filter_of(args: argparse.Namespace) -> JobFilter:
         raise ValidationError(f"--{exc.field.replace('_', '-')}", reason) from None
 
 
+def refuse_filter_options(args: argparse.Namespace) -> None:
+    """A filter option given without --filter is a mistake, said, never silently ignored."""
+    for field in FILTER_FIELDS:
+        if getattr(args, f"filter_{field}", None) is not None:
+            raise ValidationError(f"--{field.replace('_', '-')}", "goes with --filter")
+    for option in ("yes", "resume", "batch_size"):
+        if getattr(args, option, None) not in (None, False):
+            raise ValidationError(f"--{option.replace('_', '-')}", "goes with --filter")
+
+
 _VERBS = {"replay": "replayed", "cancel": "cancelled", "delete": "deleted", "reschedule": "moved"}
 
 

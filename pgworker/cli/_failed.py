@@ -21,6 +21,7 @@ from ._common import (
     add_bulk_options,
     add_filter_options,
     integer,
+    refuse_filter_options,
     run_bulk,
     say,
 )
@@ -153,8 +154,7 @@ async def _replay(args: argparse.Namespace) -> int:
             cast(LogFormat, _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")), "warning"
         )
         return await run_bulk(args, "replay")
-    if args.yes or args.resume is not None or args.batch_size is not None:
-        raise ValidationError("--yes", "--yes, --resume and --batch-size go with --filter")
+    refuse_filter_options(args)
     if args.ids and args.type is not None:
         raise ValidationError("ID", "give job ids or --type, not both")
     if not args.ids and args.type is None:

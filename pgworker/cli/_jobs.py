@@ -25,6 +25,7 @@ from ._common import (
     add_filter_options,
     integer,
     number,
+    refuse_filter_options,
     run_bulk,
     say,
 )
@@ -374,6 +375,7 @@ async def _cancel(args: argparse.Namespace) -> int:
         if args.job_id is not None:
             raise ValidationError("--filter", "goes with the filter options, not with an id")
         return await run_bulk(args, "cancel")
+    refuse_filter_options(args)
     if args.job_id is None:
         raise ValidationError("ID", "give the id of the job to cancel, or --filter")
     conn = await _connect(args)
