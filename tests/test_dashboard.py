@@ -795,9 +795,9 @@ async def test_pages_send_security_headers_and_say_when_the_schema_is_missing(ds
 async def test_the_wheel_carries_the_templates_and_the_stylesheet(tmp_path):
     shipped, wanted = _wheel_and_web_files(tmp_path)
     assert wanted and wanted <= shipped
-    assert {f"pgworker/sql/queries/dashboard_{n}.sql" for n in ("jobs", "workers", "overdue")} <= (
-        shipped
-    )
+    assert {f"pgworker/sql/queries/dashboard_{n}.sql" for n in ("workers", "overdue")} <= shipped
+    # The job lists' query and its filter, a fragment (issue 25).
+    assert {f"pgworker/sql/queries/{n}.sql" for n in ("jobs_filtered", "_job_filter")} <= shipped
 
 
 def _wheel_and_web_files(tmp_path: Path) -> tuple[set[str], set[str]]:

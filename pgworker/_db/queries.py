@@ -701,21 +701,102 @@ class Queries:
 
     # --- the web dashboard (pgworker/_web/dashboard.py) ------------------------------------
 
-    async def dashboard_jobs(
+    async def jobs_filtered(
+        self, conn: Runner, filters: Sequence[Any], before: int | None, limit: int
+    ) -> list[Row]:
+        """A page of the jobs matching `filters` (JobFilter.params), newest first (keyset on
+        id, below `before`), without payloads or results, with their error's first line and
+        their last attempt's traceback."""
+        return await self._rows(conn, "jobs_filtered", *filters, before, limit)
+
+    async def jobs_failure_groups(
+        self, conn: Runner, filters: Sequence[Any], limit: int
+    ) -> list[Row]:
+        """The finished jobs matching `filters` grouped by their error's first line: `error`,
+        `jobs`, `first_at`, `last_at`, the largest groups first."""
+        return await self._rows(conn, "jobs_failure_groups", *filters, limit)
+
+    async def jobs_filtered_count(
+        self, conn: Runner, filters: Sequence[Any], max_id: int | None
+    ) -> tuple[int, int]:
+        """The highest id (`max_id`, or the highest now) and how many jobs up to it match."""
+        row = (await self._rows(conn, "jobs_filtered_count", *filters, max_id))[0]
+        return int(row["max_id"]), int(row["matched"])
+
+    # --- bulk actions (pgworker/_bulk.py) ----------------------------------------------------
+
+    async def bulk_batch_ids(
+        self, conn: Runner, filters: Sequence[Any], cursor: int, max_id: int, limit: int
+    ) -> list[int]:
+        """The next ids matching `filters` above `cursor`, at most `max_id`, lowest first."""
+        rows = await self._rows(conn, "bulk_batch_ids", *filters, cursor, max_id, limit)
+        return [r["id"] for r in rows]
+
+    async def bulk_action_create(
         self,
         conn: Runner,
-        *,
-        status: str | None,
-        type: str | None,
-        queue: str | None,
-        correlation_id: str | None,
-        before: int | None,
-        limit: int,
-    ) -> list[Row]:
-        """A page of jobs, newest first (keyset on id), without payloads or results."""
-        return await self._rows(
-            conn, "dashboard_jobs", status, type, queue, correlation_id, before, limit
+        kind: str,
+        filter_json: str,
+        run_at: datetime | None,
+        max_id: int,
+        matched: int,
+        actor: str,
+        reason: str | None,
+    ) -> Row:
+        rows = await self._rows(
+            conn, "bulk_action_create", kind, filter_json, run_at, max_id, matched, actor, reason
         )
+        return rows[0]
+
+    async def bulk_action_get(self, conn: Runner, action_id: int) -> Row | None:
+        rows = await self._rows(conn, "bulk_action_get", action_id)
+        return rows[0] if rows else None
+
+    async def bulk_action_lock(self, conn: Conn, action_id: int) -> Row | None:
+        """The running action, locked for a batch; None when not running or locked by another."""
+        rows = await self._rows(conn, "bulk_action_lock", action_id)
+        return rows[0] if rows else None
+
+    async def bulk_actions_running(self, conn: Runner) -> list[int]:
+        return [r["id"] for r in await self._rows(conn, "bulk_actions_running")]
+
+    async def bulk_action_advance(
+        self, conn: Conn, action_id: int, cursor: int, done: int, skipped: int, finished: bool
+    ) -> None:
+        with schema_errors(self.schema):
+            await conn.execute(
+                self._sql["bulk_action_advance"], action_id, cursor, done, skipped, finished
+            )
+
+    async def bulk_action_fail(self, conn: Runner, action_id: int, error: str) -> None:
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["bulk_action_fail"], action_id, error)
+
+    async def jobs_cancel_many(
+        self, conn: Conn, ids: Sequence[int], actor: str, reason: str | None, action_id: int
+    ) -> list[int]:
+        rows = await self._rows(conn, "jobs_cancel_many", list(ids), actor, reason, action_id)
+        return [r["id"] for r in rows]
+
+    async def jobs_reschedule_many(
+        self,
+        conn: Conn,
+        ids: Sequence[int],
+        run_at: datetime,
+        actor: str,
+        reason: str | None,
+        action_id: int,
+    ) -> list[int]:
+        rows = await self._rows(
+            conn, "jobs_reschedule_many", list(ids), run_at, actor, reason, action_id
+        )
+        return [r["id"] for r in rows]
+
+    async def jobs_delete_many(
+        self, conn: Conn, ids: Sequence[int], actor: str, reason: str | None, action_id: int
+    ) -> list[int]:
+        rows = await self._rows(conn, "jobs_delete_many", list(ids), actor, reason, action_id)
+        return [r["id"] for r in rows]
 
     async def dashboard_workers(self, conn: Runner, limit: int, kept: float) -> list[Row]:
         """The workers seen within `kept` seconds, most recently seen first, at most `limit`."""
@@ -1015,11 +1096,8 @@ class Queries:
     async def http_jobs_list(
         self,
         conn: Runner,
+        filters: Sequence[Any],
         *,
-        status: str | None,
-        type_: str | None,
-        queue: str | None,
-        correlation_id: str | None,
         before: int | None,
         limit: int,
         budget: int,
@@ -1030,7 +1108,7 @@ class Queries:
         a page of a thousand of them would not fit in memory."""
         rows: list[Row] = []
         size = 0
-        filters = (status, type_, queue, correlation_id)
+        filters = tuple(filters)
         with schema_errors(self.schema):
             async with (
                 transaction(conn) as c,

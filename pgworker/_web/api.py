@@ -28,11 +28,13 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Path, Query, Request, Res
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
+from .. import _bulk as bulk
 from .. import _limits as limits
 from .._db.connection import create_pool
 from .._db.migrations import check_schema
 from .._db.queries import Row, queries
 from .._events import emit
+from .._filters import JobFilter
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._redact import detail, redactor, summary
@@ -71,11 +73,13 @@ from .bounds import Unanswered, bounded, client_check
 from .charts import StatsAnswer, StatsWindow
 from .config import WebConfig
 from .schemas import (
+    BulkBody,
     ClaimBody,
     CompleteBody,
     Correlation,
     Decimal,
     EnqueueBody,
+    ErrorText,
     EventName,
     FailBody,
     HeartbeatBody,
@@ -84,6 +88,8 @@ from .schemas import (
     QueueLimitBody,
     QueueName,
     ReplayBody,
+    RescheduleBody,
+    RunAt,
     TypeName,
     UpdateBody,
     UrlId,
@@ -152,10 +158,16 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     )
     app.state.pool = pool
     app.state.queries = queries(config.schema)
+    app.state.bulk = None
     maintenance: Maintenance | None = None
     try:
         app.state.client_check = await client_check(pool, app.state.queries)
         async with anyio.create_task_group() as tg:
+            if not config.read_only:
+                # Bulk actions run here, in the background: those created by this server's
+                # requests at once, those left running (a server killed) from start-up.
+                app.state.bulk = bulk.Runner(pool, config.schema)
+                tg.start_soon(app.state.bulk.serve)
             if settings is not None:
                 maintenance = Maintenance(pool, settings)
                 log = get_logger(worker_id=settings.worker_id)
@@ -281,10 +293,6 @@ def _names(field: str, values: list[str] | None, max_length: int) -> list[str] |
     return [str(limits.name(field, v, max_length)) for v in values]
 
 
-def _optional_name(field: str, value: str | None, max_length: int) -> str | None:
-    return limits.name(field, value, max_length, required=False)
-
-
 def _result_text(value: Any) -> str:
     """A completion's result as jsonb text, or ValidationError naming `result`."""
     try:
@@ -357,6 +365,73 @@ def install(app: FastAPI, config: WebConfig) -> None:
         ):
             raise _Fenced(job_id, body.attempt, row)
         return row
+
+    def bulk_started() -> None:
+        """Wake this server's runner of bulk actions (once the action committed)."""
+        if app.state.bulk is not None:
+            app.state.bulk.wake()
+
+    async def start_bulk(kind: str, body: BulkBody, run_at: Any = None) -> Response:
+        try:
+            job_filter = JobFilter.checked(**body.filter.model_dump(exclude_none=True))
+        except ValidationError as exc:
+            reason = str(exc).removeprefix(f"{exc.field}: ")
+            raise ValidationError(f"filter.{exc.field}", reason) from None
+        async with database() as conn:
+            action = await bulk.create(
+                conn,
+                kind,
+                job_filter,
+                run_at=None if run_at is None else limits.run_at(run_at),
+                by=body.by or "api",
+                reason=body.reason,
+                schema=config.schema,
+            )
+            answer = _answer(action.as_json(), status_code=202)
+        bulk_started()
+        return answer
+
+    @api.post("/jobs/actions/replay", status_code=202, response_model=Json, tags=["bulk"])
+    async def bulk_replay(body: BulkBody) -> Response:
+        """Replay every failed or cancelled job matching `filter` (whose keys are GET /jobs's
+        query parameters), in batches in the background; each replay recorded in the job's
+        events (actor `by`). The jobs enqueued after this request stay out."""
+        return await start_bulk("replay", body)
+
+    @api.post("/jobs/actions/cancel", status_code=202, response_model=Json, tags=["bulk"])
+    async def bulk_cancel(body: BulkBody) -> Response:
+        """Cancel every pending job matching `filter`, and ask the workers of the running ones
+        to stop them, in batches in the background; each recorded in the job's events."""
+        return await start_bulk("cancel", body)
+
+    @api.post("/jobs/actions/delete", status_code=202, response_model=Json, tags=["bulk"])
+    async def bulk_delete(body: BulkBody) -> Response:
+        """Delete every finished (completed, failed, cancelled) job matching `filter`, with its
+        attempts and history, in batches in the background; the ids deleted are recorded in
+        the operator log. Pending and running jobs are left alone."""
+        return await start_bulk("delete", body)
+
+    @api.post("/jobs/actions/reschedule", status_code=202, response_model=Json, tags=["bulk"])
+    async def bulk_reschedule(body: RescheduleBody) -> Response:
+        """Set `run_at` of every pending job matching `filter` (not those parked waiting for an
+        event), in batches in the background; each recorded in the job's events."""
+        return await start_bulk("reschedule", body, body.run_at)
+
+    @api.get(
+        "/jobs/actions/{id}",
+        response_model=Json,
+        tags=["bulk"],
+        responses={404: {"model": Problem, "description": "no such action"}},
+    )
+    async def bulk_progress(id: Annotated[UrlId, Path(description="the action's id")]) -> Response:
+        """A bulk action's progress: `status` (running, done, failed), `matched` (when it was
+        created), `done` (jobs changed), `skipped` (left as they were: their status no longer
+        fitted when their batch came), `error` (why it failed)."""
+        async with database() as conn:
+            action = await bulk.get(conn, id, schema=config.schema)
+            if action is None:
+                return guard.problem(404, f"there is no bulk action {id}")
+            return _answer(action.as_json())
 
     @api.post(
         "/jobs",
@@ -642,25 +717,52 @@ def install(app: FastAPI, config: WebConfig) -> None:
     @api.get("/jobs", response_model=Json, tags=["jobs"])
     async def list_jobs(
         status: Annotated[JobStatus | None, Query()] = None,
-        type: Annotated[TypeName | None, Query()] = None,
+        type: Annotated[
+            TypeName | None, Query(description="the types starting with this text")
+        ] = None,
         queue: Annotated[QueueName | None, Query()] = None,
+        error: Annotated[
+            ErrorText | None, Query(description="the jobs whose last error holds this text")
+        ] = None,
+        created_after: Annotated[RunAt | None, Query(description="created at or after")] = None,
+        created_before: Annotated[RunAt | None, Query(description="created before")] = None,
+        finished_after: Annotated[RunAt | None, Query(description="finished at or after")] = None,
+        finished_before: Annotated[RunAt | None, Query(description="finished before")] = None,
         correlation_id: Annotated[Correlation | None, Query()] = None,
+        id: Annotated[UrlId | None, Query(description="the job of this id")] = None,
+        payload: Annotated[
+            str | None,
+            # Left out of the document: JSON text in a query parameter, which a schema of a
+            # string cannot describe (every string is not JSON); said in the description.
+            Query(include_in_schema=False),
+        ] = None,
         limit: Annotated[int, Interval(ge=1, le=PAGE_LIMIT), Decimal, Query()] = 100,
         before: Annotated[UrlId | None, Query()] = None,
     ) -> Response:
-        """Jobs, newest first: `jobs`, and `next_before`, the `before` of the next page (null on
-        the last one). A page of large jobs ends before `limit`, at about 8 MB of JSON."""
-        filters = {
-            "status": None if status is None else status.value,
-            "type_": _optional_name("type", type, limits.MAX_TYPE_LENGTH),
-            "queue": _optional_name("queue", queue, limits.MAX_QUEUE_LENGTH),
-            "correlation_id": _optional_name(
-                "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH
-            ),
-        }
+        """Jobs matching the filter, newest first: `jobs`, and `next_before`, the `before` of the
+        next page (null on the last one). Every filter is optional; `type` matches the types
+        that start with it, `error` the jobs whose last error holds the text (any case),
+        `payload` those whose payload contains the JSON object. A page of large jobs ends
+        before `limit`, at about 8 MB of JSON. `payload` (not listed below: JSON text, which no
+        string schema describes) takes a JSON object, URL-encoded (`payload={"customer_id":42}`):
+        the jobs whose payload contains it; 422 naming `payload` when it is not one."""
+        job_filter = JobFilter.checked(
+            status=None if status is None else status.value,
+            type=type,
+            queue=queue,
+            error=error,
+            created_after=created_after,
+            created_before=created_before,
+            finished_after=finished_after,
+            finished_before=finished_before,
+            correlation_id=correlation_id,
+            id=id,
+            payload=payload,
+        )
         async with database() as conn:
+            await q.plan_with_values(conn)
             rows, more = await q.http_jobs_list(
-                conn, **filters, before=before, limit=limit, budget=PAGE_BYTES
+                conn, job_filter.params(), before=before, limit=limit, budget=PAGE_BYTES
             )
             jobs = [job_json(r) for r in rows]
             return _answer({"jobs": jobs, "next_before": jobs[-1]["id"] if more and jobs else None})

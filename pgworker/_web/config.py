@@ -12,6 +12,7 @@ from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_co
 if TYPE_CHECKING:
     from ..registry import Registry
 
+
 class _TextConvertor(PathConvertor):
     """`{name:text}`: a path parameter that may hold any character, `/` (sent as %2F) and line
     breaks too (Starlette's `path` does not match a newline: a queue named "a\nb" was a 404)."""

@@ -17,9 +17,10 @@ document."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -30,9 +31,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from .. import _bulk as bulk
 from .. import _limits as limits
 from .._db.queries import queries
+from .._filters import FIELDS as FILTER_FIELDS
+from .._filters import JobFilter
 from .._logs import get_logger
+from .._redact import redactor
 from ..errors import DatabaseUnavailable, PgWorkerError, SchemaError, ValidationError
 from ..models import JobStatus
 from ..operations import (
@@ -74,6 +79,16 @@ SHOWN_HISTORY = 200
 SHOWN_SCHEDULES = 500
 """The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
 that snoozed for weeks may have thousands of attempts."""
+SHOWN_GROUPS = 20
+"""The most failure groups (error first lines) the needs-attention page shows."""
+GROUP_WINDOW = timedelta(days=1)
+"""The failures grouped when the filter gives no finish time: those of the last day."""
+BULK_VERBS = {
+    "replay": ("Replay", "replayed"),
+    "cancel": ("Cancel", "cancelled"),
+    "delete": ("Delete", "deleted"),
+    "reschedule": ("Reschedule", "rescheduled"),
+}
 LIVE_WITHIN = 60.0
 """A worker seen within this many seconds is live (one whose lease is not recorded)."""
 WORKERS_KEPT = 24 * 3600.0
@@ -146,6 +161,9 @@ def install(app: FastAPI, config: Any) -> _Dashboard:
         (f"{PREFIX}/login", dashboard.login, ["POST"]),
         (f"{PREFIX}/logout", dashboard.logout, ["POST"]),
         (f"{PREFIX}/jobs", dashboard.jobs, ["GET"]),
+        (f"{PREFIX}/jobs/actions/new", dashboard.bulk_confirm, ["GET"]),
+        (f"{PREFIX}/jobs/actions", dashboard.bulk_start, ["POST"]),
+        (f"{PREFIX}/jobs/actions/{{action_id}}", dashboard.bulk_progress, ["GET"]),
         (f"{PREFIX}/jobs/{{job_id}}", dashboard.job, ["GET"]),
         (f"{PREFIX}/jobs/{{job_id}}/replay", dashboard.replay, ["POST"]),
         (f"{PREFIX}/jobs/{{job_id}}/cancel", dashboard.cancel, ["POST"]),
@@ -365,16 +383,46 @@ class _Dashboard:
 
     async def jobs(self, request: Request) -> Response:
         async def render(session: Session) -> Response:
-            filters = _filters(request.query_params)
+            job_filter = _filter_of(request.query_params)
             limit = _whole(request.query_params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE) or PAGE_SIZE
             before = _whole(request.query_params, "before", None, 1, limits.MAX_BIGINT)
+            keys = redactor(tuple(self.redact_keys))
             async with self.database() as conn:
-                rows = await self.q.dashboard_jobs(conn, **filters, before=before, limit=limit + 1)
+                await self.q.plan_with_values(conn)
+                rows = await self.q.jobs_filtered(conn, job_filter.params(), before, limit + 1)
+                groups: list[dict[str, Any]] = []
+                window = None
+                if job_filter.status == "failed":
+                    # Needs attention: the failures grouped by error, over the filter's finish
+                    # window (the last day when it gives none), each one click from its jobs.
+                    window = job_filter
+                    if job_filter.finished_after is None:
+                        window = dataclasses.replace(
+                            job_filter, finished_after=datetime.now(UTC) - GROUP_WINDOW
+                        )
+                    for g in await self.q.jobs_failure_groups(
+                        conn, dataclasses.replace(window, error=None).params(), SHOWN_GROUPS
+                    ):
+                        shown = keys.text(g["error"])
+                        link = {**window.query(), "error": shown} if shown else window.query()
+                        groups.append(
+                            {**g, "error": shown, "href": f"{PREFIX}/jobs?{urlencode(link)}"}
+                        )
                 more = len(rows) > limit
                 rows = rows[:limit]
                 now = datetime.now(UTC)
-                shown = [{**r, "state": words.state(r, now)} for r in map(dict, rows)]
-                kept = {k: v for k, v in filters.items() if v is not None}
+                shown_rows = [
+                    {
+                        **r,
+                        "error": None if r["error"] is None else keys.text(r["error"]),
+                        "error_detail": (
+                            None if r["error_detail"] is None else keys.text(r["error_detail"])
+                        ),
+                        "state": words.state(r, now),
+                    }
+                    for r in map(dict, rows)
+                ]
+                kept = job_filter.query()
                 if limit != PAGE_SIZE:
                     kept["limit"] = str(limit)
                 older = None
@@ -384,9 +432,12 @@ class _Dashboard:
                     request,
                     "jobs.html",
                     {
-                        "title": "Jobs",
-                        "jobs": shown,
-                        "filters": filters,
+                        "title": "Needs attention" if job_filter.status == "failed" else "Jobs",
+                        "jobs": shown_rows,
+                        "filters": job_filter,
+                        "filter_query": urlencode(job_filter.query()),
+                        "groups": groups,
+                        "group_window": window,
                         "statuses": [s.value for s in JobStatus],
                         "older": older,
                         "newest": f"{PREFIX}/jobs?{urlencode(kept)}" if before else None,
@@ -396,6 +447,107 @@ class _Dashboard:
                 )
 
         return await self._with_session(request, render)
+
+    # --- bulk actions over the list's filter (issue 25) ----------------------------------------
+
+    async def bulk_confirm(self, request: Request) -> Response:
+        """The confirmation of a bulk action: what it does, to how many jobs (counted now, up
+        to the highest id now: the action touches no job enqueued later), and its button."""
+
+        async def render(session: Session) -> Response:
+            self._writable()
+            kind = request.query_params.get("kind", "")
+            if kind not in bulk.KINDS:
+                raise _Refused(400, "Bad action", f"kind: must be one of {', '.join(bulk.KINDS)}")
+            job_filter = _filter_of(request.query_params)
+            async with self.database() as conn:
+                max_id, matched = await bulk.count(conn, job_filter, schema=self.config.schema)
+                return self.page(
+                    request,
+                    "bulk_confirm.html",
+                    {
+                        "title": "Confirm",
+                        "kind": kind,
+                        "verb": BULK_VERBS[kind],
+                        "filters": job_filter,
+                        "fields": job_filter.query(),
+                        "back": f"{PREFIX}/jobs?{urlencode(job_filter.query())}",
+                        "matched": matched,
+                        "max_id": max_id,
+                        "default_run_at": (datetime.now(UTC) + timedelta(hours=1))
+                        .replace(microsecond=0)
+                        .isoformat(),
+                    },
+                    session=session,
+                )
+
+        return await self._with_session(request, render)
+
+    async def bulk_start(self, request: Request) -> Response:
+        """The confirmed bulk action's POST: created (recorded as done by ACTOR), run in the
+        background by this server, and its progress page shown."""
+        session, form = await self._checked_button(request)
+        if session is None:
+            return self._redirect(f"{PREFIX}/login")
+        kind = form.get("kind")
+        try:
+            job_filter = JobFilter.parse(
+                {k: form.get(k) for k in FILTER_FIELDS if isinstance(form.get(k), str)}
+            )
+            max_id = _whole(form, "max_id", None, 0, limits.MAX_BIGINT)
+            run_at = None
+            if kind == "reschedule":
+                run_at = _moment_of(form.get("run_at"))
+            async with self.database() as conn:
+                action = await bulk.create(
+                    conn,
+                    str(kind),
+                    job_filter,
+                    run_at=run_at,
+                    by=ACTOR,
+                    max_id=max_id,
+                    schema=self.config.schema,
+                )
+                response = self._redirect(f"{PREFIX}/jobs/actions/{action.id}")
+        except ValidationError as exc:
+            raise _Refused(400, "Bad action", str(exc)) from None
+        if self.app.state.bulk is not None:
+            self.app.state.bulk.wake()
+        return response
+
+    async def bulk_progress(self, request: Request) -> Response:
+        """A bulk action's progress, refreshing itself while it runs."""
+
+        async def render(session: Session) -> Response:
+            action_id = _whole(request.path_params, "action_id", None, 1, limits.MAX_BIGINT)
+            assert action_id is not None
+            async with self.database() as conn:
+                action = await bulk.get(conn, action_id, schema=self.config.schema)
+                if action is None:
+                    raise _Refused(404, "No such action", f"There is no bulk action {action_id}.")
+                return self.page(
+                    request,
+                    "bulk_progress.html",
+                    {
+                        "title": f"Bulk action {action.id}",
+                        "action": action,
+                        "verb": BULK_VERBS[action.kind],
+                        "back": f"{PREFIX}/jobs?{urlencode(action.filter.query())}",
+                        "refresh": action.running,
+                        "now": datetime.now(UTC),
+                    },
+                    session=session,
+                )
+
+        return await self._with_session(request, render)
+
+    def _writable(self) -> None:
+        if self.config.read_only:
+            raise _Refused(
+                405,
+                "Read-only dashboard",
+                "This server runs with --read-only: nothing can be changed from here.",
+            )
 
     async def job(self, request: Request) -> Response:
 
@@ -791,26 +943,25 @@ def _whole(
     return number
 
 
-def _filters(params: Mapping[str, str]) -> dict[str, str | None]:
-    """The list's filters from the query string, each checked (a field named when wrong)."""
-    found: dict[str, str | None] = {}
-    bounds = {
-        "type": limits.MAX_TYPE_LENGTH,
-        "queue": limits.MAX_QUEUE_LENGTH,
-        "correlation_id": limits.MAX_CORRELATION_ID_LENGTH,
-    }
-    value = params.get("status", "").strip()
-    if value and value not in {s.value for s in JobStatus}:
-        raise _Refused(
-            400,
-            "Bad filter",
-            f"status: must be one of {', '.join(s.value for s in JobStatus)}, got {value!r}",
-        )
-    found["status"] = value or None
-    for field, bound in bounds.items():
-        value = params.get(field, "").strip()
-        try:
-            found[field] = limits.name(field, value, bound) if value else None
-        except ValidationError as exc:
-            raise _Refused(400, "Bad filter", str(exc)) from None
-    return found
+def _filter_of(params: Mapping[str, str]) -> JobFilter:
+    """The list's filter from the query string (a field named when wrong): the one filter of
+    GET /jobs and `pgworker jobs list`."""
+    try:
+        return JobFilter.parse({k: params.get(k) for k in FILTER_FIELDS})
+    except ValidationError as exc:
+        raise _Refused(400, "Bad filter", str(exc)) from None
+
+
+def _moment_of(value: object) -> datetime:
+    """A reschedule's time: ISO 8601 with a time zone."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError("run_at", "give the time to run at, ISO 8601 with a time zone")
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValidationError(
+            "run_at", f"must be an ISO 8601 time with a time zone, got {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        raise ValidationError("run_at", f"{value!r} has no time zone; add one, e.g. +00:00")
+    return limits.run_at(moment)

@@ -243,6 +243,8 @@ def _field(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
+    if len(parts) > 1 and parts[0] == "filter":  # a bulk action's filter: its key
+        return f"filter.{parts[1]}"
     return parts[0] if parts else "body"
 
 

@@ -32,6 +32,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .. import _limits as limits
+from .._filters import MAX_ERROR_TEXT
+from ..models import JobStatus
 from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
 
 if TYPE_CHECKING:
@@ -550,3 +552,43 @@ def complete(document: dict[str, Any], registry: Registry | None = None) -> dict
     for (method, path, status), links in LINKS.items():
         document["paths"][path][method]["responses"][status]["links"] = links
     return document
+
+
+ErrorText = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=MAX_ERROR_TEXT, pattern=NO_NUL)
+]
+"""An error text searched for (GET /jobs?error=)."""
+
+
+class FilterBody(_Body):
+    """The filter of a bulk action: the query parameters of GET /jobs, as JSON (each left out
+    for any)."""
+
+    status: JobStatus | None = None
+    queue: QueueName | None = None
+    type: TypeName | None = Field(None, description="the types starting with this text")
+    error: ErrorText | None = Field(None, description="last error holding this text (any case)")
+    created_after: RunAt | None = Field(None, description="created at or after")
+    created_before: RunAt | None = Field(None, description="created before")
+    finished_after: RunAt | None = Field(None, description="finished at or after")
+    finished_before: RunAt | None = Field(None, description="finished before")
+    correlation_id: Correlation | None = None
+    id: BodyJobId | None = None
+    payload: dict[str, Any] | None = Field(
+        None, description='an object the payload contains, e.g. {"customer_id": 42}'
+    )
+
+
+class BulkBody(_Body):
+    """POST /jobs/actions/{kind}: the jobs matching `filter` (every job when it is empty)."""
+
+    filter: FilterBody
+    by: Actor | None = Field(None, description="who asks, recorded with each job (default: api)")
+    reason: Reason | None = Field(None, description="why, recorded with each job")
+
+
+class RescheduleBody(BulkBody):
+    """POST /jobs/actions/reschedule: the pending jobs matching `filter` run no sooner than
+    `run_at`."""
+
+    run_at: RunAt

@@ -15,9 +15,12 @@ from typing import NoReturn
 
 import asyncpg
 
+from .. import _bulk as bulk
 from .. import _limits as limits
 from .. import _terminal
 from .._db.connection import connect, pooler_refusal
+from .._filters import FIELDS as FILTER_FIELDS
+from .._filters import JobFilter
 from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
@@ -223,3 +226,164 @@ def json_option(flag: str, raw: str) -> object:
         ) from None
     except ValueError as exc:
         raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None
+
+
+# --- the job lists' filter, and bulk actions over it (issue 25) ----------------------------------
+
+_FILTER_HELP = {
+    "status": "only jobs in this state: pending, running, completed, failed or cancelled",
+    "queue": "only jobs of this queue",
+    "type": "only jobs whose type starts with this text (send matches send-invoice)",
+    "error": "only jobs whose last error holds this text, in any letter case",
+    "created_after": "only jobs created at or after this ISO 8601 time with a time zone, or "
+    "this long ago (15m, 2h, 7d)",
+    "created_before": "only jobs created before this time (as --created-after)",
+    "finished_after": "only jobs finished at or after this time (as --created-after)",
+    "finished_before": "only jobs finished before this time (as --created-after)",
+    "correlation_id": "only jobs of this correlation id",
+    "id": "only the job of this id",
+    "payload": "only jobs whose payload contains this JSON object, e.g. '{\"customer_id\": 42}'",
+}
+
+
+def add_filter_options(parser: argparse.ArgumentParser, *, skip: Sequence[str] = ()) -> None:
+    """The filter of the job lists as options (--status, --queue, --type, --error,
+    --created-after, ..., --payload): those of `pgworker jobs list`, `replay --filter` and
+    `cancel --filter`. `skip` leaves out the ones the command already has (replay's --type and
+    --queue)."""
+    for field in FILTER_FIELDS:
+        if field in skip:
+            continue
+        parser.add_argument(
+            f"--{field.replace('_', '-')}",
+            dest=f"filter_{field}",
+            metavar=field.upper().replace("_", "-") if field != "payload" else "JSON",
+            help=f"{_FILTER_HELP[field]} (default: any)",
+        )
+
+
+def filter_of(args: argparse.Namespace) -> JobFilter:
+    """The filter the options give (replay's --type and --queue read as the filter's)."""
+    values = {}
+    for field in FILTER_FIELDS:
+        value = getattr(args, f"filter_{field}", None)
+        if value is None and field in ("type", "queue"):
+            value = getattr(args, field, None)
+        if value is not None:
+            values[field] = value
+    try:
+        return JobFilter.parse(values)
+    except ValidationError as exc:
+        reason = str(exc).removeprefix(f"{exc.field}: ")
+        raise ValidationError(f"--{exc.field.replace('_', '-')}", reason) from None
+
+
+def refuse_filter_options(args: argparse.Namespace) -> None:
+    """A filter option given without --filter is a mistake, said, never silently ignored."""
+    for field in FILTER_FIELDS:
+        if getattr(args, f"filter_{field}", None) is not None:
+            raise ValidationError(f"--{field.replace('_', '-')}", "goes with --filter")
+    for option in ("yes", "resume", "batch_size"):
+        if getattr(args, option, None) not in (None, False):
+            raise ValidationError(f"--{option.replace('_', '-')}", "goes with --filter")
+
+
+_VERBS = {"replay": "replayed", "cancel": "cancelled", "delete": "deleted", "reschedule": "moved"}
+
+
+async def run_bulk(args: argparse.Namespace, kind: str) -> int:
+    """`replay --filter` and `cancel --filter`: count the matching jobs, ask for confirmation
+    with the count (unless --yes), then run the action's batches here, printing its progress on
+    stderr. The action is recorded (`bulk_actions`): killed midway, it is resumed by a
+    `pgworker serve` of the database, or by `--resume ID`."""
+    job_filter = filter_of(args)
+    schema = _schema(args)
+    batch = getattr(args, "batch_size", None)
+    conn = await _connect(args)
+    try:
+        resume = getattr(args, "resume", None)
+        if resume is not None:
+            found = await bulk.get(conn, resume, schema=schema)
+            if found is None or found.kind != kind:
+                raise ValidationError("--resume", f"there is no {kind} action {resume}")
+            action = found
+        else:
+            bound, matched = await bulk.count(conn, job_filter, schema=schema)
+            if matched == 0:
+                say(f"no job matches ({job_filter.words()}): nothing to {kind}")
+                return 0
+            if not args.yes and not _confirmed(
+                f"{kind} {matched:,} jobs matching {job_filter.words()}? [y/N] "
+            ):
+                say(f"nothing done: {kind} not confirmed", err=True)
+                return 1
+            action = await bulk.create(
+                conn,
+                kind,
+                job_filter,
+                by=args.by,
+                reason=args.reason,
+                max_id=bound,
+                schema=schema,
+            )
+        say(f"bulk action {action.id}: {kind} of {action.matched:,} jobs", err=True)
+
+        def progress(found: bulk.BulkAction) -> None:
+            say(f"  {found.done + found.skipped:,} of {found.matched:,} handled", err=True)
+
+        done = await bulk.run(conn, action.id, batch=batch, progress=progress, schema=schema)
+    finally:
+        await conn.close()
+    verb = _VERBS[kind]
+    say(
+        f"bulk action {done.id} {done.state}: {done.done:,} jobs {verb}, {done.skipped:,} left "
+        "as they were (their state did not allow it)"
+    )
+    if done.state == "failed":
+        say(f"bulk action {done.id} failed: {done.error}", err=True)
+        return 1
+    return 0
+
+
+def _confirmed(question: str) -> bool:
+    """A yes from the terminal; without one (stdin is not a terminal), no."""
+    if not sys.stdin.isatty():
+        raise ValidationError("--yes", "stdin is not a terminal: pass --yes to confirm")
+    print(_terminal.terminal(question), end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def add_bulk_options(parser: argparse.ArgumentParser) -> None:
+    """--filter, --yes, --batch-size and --resume of replay and cancel."""
+    parser.add_argument(
+        "--filter",
+        action="store_true",
+        help="act on every job the filter options match (--status, --type, --queue, --error, "
+        "--created-after, ..., --payload, as `pgworker jobs list` takes them), in batches, "
+        "asking for confirmation with the count (default: by id)",
+    )
+    parser.add_argument(
+        "--yes",
+        help="with --filter: do not ask for confirmation (default: ask)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=_batch,
+        help="with --filter: jobs per batch and transaction (default: $PGWORKER_BULK_BATCH, "
+        f"else {bulk.BATCH})",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="ACTION",
+        type=_job_id,
+        help="with --filter: go on with the bulk action ACTION, left unfinished (default: none)",
+    )
+
+
+def _batch(raw: str) -> int:
+    try:
+        return limits.count("--batch-size", limits.whole(raw), minimum=1, maximum=bulk.MAX_BATCH)
+    except (ValueError, ValidationError):
+        raise argparse.ArgumentTypeError(
+            f"a batch size is a whole number from 1 to {bulk.MAX_BATCH}, got {raw!r}"
+        ) from None

@@ -18,7 +18,11 @@ from ._common import (
     _job_id,
     _Parser,
     _schema,
+    add_bulk_options,
+    add_filter_options,
     integer,
+    refuse_filter_options,
+    run_bulk,
     say,
 )
 
@@ -96,6 +100,7 @@ def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
             "pgworker replay 42 43 --reason 'mail service back'",
             "pgworker replay --type send-invoice --since 2h --dry-run",
             "pgworker replay --type send-invoice --queue mail --by alice --reason 'fix #123'",
+            "pgworker replay --filter --status failed --error 'remote down' --finished-after 1h",
         ],
     )
     rep.add_argument(
@@ -103,7 +108,7 @@ def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         metavar="ID",
         type=_job_id,
         nargs="*",
-        help="the jobs to replay (required, unless --type is given)",
+        help="the jobs to replay (required, unless --type or --filter is given)",
     )
     rep.add_argument(
         "--type", help="replay every failed job of this type (default: none; not with IDs)"
@@ -117,6 +122,8 @@ def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
     )
     rep.add_argument("--by", help="who replays, recorded with each replay (default: the OS user)")
     rep.add_argument("--reason", help="why, recorded with each replay (default: none)")
+    add_bulk_options(rep)
+    add_filter_options(rep, skip=("type", "queue"))
     rep.set_defaults(perform=_replay)
 
 
@@ -136,6 +143,18 @@ async def _failed(args: argparse.Namespace) -> int:
 
 
 async def _replay(args: argparse.Namespace) -> int:
+    if args.filter:
+        # Every failed or cancelled job the filter matches (with --filter, --type is a prefix,
+        # as in `pgworker jobs list`), in batches: a bulk action.
+        if args.ids or args.since is not None or args.dry_run:
+            raise ValidationError(
+                "--filter", "goes with the filter options, not with ids, --since or --dry-run"
+            )
+        configure_logging(
+            cast(LogFormat, _from_env("PGWORKER_LOG_FORMAT", LOG_FORMATS, "console")), "warning"
+        )
+        return await run_bulk(args, "replay")
+    refuse_filter_options(args)
     if args.ids and args.type is not None:
         raise ValidationError("ID", "give job ids or --type, not both")
     if not args.ids and args.type is None:

@@ -21,9 +21,13 @@ from ._common import (
     _job_id,
     _Parser,
     _schema,
+    add_bulk_options,
+    add_filter_options,
     integer,
     json_option,
     number,
+    refuse_filter_options,
+    run_bulk,
     say,
 )
 
@@ -144,13 +148,27 @@ def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         [common],
         "cancel a job",
         "Cancel a pending job, or ask the worker of a running job to stop it; a finished job "
-        "is left as it is. Prints what happened.",
+        "is left as it is. Prints what happened. With --filter, every pending or running job "
+        "the filter options match, in batches, after a confirmation stating their count.",
         [
             "pgworker cancel 42",
             "pgworker cancel 42 --schema jobs",
+            "pgworker cancel --filter --status pending --type report- --yes",
         ],
     )
-    can.add_argument("job_id", metavar="ID", type=_job_id, help="the job's id (required)")
+    can.add_argument(
+        "job_id",
+        metavar="ID",
+        type=_job_id,
+        nargs="?",
+        help="the job's id; with --filter, none (required)",
+    )
+    add_bulk_options(can)
+    add_filter_options(can)
+    can.add_argument(
+        "--by", help="with --filter: who cancels, recorded with each job (default: the OS user)"
+    )
+    can.add_argument("--reason", help="with --filter: why, recorded with each job (default: none)")
     can.set_defaults(perform=_cancel)
 
 
@@ -336,6 +354,13 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 
 async def _cancel(args: argparse.Namespace) -> int:
+    if args.filter:
+        if args.job_id is not None:
+            raise ValidationError("--filter", "goes with the filter options, not with an id")
+        return await run_bulk(args, "cancel")
+    refuse_filter_options(args)
+    if args.job_id is None:
+        raise ValidationError("ID", "give the id of the job to cancel, or --filter")
     conn = await _connect(args)
     try:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 
 from .._version import __version__
-from . import _events, _failed, _health, _jobs, _migrate, _periodic, _queues, _run, _serve
+from . import _events, _failed, _health, _jobs, _list, _migrate, _periodic, _queues, _run, _serve
 from ._common import _examples, _name, _Parser, _refusal, _user_error, common_options, say
 from ._run import _stopped_while_starting
 
@@ -26,6 +26,7 @@ _COMMANDS = (
     _queues.add_status,
     _failed.add_failed,
     _jobs.add_show,
+    _list.add_jobs,
     _jobs.add_job,
     _failed.add_replay,
     _queues.add_prune,

@@ -165,6 +165,12 @@ def _aligned(cells: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
+aligned = _aligned
+"""Rows of cells as aligned lines (each cell on one line, its control characters escaped)."""
+one_line = _cut
+"""A text on one line, cut to the width of an error line."""
+
+
 def failed_text(jobs: Sequence[FailedJob]) -> str:
     """`pgworker failed list`: one line per failed job under a header; `(no failed jobs)`."""
     if not jobs:
