@@ -364,6 +364,7 @@ def add_bulk_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--yes",
+        action="store_true",
         help="with --filter: do not ask for confirmation (default: ask)",
     )
     parser.add_argument(
