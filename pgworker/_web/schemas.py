@@ -183,6 +183,18 @@ JsonValue = Annotated[Any, WithJsonSchema({_JSON_MARK: True})]
 """Any JSON value jsonb stores: validated by enqueue's own checks (any depth, without a recursive
 model), described by JSON_SCHEMA (a reference that `complete` puts in place of the mark)."""
 
+JsonObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {_JSON_MARK: True},
+        }
+    ),
+]
+"""A JSON object jsonb stores (no NUL in its keys or strings): what a stored payload can contain."""
+
 JSON_SCHEMA: dict[str, Any] = {
     "description": "any JSON value without a NUL character in its strings or keys (jsonb cannot "
     f"store one), nested at most {limits.MAX_DEPTH} deep",
@@ -574,7 +586,7 @@ class FilterBody(_Body):
     finished_before: RunAt | None = Field(None, description="finished before")
     correlation_id: Correlation | None = None
     id: BodyJobId | None = None
-    payload: dict[str, Any] | None = Field(
+    payload: JsonObject | None = Field(
         None, description='an object the payload contains, e.g. {"customer_id": 42}'
     )
 
