@@ -721,6 +721,15 @@ class Queries:
     async def dashboard_overdue(self, conn: Runner, limit: int) -> list[Row]:
         return await self._rows(conn, "dashboard_overdue", limit)
 
+    async def dashboard_operator_log(
+        self,
+        conn: Runner,
+        before: tuple[datetime, str, int] | None,
+        limit: int,
+    ) -> list[Row]:
+        at, source, id_ = before if before is not None else (None, None, None)
+        return await self._rows(conn, "dashboard_operator_log", at, source, id_, limit)
+
     # --- failed jobs, replay, retention ------------------------------------------------------
 
     async def jobs_failed(

@@ -130,7 +130,7 @@ _FENCED: dict[int | str, dict[str, Any]] = {
 
 
 @contextlib.asynccontextmanager
-async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
+async def resources(app: Any, config: WebConfig, given: Any = None) -> AsyncIterator[None]:
     """The pool and queries every route uses, and the maintenance service (unless
     --no-maintenance), for the server's lifetime.
 
@@ -142,18 +142,16 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     would cost it a transaction and a round trip per statement. Through a transaction pooler
     (`--pooler`), which refuses startup parameters, that is what it costs."""
     settings = maintenance_settings(config) if config.maintenance else None
-    pool = await create_pool(
+    pool = given or await create_pool(
         config.dsn,
         size=POOL_SIZE,
         application_name="pgworker:serve",
         lock_timeout=None if settings is None else min(settings.lease / 3, LOCK_TIMEOUT),
         pooler=config.pooler,
     )
-    app.state.pool = pool
-    app.state.queries = queries(config.schema)
     maintenance: Maintenance | None = None
     try:
-        app.state.client_check = await client_check(pool, app.state.queries)
+        await _ready(app, config, pool)
         async with anyio.create_task_group() as tg:
             if settings is not None:
                 maintenance = Maintenance(pool, settings)
@@ -169,7 +167,41 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
                 with contextlib.suppress(Exception):
                     await maintenance.resign()
             await close_waiters()
-            await pool.close()
+            app.state.pool = None
+            if given is None:
+                await pool.close()
+
+
+async def _ready(app: Any, config: WebConfig, pool: Any) -> None:
+    """What every route reads from app.state: the pool (set last: its presence says the rest is
+    there), the queries, and whether the server takes client_connection_check_interval."""
+    q = queries(config.schema)
+    app.state.queries = q
+    app.state.client_check = await client_check(pool, q)
+    app.state.pool = pool
+
+
+async def opened(app: Any, config: WebConfig, given: Any = None) -> None:
+    """The resources of an application whose lifespan did not run (mounted in another one:
+    Starlette runs no lifespan of a mounted application), opened at its first request, once:
+    the pool `given` (the caller's, never closed here), or one of its own on the DSN, which then
+    stays open as long as the process (pass a pool to close it yourself). No maintenance: the
+    workers (`pgworker run`) or `pgworker serve` do it."""
+    if getattr(app.state, "pool", None) is not None:
+        return
+    async with app.state.opening:
+        if getattr(app.state, "pool", None) is not None:
+            return
+        pool = given or await create_pool(
+            config.dsn, size=POOL_SIZE, application_name="pgworker:web", pooler=config.pooler
+        )
+        try:
+            await _ready(app, config, pool)
+        except BaseException:
+            if given is None:
+                with anyio.CancelScope(shield=True):
+                    await pool.close()
+            raise
 
 
 def maintenance_settings(config: WebConfig) -> Settings:
@@ -670,7 +702,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
         tags=["jobs"],
         responses={**_UNKNOWN, 409: {"model": Problem, "description": "the job is not pending"}},
     )
-    async def update_pending_job(id: JobId, body: UpdateBody) -> Response:
+    async def update_pending_job(id: JobId, body: UpdateBody, request: Request) -> Response:
         """Change a pending job's `run_at`, `priority` or `payload` (at least one): 200 with the
         job, 409 once it runs or ended (nothing changed), 422 for a bad value or a run_at for a
         parked job."""
@@ -682,7 +714,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
                 priority=body.priority,
                 payload=body.payload,
-                by="api",
+                by=guard.actor(request.scope, None, "api"),
                 schema=config.schema,
             )
             return _answer(job_json(await _job(conn, job.id)))
@@ -703,14 +735,15 @@ def install(app: FastAPI, config: WebConfig) -> None:
         tags=["jobs"],
         responses={**_UNKNOWN, 409: {"model": Problem}},
     )
-    async def replay_job(id: JobId, body: ReplayBody | None = None) -> Response:
+    async def replay_job(id: JobId, request: Request, body: ReplayBody | None = None) -> Response:
         """Run a failed or cancelled job again: pending now, its retries afresh; 409 for a job
         in another status."""
         body = body or ReplayBody.model_validate({})
+        by = guard.actor(request.scope, body.by, "api")
         async with database() as conn:
             row = await _job(conn, id)
             done, announce = await replay_uncommitted(
-                conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
+                conn, [id], by=by, reason=body.reason, schema=config.schema
             )
             if id in done.held:
                 return guard.problem(
@@ -762,7 +795,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     # `{queue:path}`: a queue's name may hold any character, a `/` (sent as %2F) too.
     @api.post("/queues/{queue:path}/pause", response_model=Json, tags=["operators"])
-    async def pause(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+    async def pause(
+        queue: QueuePath, request: Request, body: QueueControlBody | None = None
+    ) -> Response:
         """Pause the queue on every worker: no claim that starts once this commits takes its
         jobs; running ones finish, new ones wait as pending. Recorded in the operator log. 200
         with the queue's state and `changed` (false: it was paused already, left as it was,
@@ -771,24 +806,34 @@ def install(app: FastAPI, config: WebConfig) -> None:
         body = body or QueueControlBody.model_validate({})
         async with database() as conn:
             state = await pause_queue(
-                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+                conn,
+                queue,
+                body.reason,
+                by=guard.actor(request.scope, body.by, "api"),
+                schema=config.schema,
             )
             return _answer(_change_json(state))
 
     @api.post("/queues/{queue:path}/resume", response_model=Json, tags=["operators"])
-    async def resume(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+    async def resume(
+        queue: QueuePath, request: Request, body: QueueControlBody | None = None
+    ) -> Response:
         """Resume the queue: its workers are woken when this commits and claim its backlog at
         once. Recorded in the operator log. 200 with the queue's state, `changed` (false: it was
         not paused; nothing logged) and `known`."""
         body = body or QueueControlBody.model_validate({})
         async with database() as conn:
             state = await resume_queue(
-                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+                conn,
+                queue,
+                body.reason,
+                by=guard.actor(request.scope, body.by, "api"),
+                schema=config.schema,
             )
             return _answer(_change_json(state))
 
     @api.post("/queues/{queue:path}/limit", response_model=Json, tags=["operators"])
-    async def limit(queue: QueuePath, body: QueueLimitBody) -> Response:
+    async def limit(queue: QueuePath, body: QueueLimitBody, request: Request) -> Response:
         """Limit the queue on every worker: `max_running`, the most of its jobs running at once,
         and `rate`, the most starts per period (`600/m`); a key left out leaves that limit as it
         is, null clears it. Its workers are woken when this commits. Recorded in the operator
@@ -807,7 +852,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 max_running=body.max_running if "max_running" in given else UNCHANGED,
                 rate=body.rate if "rate" in given else UNCHANGED,
                 reason=body.reason,
-                by=body.by or "api",
+                by=guard.actor(request.scope, body.by, "api"),
                 schema=config.schema,
             )
             return _answer(_change_json(state))
