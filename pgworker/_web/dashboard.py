@@ -173,7 +173,8 @@ class _Dashboard:
         self.q = queries(config.schema)
         self.signer = Signer()
         self.templates = _environment()
-        self.redact_keys = Settings.from_env(dsn=config.dsn).redact_keys
+        # PGWORKER_REDACT_KEYS; a placeholder DSN when the application was given a pool
+        self.redact_keys = Settings.from_env(dsn=config.dsn or "postgresql://").redact_keys
 
     # --- plumbing ------------------------------------------------------------------------------
 
