@@ -110,9 +110,7 @@ async def test_mounted_under_a_prefix_in_a_users_app_under_uvicorn(dsn, conn):
             assert all(link.startswith(PREFIX) for link in links(log))
             assert f'href="{PREFIX}/ui/jobs/{failed.job.id}"' in log
             # the API under the prefix, with the bearer token
-            api = await client.get(
-                f"{PREFIX}/queues", headers={"Authorization": f"Bearer {TOKEN}"}
-            )
+            api = await client.get(f"{PREFIX}/queues", headers={"Authorization": f"Bearer {TOKEN}"})
             assert api.status_code == 200 and api.json()["queues"][0]["paused_by"] == "alice"
             assert (await client.get(f"{PREFIX}/queues")).status_code == 401
             out = await client.post(f"{PREFIX}/ui/logout", data={"csrf": csrf_of(log)})

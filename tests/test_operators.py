@@ -127,27 +127,27 @@ async def test_a_read_operator_looks_and_an_operate_one_acts_under_its_name(dsn,
         "UPDATE pgworker.jobs SET status = 'failed', finished_at = now() WHERE id = $1",
         failed.job.id,
     )
-    async with serving(dsn, "--tokens-file", str(tokens), token=None) as served:
-        async with httpx.AsyncClient(base_url=served.url) as client:
-            reader, alice = _bearer(READER), _bearer(ALICE)
-            assert (await client.get("/queues", headers=reader)).status_code == 200
-            for path in ("/queues/mail/pause", f"/jobs/{failed.job.id}/replay", "/jobs"):
-                refused = await client.post(path, headers=reader, json={"type": "t"})
-                assert refused.status_code == 403, (path, refused.text)
-                assert "read role" in refused.json()["error"]
-            patched = await client.patch(
-                f"/jobs/{failed.job.id}", headers=reader, json={"priority": 3}
-            )
-            assert patched.status_code == 403
-            assert await operator_log(conn) == []
-            assert (await client.post("/queues/mail/pause", headers=alice)).status_code == 200
-            # a named operator cannot act under another name
-            other = await client.post("/queues/mail/resume", headers=alice, json={"by": "bob"})
-            assert other.status_code == 422 and other.json()["field"] == "by"
-            replayed = await client.post(f"/jobs/{failed.job.id}/replay", headers=alice)
-            assert replayed.status_code == 200, replayed.text
-            unknown = await client.get("/queues", headers=_bearer("nobody-0123456789abc"))
-            assert unknown.status_code == 401
+    async with (
+        serving(dsn, "--tokens-file", str(tokens), token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        reader, alice = _bearer(READER), _bearer(ALICE)
+        assert (await client.get("/queues", headers=reader)).status_code == 200
+        for path in ("/queues/mail/pause", f"/jobs/{failed.job.id}/replay", "/jobs"):
+            refused = await client.post(path, headers=reader, json={"type": "t"})
+            assert refused.status_code == 403, (path, refused.text)
+            assert "read role" in refused.json()["error"]
+        patched = await client.patch(f"/jobs/{failed.job.id}", headers=reader, json={"priority": 3})
+        assert patched.status_code == 403
+        assert await operator_log(conn) == []
+        assert (await client.post("/queues/mail/pause", headers=alice)).status_code == 200
+        # a named operator cannot act under another name
+        other = await client.post("/queues/mail/resume", headers=alice, json={"by": "bob"})
+        assert other.status_code == 422 and other.json()["field"] == "by"
+        replayed = await client.post(f"/jobs/{failed.job.id}/replay", headers=alice)
+        assert replayed.status_code == 200, replayed.text
+        unknown = await client.get("/queues", headers=_bearer("nobody-0123456789abc"))
+        assert unknown.status_code == 401
     assert await operator_log(conn) == [("alice", "pause", "mail")]
     event = await conn.fetchrow(
         "SELECT kind, actor FROM pgworker.job_events WHERE job_id = $1", failed.job.id
@@ -157,24 +157,30 @@ async def test_a_read_operator_looks_and_an_operate_one_acts_under_its_name(dsn,
 
 async def test_the_trusted_header_is_read_only_when_enabled(dsn, conn):
     user = {"X-Forwarded-User": "carol@example.com"}
-    async with serving(dsn) as plain:  # the option off: the header is anyone's
-        async with httpx.AsyncClient(base_url=plain.url) as client:
-            assert (await client.get("/queues", headers=user)).status_code == 401
-            assert (await client.post("/queues/mail/pause", headers=user)).status_code == 401
-            page = await client.get("/", headers=user)
-            assert page.status_code == 303 and "/ui/login" in page.headers["location"]
+    async with (
+        serving(dsn) as plain,
+        httpx.AsyncClient(base_url=plain.url) as client,
+    ):  # the option off: the header is anyone's
+        assert (await client.get("/queues", headers=user)).status_code == 401
+        assert (await client.post("/queues/mail/pause", headers=user)).status_code == 401
+        page = await client.get("/", headers=user)
+        assert page.status_code == 303 and "/ui/login" in page.headers["location"]
     args = ("--trusted-user-header", "X-Forwarded-User")
-    async with serving(dsn, *args, token=None) as served:
-        async with httpx.AsyncClient(base_url=served.url) as client:
-            assert (await client.get("/queues")).status_code == 401  # no header: nobody
-            assert (await client.get("/queues", headers=user)).status_code == 200
-            assert (await client.post("/queues/mail/pause", headers=user)).status_code == 403
-            page = await client.get("/", headers=user)
-            assert page.status_code == 200 and "carol@example.com" in page.text
-            assert 'action="/ui/queues/pause"' not in page.text  # no button for a reader
-    async with serving(dsn, *args, "--trusted-user-role", "operate", token=None) as served:
-        async with httpx.AsyncClient(base_url=served.url) as client:
-            assert (await client.post("/queues/mail/pause", headers=user)).status_code == 200
+    async with (
+        serving(dsn, *args, token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        assert (await client.get("/queues")).status_code == 401  # no header: nobody
+        assert (await client.get("/queues", headers=user)).status_code == 200
+        assert (await client.post("/queues/mail/pause", headers=user)).status_code == 403
+        page = await client.get("/", headers=user)
+        assert page.status_code == 200 and "carol@example.com" in page.text
+        assert 'action="/ui/queues/pause"' not in page.text  # no button for a reader
+    async with (
+        serving(dsn, *args, "--trusted-user-role", "operate", token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        assert (await client.post("/queues/mail/pause", headers=user)).status_code == 200
     assert await operator_log(conn) == [("carol@example.com", "pause", "mail")]
 
 
@@ -200,25 +206,27 @@ async def test_the_dashboard_refuses_a_reader_every_button(dsn, conn, tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKENS)
     job = await pgworker.enqueue(conn, "t", {}, queue="mail")
-    async with serving(dsn, "--tokens-file", str(tokens), token=None) as served:
-        async with _dashboard(served, READER) as client:
-            page = (await client.get("/")).text
-            assert "reader" in page and 'action="/ui/queues/pause"' not in page
-            assert 'action="/ui/jobs/' not in (await client.get(f"/ui/jobs/{job.job.id}")).text
-            csrf = csrf_of(page)
-            for path in (
-                "/ui/queues/pause",
-                "/ui/queues/limit",
-                f"/ui/jobs/{job.job.id}/cancel",
-                "/ui/anything/added/later",
-            ):
-                answer = await client.post(path, data={"csrf": csrf, "queue": "mail"})
-                assert answer.status_code in (403, 404), path
-                if path != "/ui/anything/added/later":
-                    assert answer.status_code == 403 and "read role" in answer.text, path
-            # logging out stays open to a reader
-            out = await client.post("/ui/logout", data={"csrf": csrf})
-            assert out.status_code == 303
+    async with (
+        serving(dsn, "--tokens-file", str(tokens), token=None) as served,
+        _dashboard(served, READER) as client,
+    ):
+        page = (await client.get("/")).text
+        assert "reader" in page and 'action="/ui/queues/pause"' not in page
+        assert 'action="/ui/jobs/' not in (await client.get(f"/ui/jobs/{job.job.id}")).text
+        csrf = csrf_of(page)
+        for path in (
+            "/ui/queues/pause",
+            "/ui/queues/limit",
+            f"/ui/jobs/{job.job.id}/cancel",
+            "/ui/anything/added/later",
+        ):
+            answer = await client.post(path, data={"csrf": csrf, "queue": "mail"})
+            assert answer.status_code in (403, 404), path
+            if path != "/ui/anything/added/later":
+                assert answer.status_code == 403 and "read role" in answer.text, path
+        # logging out stays open to a reader
+        out = await client.post("/ui/logout", data={"csrf": csrf})
+        assert out.status_code == 303
         assert await operator_log(conn) == []
         assert await conn.fetchval(
             "SELECT status FROM pgworker.jobs WHERE id = $1", job.job.id
@@ -238,12 +246,11 @@ async def test_the_dashboard_refuses_a_reader_every_button(dsn, conn, tmp_path):
 async def test_the_operator_log_pages_newest_first(dsn, conn):
     for i in range(105):
         await pgworker.pause_queue(conn, f"q{i}", by=f"op{i}")
-    async with serving(dsn) as served:
-        async with _dashboard(served, served.token) as client:
-            first = (await client.get("/ui/log")).text
-            assert "op104" in first and "op5<" in first and "op4<" not in first
-            older = first.split('href="/ui/log?before=')[1].split('"')[0]
-            second = (await client.get(f"/ui/log?before={older}".replace("&amp;", "&"))).text
-            assert "op4<" in second and "op0<" in second and "op5<" not in second
-            bad = await client.get("/ui/log?before=yesterday")
-            assert bad.status_code == 400
+    async with serving(dsn) as served, _dashboard(served, served.token) as client:
+        first = (await client.get("/ui/log")).text
+        assert "op104" in first and "op5<" in first and "op4<" not in first
+        older = first.split('href="/ui/log?before=')[1].split('"')[0]
+        second = (await client.get(f"/ui/log?before={older}".replace("&amp;", "&"))).text
+        assert "op4<" in second and "op0<" in second and "op5<" not in second
+        bad = await client.get("/ui/log?before=yesterday")
+        assert bad.status_code == 400

@@ -361,6 +361,7 @@ class Queries:
             [r.retried for r in results],
             [r.claimed_at for r in results],
             [r.error_detail for r in results],
+            [r.run_ms for r in results],
         )
         return {r["id"]: r["outcome"] for r in rows}
 

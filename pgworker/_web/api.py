@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import anyio
@@ -542,7 +542,13 @@ def install(app: FastAPI, config: WebConfig) -> None:
         async with database() as conn:
             row = await held(conn, id, body, request)
             done = AttemptResult(
-                id, body.attempt, row["claimed_at"], JobStatus.COMPLETED, Outcome.COMPLETED, text
+                id,
+                body.attempt,
+                row["claimed_at"],
+                JobStatus.COMPLETED,
+                Outcome.COMPLETED,
+                text,
+                run_ms=_since(row["claimed_at"]),
             )
             return await _finish(conn, done)
 
@@ -588,6 +594,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 delay=wait,
                 retried=retried,
                 error_detail=full,
+                run_ms=_since(row["claimed_at"]),
             )
             return await _finish(conn, written)
 
@@ -930,6 +937,12 @@ def _change_json(state: QueueState) -> dict[str, Any]:
         "changed": state.changed,
         "known": state.known,
     }
+
+
+def _since(claimed_at: datetime) -> float:
+    """An HTTP worker's run time, in ms: from its claim to its report (its handler's own time is
+    not known here)."""
+    return round(max((datetime.now(UTC) - claimed_at).total_seconds(), 0.0) * 1000, 1)
 
 
 def _host(request: Request) -> str:
