@@ -74,6 +74,8 @@ async def test_a_tokens_file_skips_blank_lines_and_comments():
     # a token may hold a colon: the name ends at the first, the role follows the last
     (odd,) = parse("bob:to:ken:0123456789abcdef:read", "x")
     assert odd.token == "to:ken:0123456789abcdef"
+    documented = parse((ROOT / "examples/tokens.txt").read_text(), "--tokens-file")
+    assert [(o.name, o.role) for o in documented] == [("alice", "operate"), ("dashboards", "read")]
     env = parse(f"alice:{ALICE}:operate, reader:{READER}:read", "PGWORKER_TOKENS", separators=",")
     assert [o.name for o in env] == ["alice", "reader"]
 
