@@ -40,7 +40,7 @@ from .._service import Health, supervise
 from .._waits import close as close_waiters
 from .._waits import wait as wait_for_end
 from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
-from ..errors import PgWorkerError, ValidationError
+from ..errors import DatabaseUnavailable, PgWorkerError, ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
     JOB_FIELDS,
@@ -202,6 +202,14 @@ async def opened(app: Any, config: WebConfig, given: Any = None) -> None:
                 with anyio.CancelScope(shield=True):
                     await pool.close()
             raise
+
+
+def opened_pool(app: Any) -> Any:
+    """The application's pool; DatabaseUnavailable (503) when it could not be opened."""
+    found = app.state.pool
+    if found is None:
+        raise DatabaseUnavailable("the database is unavailable; try again")
+    return found
 
 
 def maintenance_settings(config: WebConfig) -> Settings:
@@ -367,7 +375,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     Json = dict[str, Any]  # what the document says a route answers (rendered by _answer)
 
     def pool() -> Any:
-        return app.state.pool
+        return opened_pool(app)
 
     def database() -> contextlib.AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""

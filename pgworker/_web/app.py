@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 
+from .._logs import get_logger
+from .._redact import describe
 from .._version import __version__
 from .config import WebConfig
 
@@ -33,6 +35,7 @@ def create_app(config: WebConfig, pool: Any = None) -> FastAPI:
     app = FastAPI(title="pgworker", version=__version__, lifespan=lifespan)
     app.state.config = config
     app.state.pool = None
+    app.state.client_check = False
     app.state.opening = anyio.Lock()
     api.install(app, config)
     dashboard.install(app, config)
@@ -47,6 +50,9 @@ def create_app(config: WebConfig, pool: Any = None) -> FastAPI:
     return app
 
 
+_log = get_logger()
+
+
 class _Opener:
     """ASGI middleware, outermost: the application's resources opened before its first request
     when no lifespan opened them (api.opened)."""
@@ -56,13 +62,12 @@ class _Opener:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.app.state.pool is None:
-            from . import api, guard
+            from . import api
 
             try:
                 await api.opened(self.app, self.config, self.pool)
-            except Exception as exc:  # the database is unreachable: 503, tried again next time
-                await guard.unavailable(f"the database is unavailable; try again ({exc})")(
-                    scope, receive, send
-                )
-                return
+            except Exception as exc:  # tried again at the next request
+                # A route that needs the database then answers 503 (api.pool); one that does
+                # not (a refusal, a validation error) answers as ever.
+                _log.warning("the database could not be reached", error=describe(exc))
         await self.inner(scope, receive, send)

@@ -278,8 +278,11 @@ class _Dashboard:
 
     @property
     def pool(self) -> Any:
-        """The server's pool, opened by the lifespan (api.resources)."""
-        return self.app.state.pool
+        """The server's pool, opened by the lifespan (api.resources) or at the first request."""
+        found = self.app.state.pool
+        if found is None:
+            raise DatabaseUnavailable("the database is unavailable; try again")
+        return found
 
     def database(self) -> AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""
