@@ -194,8 +194,10 @@ async def execute(
         result = _decide(attempt, task, value, failure, redact or redactor())
         if attempt.stopping is not None:  # read by the handler: its timeout's timer goes
             attempt.stopping.close(attempt.scope.cancel_called)
+    # The run time, one definition everywhere (log, job_attempts.run_ms, CLI, dashboard).
+    result = result._replace(run_ms=round((time.monotonic() - started) * 1000, 1))
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
-        _log_outcome(log, attempt, result, started)
+        _log_outcome(log, attempt, result)
     except BaseException:
         pass  # the handler bound what cannot be rendered: its job is still done
     return result
@@ -210,7 +212,7 @@ def _call(task: Task, ctx: JobContext, payload: Any) -> Any:
     return task.fn(ctx, _decoded(task, payload))
 
 
-def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: float) -> None:
+def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult) -> None:
     """One INFO line per attempt's end, failures included: a job's failure is the application's
     news, not pgworker's trouble, and an application that configured no logging sees none."""
     if enabled(log, logging.INFO):
@@ -219,7 +221,7 @@ def _log_outcome(log: Any, attempt: Attempt, result: AttemptResult, started: flo
             **attempt.keys,
             type=attempt.type,
             status=result.status.value,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
+            run_ms=result.run_ms,
             **(
                 {"error": f"{result.error_type}: {result.error_message}"}
                 if result.error_type

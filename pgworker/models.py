@@ -257,3 +257,6 @@ class AttemptResult(NamedTuple):
     retried: int = 0
     correlation_id: str | None = None
     error_detail: str | None = None
+    run_ms: float | None = None
+    """The run time: the handler's, in milliseconds (job_attempts.run_ms; the `run_ms` of the
+    attempt's log line); for an HTTP worker, from its claim to its report; None: unknown."""

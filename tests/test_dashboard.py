@@ -204,7 +204,7 @@ async def test_log_in_see_a_failed_job_replay_it_and_see_it_received_then_done(
         until(page, lambda d: d.current_url == f"{served.url}/ui/jobs/{job_id}")
 
         badge = css(page, ".jobhead .badge")
-        assert badge.text == "needs attention"
+        assert badge.text == "needs attention · failed"
         said = css(page, ".said").text
         assert "did not complete after 1 attempt" in said and "replay" in said
         # The technical error is one click away, not on the page's face.
@@ -218,13 +218,13 @@ async def test_log_in_see_a_failed_job_replay_it_and_see_it_received_then_done(
         css(page, "form[action$='/replay'] button").click()
         until(page, lambda d: "put back in its queue" in text_of(d))
         # Received, waiting: no worker runs, so nothing may claim success yet.
-        assert css(page, ".jobhead .badge").text == "received — waiting for a worker"
+        assert css(page, ".jobhead .badge").text == "received — waiting for a worker · pending"
         assert await status_of(conn, job_id) == "pending"
         assert "done" not in css(page, ".jobhead").text
 
         with worker(dsn, tmp_path):
             # The page of a job not finished refreshes itself: no reload here.
-            until(page, lambda d: css(d, ".jobhead .badge").text == "done")
+            until(page, lambda d: css(d, ".jobhead .badge").text == "done · completed")
         assert await status_of(conn, job_id) == "completed"
         body = text_of(page)
         first, replayed, second = (
@@ -317,7 +317,7 @@ async def test_a_form_of_another_origin_cannot_press_a_button(page, dsn, conn, t
             assert page.current_url.startswith(served.url)
         assert await status_of(conn, job_id) == "failed"
         page.get(f"{served.url}/ui/jobs/{job_id}")
-        assert css(page, ".jobhead .badge").text == "needs attention"
+        assert css(page, ".jobhead .badge").text == "needs attention · failed"
 
 
 @asynccontextmanager

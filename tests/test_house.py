@@ -89,6 +89,7 @@ PUBLIC_MODULES = {
     "settings",
     "testing",
     "sync",
+    "web",
     "worker",
 }
 

@@ -41,7 +41,7 @@ def finish_many(running: list[Any], expired: list[Any]) -> str:
     none = literal(["NULL"] * n).replace('"NULL"', "NULL")
     ids, numbers, times = attempts(running).split(", ")
     zeros = literal([0] * n)
-    return ", ".join([ids, numbers, done, done, none, none, none, zeros, zeros, times, none])
+    return ", ".join([ids, numbers, done, done, none, none, none, zeros, zeros, times, none, zeros])
 
 
 def rescue(running: list[Any], expired: list[Any]) -> str:

@@ -361,6 +361,7 @@ class Queries:
             [r.retried for r in results],
             [r.claimed_at for r in results],
             [r.error_detail for r in results],
+            [r.run_ms for r in results],
         )
         return {r["id"]: r["outcome"] for r in rows}
 
@@ -845,6 +846,15 @@ class Queries:
     ) -> list[Row]:
         """Per bucket of `bucket` seconds: the jobs created."""
         return await self._rows(conn, "stats_enqueued", since, until, bucket, queue, type_)
+
+    async def dashboard_operator_log(
+        self,
+        conn: Runner,
+        before: tuple[datetime, str, int] | None,
+        limit: int,
+    ) -> list[Row]:
+        at, source, id_ = before if before is not None else (None, None, None)
+        return await self._rows(conn, "dashboard_operator_log", at, source, id_, limit)
 
     # --- failed jobs, replay, retention ------------------------------------------------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import anyio
@@ -42,7 +42,7 @@ from .._service import Health, supervise
 from .._waits import close as close_waiters
 from .._waits import wait as wait_for_end
 from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
-from ..errors import PgWorkerError, ValidationError
+from ..errors import DatabaseUnavailable, PgWorkerError, ValidationError
 from ..models import (
     DEFAULT_MAX_RETRIES,
     JOB_FIELDS,
@@ -137,7 +137,7 @@ _FENCED: dict[int | str, dict[str, Any]] = {
 
 
 @contextlib.asynccontextmanager
-async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
+async def resources(app: Any, config: WebConfig, given: Any = None) -> AsyncIterator[None]:
     """The pool and queries every route uses, and the maintenance service (unless
     --no-maintenance), for the server's lifetime.
 
@@ -149,19 +149,17 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
     would cost it a transaction and a round trip per statement. Through a transaction pooler
     (`--pooler`), which refuses startup parameters, that is what it costs."""
     settings = maintenance_settings(config) if config.maintenance else None
-    pool = await create_pool(
+    pool = given or await create_pool(
         config.dsn,
         size=POOL_SIZE,
         application_name="pgworker:serve",
         lock_timeout=None if settings is None else min(settings.lease / 3, LOCK_TIMEOUT),
         pooler=config.pooler,
     )
-    app.state.pool = pool
-    app.state.queries = queries(config.schema)
     app.state.bulk = None
     maintenance: Maintenance | None = None
     try:
-        app.state.client_check = await client_check(pool, app.state.queries)
+        await _ready(app, config, pool)
         async with anyio.create_task_group() as tg:
             if not config.read_only:
                 # Bulk actions run here, in the background: those created by this server's
@@ -182,7 +180,49 @@ async def resources(app: Any, config: WebConfig) -> AsyncIterator[None]:
                 with contextlib.suppress(Exception):
                     await maintenance.resign()
             await close_waiters()
-            await pool.close()
+            app.state.pool = None
+            if given is None:
+                await pool.close()
+
+
+async def _ready(app: Any, config: WebConfig, pool: Any) -> None:
+    """What every route reads from app.state: the pool (set last: its presence says the rest is
+    there), the queries, and whether the server takes client_connection_check_interval."""
+    q = queries(config.schema)
+    app.state.queries = q
+    app.state.client_check = await client_check(pool, q)
+    app.state.pool = pool
+
+
+async def opened(app: Any, config: WebConfig, given: Any = None) -> None:
+    """The resources of an application whose lifespan did not run (mounted in another one:
+    Starlette runs no lifespan of a mounted application), opened at its first request, once:
+    the pool `given` (the caller's, never closed here), or one of its own on the DSN, which then
+    stays open as long as the process (pass a pool to close it yourself). No maintenance: the
+    workers (`pgworker run`) or `pgworker serve` do it."""
+    if getattr(app.state, "pool", None) is not None:
+        return
+    async with app.state.opening:
+        if getattr(app.state, "pool", None) is not None:
+            return
+        pool = given or await create_pool(
+            config.dsn, size=POOL_SIZE, application_name="pgworker:web", pooler=config.pooler
+        )
+        try:
+            await _ready(app, config, pool)
+        except BaseException:
+            if given is None:
+                with anyio.CancelScope(shield=True):
+                    await pool.close()
+            raise
+
+
+def opened_pool(app: Any) -> Any:
+    """The application's pool; DatabaseUnavailable (503) when it could not be opened."""
+    found = app.state.pool
+    if found is None:
+        raise DatabaseUnavailable("the database is unavailable; try again")
+    return found
 
 
 def maintenance_settings(config: WebConfig) -> Settings:
@@ -344,7 +384,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
     Json = dict[str, Any]  # what the document says a route answers (rendered by _answer)
 
     def pool() -> Any:
-        return app.state.pool
+        return opened_pool(app)
 
     def database() -> contextlib.AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""
@@ -371,7 +411,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
         if app.state.bulk is not None:
             app.state.bulk.wake()
 
-    async def start_bulk(kind: str, body: BulkBody, run_at: Any = None) -> Response:
+    async def start_bulk(
+        kind: str, body: BulkBody, request: Request, run_at: Any = None
+    ) -> Response:
         try:
             job_filter = JobFilter.checked(**body.filter.model_dump(exclude_none=True))
         except ValidationError as exc:
@@ -383,7 +425,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 kind,
                 job_filter,
                 run_at=None if run_at is None else limits.run_at(run_at),
-                by=body.by or "api",
+                by=guard.actor(request.scope, body.by, "api"),
                 reason=body.reason,
                 schema=config.schema,
             )
@@ -392,30 +434,30 @@ def install(app: FastAPI, config: WebConfig) -> None:
         return answer
 
     @api.post("/jobs/actions/replay", status_code=202, response_model=Json, tags=["bulk"])
-    async def bulk_replay(body: BulkBody) -> Response:
+    async def bulk_replay(body: BulkBody, request: Request) -> Response:
         """Replay every failed or cancelled job matching `filter` (whose keys are GET /jobs's
         query parameters), in batches in the background; each replay recorded in the job's
         events (actor `by`). The jobs enqueued after this request stay out."""
-        return await start_bulk("replay", body)
+        return await start_bulk("replay", body, request)
 
     @api.post("/jobs/actions/cancel", status_code=202, response_model=Json, tags=["bulk"])
-    async def bulk_cancel(body: BulkBody) -> Response:
+    async def bulk_cancel(body: BulkBody, request: Request) -> Response:
         """Cancel every pending job matching `filter`, and ask the workers of the running ones
         to stop them, in batches in the background; each recorded in the job's events."""
-        return await start_bulk("cancel", body)
+        return await start_bulk("cancel", body, request)
 
     @api.post("/jobs/actions/delete", status_code=202, response_model=Json, tags=["bulk"])
-    async def bulk_delete(body: BulkBody) -> Response:
+    async def bulk_delete(body: BulkBody, request: Request) -> Response:
         """Delete every finished (completed, failed, cancelled) job matching `filter`, with its
         attempts and history, in batches in the background; the ids deleted are recorded in
         the operator log. Pending and running jobs are left alone."""
-        return await start_bulk("delete", body)
+        return await start_bulk("delete", body, request)
 
     @api.post("/jobs/actions/reschedule", status_code=202, response_model=Json, tags=["bulk"])
-    async def bulk_reschedule(body: RescheduleBody) -> Response:
+    async def bulk_reschedule(body: RescheduleBody, request: Request) -> Response:
         """Set `run_at` of every pending job matching `filter` (not those parked waiting for an
         event), in batches in the background; each recorded in the job's events."""
-        return await start_bulk("reschedule", body, body.run_at)
+        return await start_bulk("reschedule", body, request, body.run_at)
 
     @api.get(
         "/jobs/actions/{id}",
@@ -586,7 +628,13 @@ def install(app: FastAPI, config: WebConfig) -> None:
         async with database() as conn:
             row = await held(conn, id, body, request)
             done = AttemptResult(
-                id, body.attempt, row["claimed_at"], JobStatus.COMPLETED, Outcome.COMPLETED, text
+                id,
+                body.attempt,
+                row["claimed_at"],
+                JobStatus.COMPLETED,
+                Outcome.COMPLETED,
+                text,
+                run_ms=_since(row["claimed_at"]),
             )
             return await _finish(conn, done)
 
@@ -632,6 +680,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 delay=wait,
                 retried=retried,
                 error_detail=full,
+                run_ms=_since(row["claimed_at"]),
             )
             return await _finish(conn, written)
 
@@ -773,7 +822,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
         tags=["jobs"],
         responses={**_UNKNOWN, 409: {"model": Problem, "description": "the job is not pending"}},
     )
-    async def update_pending_job(id: JobId, body: UpdateBody) -> Response:
+    async def update_pending_job(id: JobId, body: UpdateBody, request: Request) -> Response:
         """Change a pending job's `run_at`, `priority` or `payload` (at least one): 200 with the
         job, 409 once it runs or ended (nothing changed), 422 for a bad value or a run_at for a
         parked job."""
@@ -785,7 +834,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
                 priority=body.priority,
                 payload=body.payload,
-                by="api",
+                by=guard.actor(request.scope, None, "api"),
                 schema=config.schema,
             )
             return _answer(job_json(await _job(conn, job.id)))
@@ -806,14 +855,15 @@ def install(app: FastAPI, config: WebConfig) -> None:
         tags=["jobs"],
         responses={**_UNKNOWN, 409: {"model": Problem}},
     )
-    async def replay_job(id: JobId, body: ReplayBody | None = None) -> Response:
+    async def replay_job(id: JobId, request: Request, body: ReplayBody | None = None) -> Response:
         """Run a failed or cancelled job again: pending now, its retries afresh; 409 for a job
         in another status."""
         body = body or ReplayBody.model_validate({})
+        by = guard.actor(request.scope, body.by, "api")
         async with database() as conn:
             row = await _job(conn, id)
             done, announce = await replay_uncommitted(
-                conn, [id], by=body.by or "api", reason=body.reason, schema=config.schema
+                conn, [id], by=by, reason=body.reason, schema=config.schema
             )
             if id in done.held:
                 return guard.problem(
@@ -865,7 +915,9 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     # `{queue:text}`: a queue's name may hold any character, a `/` (sent as %2F) too.
     @api.post("/queues/{queue:text}/pause", response_model=Json, tags=["operators"])
-    async def pause(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+    async def pause(
+        queue: QueuePath, request: Request, body: QueueControlBody | None = None
+    ) -> Response:
         """Pause the queue on every worker: no claim that starts once this commits takes its
         jobs; running ones finish, new ones wait as pending. Recorded in the operator log. 200
         with the queue's state and `changed` (false: it was paused already, left as it was,
@@ -874,24 +926,34 @@ def install(app: FastAPI, config: WebConfig) -> None:
         body = body or QueueControlBody.model_validate({})
         async with database() as conn:
             state = await pause_queue(
-                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+                conn,
+                queue,
+                body.reason,
+                by=guard.actor(request.scope, body.by, "api"),
+                schema=config.schema,
             )
             return _answer(_change_json(state))
 
     @api.post("/queues/{queue:text}/resume", response_model=Json, tags=["operators"])
-    async def resume(queue: QueuePath, body: QueueControlBody | None = None) -> Response:
+    async def resume(
+        queue: QueuePath, request: Request, body: QueueControlBody | None = None
+    ) -> Response:
         """Resume the queue: its workers are woken when this commits and claim its backlog at
         once. Recorded in the operator log. 200 with the queue's state, `changed` (false: it was
         not paused; nothing logged) and `known`."""
         body = body or QueueControlBody.model_validate({})
         async with database() as conn:
             state = await resume_queue(
-                conn, queue, body.reason, by=body.by or "api", schema=config.schema
+                conn,
+                queue,
+                body.reason,
+                by=guard.actor(request.scope, body.by, "api"),
+                schema=config.schema,
             )
             return _answer(_change_json(state))
 
     @api.post("/queues/{queue:text}/limit", response_model=Json, tags=["operators"])
-    async def limit(queue: QueuePath, body: QueueLimitBody) -> Response:
+    async def limit(queue: QueuePath, body: QueueLimitBody, request: Request) -> Response:
         """Limit the queue on every worker: `max_running`, the most of its jobs running at once,
         and `rate`, the most starts per period (`600/m`); a key left out leaves that limit as it
         is, null clears it. Its workers are woken when this commits. Recorded in the operator
@@ -910,7 +972,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 max_running=body.max_running if "max_running" in given else UNCHANGED,
                 rate=body.rate if "rate" in given else UNCHANGED,
                 reason=body.reason,
-                by=body.by or "api",
+                by=guard.actor(request.scope, body.by, "api"),
                 schema=config.schema,
             )
             return _answer(_change_json(state))
@@ -1003,6 +1065,12 @@ def _change_json(state: QueueState) -> dict[str, Any]:
         "changed": state.changed,
         "known": state.known,
     }
+
+
+def _since(claimed_at: datetime) -> float:
+    """An HTTP worker's run time, in ms: from its claim to its report (its handler's own time is
+    not known here)."""
+    return round(max((datetime.now(UTC) - claimed_at).total_seconds(), 0.0) * 1000, 1)
 
 
 def _host(request: Request) -> str:

@@ -1,13 +1,16 @@
-"""How `pgworker serve` runs, and the one check of a bearer token: what the application, the API,
-the dashboard and the guard all read, so it sits below them."""
+"""How `pgworker serve` (or a mounted dashboard) runs, and the one check of who sends a request
+(a bearer token, a trusted proxy's header): what the application, the API, the dashboard and the
+guard all read, so it sits below them."""
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starlette.convertors import CONVERTOR_TYPES, PathConvertor, register_url_convertor
+
+from .operators import ANONYMOUS, NAME, SHARED_NAME, Identity, Operator, Role, identify, identity_of
 
 if TYPE_CHECKING:
     from ..registry import Registry
@@ -34,7 +37,14 @@ class WebConfig:
     dsn: str
     schema: str = "pgworker"
     tokens: tuple[str, ...] = ()
-    """Bearer tokens accepted; empty only with `insecure_no_auth`."""
+    """Shared bearer tokens (--token, $PGWORKER_API_TOKEN): each an operator named `token`, role
+    operate, whose actions are recorded as before (`dashboard`, or the API's `by`)."""
+    operators: tuple[Operator, ...] = ()
+    """Named operators (--tokens-file, $PGWORKER_TOKENS, create_app(operators=))."""
+    trusted_user_header: str | None = None
+    """The header (lower case) a reverse proxy names its user in; None: no header is trusted."""
+    trusted_user_role: Role = "read"
+    """The role of a user named by the trusted header."""
     insecure_no_auth: bool = False
     read_only: bool = False
     body_limit: int = BODY_LIMIT
@@ -49,16 +59,28 @@ class WebConfig:
     """The DSN reaches PostgreSQL through a transaction pooler (see `create_pool`)."""
 
 
+def everyone(config: WebConfig) -> tuple[Operator, ...]:
+    """The named operators, then one per shared token."""
+    shared = tuple(Operator(SHARED_NAME, t, "operate") for t in config.tokens)
+    return config.operators + shared
+
+
 def token_ok(config: WebConfig, token: str | None) -> bool:
-    """Whether `token` is one of the configured tokens (always true with `insecure_no_auth`).
-    Compared in constant time against every token, so that neither the match nor its position
-    shows in the time taken."""
-    if config.insecure_no_auth:
-        return True
-    if not token:
-        return False
-    given = token.encode("utf-8", "surrogatepass")
-    found = False
-    for known in config.tokens:
-        found |= hmac.compare_digest(given, known.encode("utf-8", "surrogatepass"))
-    return found
+    """Whether `token` is one an operator sends (always true with `insecure_no_auth`)."""
+    return config.insecure_no_auth or identify(everyone(config), token) is not None
+
+
+def who(
+    config: WebConfig, token: str | None, headers: Mapping[str, str] | None = None
+) -> Identity | None:
+    """Who sends a request: the user a trusted proxy names (only when `trusted_user_header` is
+    set: a header sent by anyone else is never read), else the operator of `token` (compared in
+    constant time against every token), else everyone with `insecure_no_auth`; None: nobody."""
+    if config.trusted_user_header is not None and headers is not None:
+        user = headers.get(config.trusted_user_header, "").strip()
+        if user and NAME.fullmatch(user):
+            return Identity(user, config.trusted_user_role)
+    found = identify(everyone(config), token)
+    if found is not None:
+        return identity_of(found)
+    return ANONYMOUS if config.insecure_no_auth else None

@@ -44,8 +44,9 @@ SHOWN_QUEUES = 1000
 
 
 def queue_url(name: str) -> str:
-    """The page of queue `name` (any character, `/` too, percent-encoded)."""
-    return f"{PREFIX}/queues/{quote(name, safe='')}"
+    """The page of queue `name` (any character, `/` too, percent-encoded), under the pages'
+    prefix (templates write `{{ prefix }}{{ queue_url(name) }}`: the prefix holds the mount's)."""
+    return f"/queues/{quote(name, safe='')}"
 
 
 def worker_state(row: Mapping[str, Any]) -> str:

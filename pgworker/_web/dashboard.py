@@ -59,7 +59,7 @@ from ..operations import (
 from ..settings import Settings
 from . import dashboard_words as words
 from .bounds import RETRY_AFTER, Unanswered, bounded
-from .config import token_ok
+from .config import everyone, who
 from .dashboard_session import (
     FLASH_COOKIE,
     FLASH_LIFETIME,
@@ -68,6 +68,8 @@ from .dashboard_session import (
     Session,
     Signer,
 )
+from .guard import route_path
+from .operators import SAFE_METHODS, Identity, identify, identity_of
 
 PREFIX = "/ui"
 PAGE_SIZE = 50
@@ -95,7 +97,13 @@ WORKERS_KEPT = 24 * 3600.0
 """The workers page leaves out a worker not seen for this long (the maintenance leader forgets
 it then too: _maintenance.WORKERS_FORGOTTEN_AFTER)."""
 ACTOR = "dashboard"
-"""Who replays, pauses, resumes and limits, as recorded in job_events and operator_log."""
+"""Who replays, pauses, resumes and limits, as recorded in job_events and operator_log, when the
+operator has no name (a shared --token, --insecure-no-auth); a named operator's name otherwise."""
+OPEN_POSTS = frozenset({f"{PREFIX}/login", f"{PREFIX}/logout"})
+"""The POSTs anyone may send (each checks its CSRF token): every other one changes something,
+and needs an operator of the operate role."""
+SHOWN_LOG = 100
+"""Entries of the operator log a page shows."""
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -172,6 +180,7 @@ def install(app: FastAPI, config: Any) -> _Dashboard:
         (f"{PREFIX}/queues/limit", dashboard.limit, ["POST"]),
         (f"{PREFIX}/workers", dashboard.workers, ["GET"]),
         (f"{PREFIX}/periodic", dashboard.periodic, ["GET"]),
+        (f"{PREFIX}/log", dashboard.log, ["GET"]),
     ]
     for path, handler, methods in routes:
         app.router.add_route(path, dashboard.guarded(handler), methods=methods)
@@ -187,7 +196,8 @@ class _Dashboard:
         self.q = queries(config.schema)
         self.signer = Signer()
         self.templates = _environment()
-        self.redact_keys = Settings.from_env(dsn=config.dsn).redact_keys
+        # PGWORKER_REDACT_KEYS; a placeholder DSN when the application was given a pool
+        self.redact_keys = Settings.from_env(dsn=config.dsn or "postgresql://").redact_keys
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -197,6 +207,7 @@ class _Dashboard:
 
         async def endpoint(request: Request) -> Response:
             try:
+                self._refuse_readers(request)
                 response = await handler(request)
             except _Refused as refused:
                 response = self.page(
@@ -240,10 +251,61 @@ class _Dashboard:
 
         return endpoint
 
+    def identity(self, request: Request, session: Session | None = None) -> Identity | None:
+        """Who uses the page: the user a trusted proxy names (when enabled), else the operator
+        who logged in (its session), else everyone with --insecure-no-auth; None: not logged
+        in."""
+        header = self.config.trusted_user_header
+        if header is not None:
+            found = who(self.config, None, {header: request.headers.get(header, "")})
+            if found is not None and found.named:
+                return found
+        session = session or self.session(request)
+        if session is not None and session.authenticated:
+            if session.operator is None:
+                return Identity(ACTOR, "operate", named=False)
+            return Identity(session.operator, "operate" if session.role == "operate" else "read")
+        if self.config.insecure_no_auth:
+            return Identity(ACTOR, "operate", named=False)
+        return None
+
+    def actor(self, request: Request) -> str:
+        """Who a button's action is recorded as done by: the operator's name, or ACTOR."""
+        found = self.identity(request)
+        return found.name if found is not None and found.named else ACTOR
+
+    def _refuse_readers(self, request: Request) -> None:
+        """The one role check of the dashboard, by method: a POST (or any method but GET, HEAD
+        and OPTIONS) other than logging in and out needs an operator of the operate role; a
+        `read` operator gets 403, whatever the route (those added later too)."""
+        if request.method in SAFE_METHODS or route_path(request.scope) in OPEN_POSTS:
+            return
+        found = self.identity(request)
+        if found is not None and not found.may_operate:
+            raise _Refused(
+                403,
+                "Not allowed",
+                f"Operator {found.name} has the read role: it can look, not change anything.",
+            )
+
+    def root(self, request: Request) -> str:
+        """The prefix this dashboard is mounted under ('' when it is the whole application)."""
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    def url(self, request: Request, path: str) -> str:
+        """A path of this application as the browser reaches it (under the mount prefix)."""
+        return self.root(request) + path
+
+    def cookie_path(self, request: Request) -> str:
+        return self.root(request) or "/"
+
     @property
     def pool(self) -> Any:
-        """The server's pool, opened by the lifespan (api.resources)."""
-        return self.app.state.pool
+        """The server's pool, opened by the lifespan (api.resources) or at the first request."""
+        found = self.app.state.pool
+        if found is None:
+            raise DatabaseUnavailable("the database is unavailable; try again")
+        return found
 
     def database(self) -> AbstractAsyncContextManager[Any]:
         """The request's one transaction, bounded (bounds.bounded)."""
@@ -265,11 +327,20 @@ class _Dashboard:
         flash = None
         if session is not None:
             flash = self.signer.read_flash(session, request.cookies.get(FLASH_COOKIE))
+        found = self.identity(request, session)
+        root = self.root(request)
         html = self.templates.get_template(template).render(
             {
                 "csrf": self.signer.csrf(session) if session else "",
-                "read_only": self.config.read_only,
-                "logged_in": bool(session and session.authenticated),
+                # a read operator sees no button, as on a --read-only server
+                "read_only": self.config.read_only or (found is not None and not found.may_operate),
+                "server_read_only": self.config.read_only,
+                "operator": found,
+                "root": root,
+                "prefix": root + PREFIX,
+                "home": root + "/",
+                "local_path": route_path(request.scope),
+                "logged_in": bool(session and session.authenticated) or bool(found and found.named),
                 "auth": not self.config.insecure_no_auth,
                 "flash": flash,
                 "path": request.url.path,
@@ -279,7 +350,7 @@ class _Dashboard:
         )
         response = HTMLResponse(html, status_code=status)
         if flash is not None:
-            response.delete_cookie(FLASH_COOKIE, path="/")
+            response.delete_cookie(FLASH_COOKIE, path=self.cookie_path(request))
         return response
 
     def _give_session(self, request: Request, response: Response, cookie: str) -> None:
@@ -287,7 +358,7 @@ class _Dashboard:
             SESSION_COOKIE,
             cookie,
             max_age=SESSION_LIFETIME,
-            path="/",
+            path=self.cookie_path(request),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -323,7 +394,8 @@ class _Dashboard:
         return RedirectResponse(url, status_code=303)
 
     def _to_login(self, request: Request) -> RedirectResponse:
-        return self._redirect(f"{PREFIX}/login?{urlencode({'next': _local(request)})}")
+        login = self.url(request, f"{PREFIX}/login")
+        return self._redirect(f"{login}?{urlencode({'next': _local(request)})}")
 
     async def _with_session(
         self, request: Request, render: Callable[[Session], Awaitable[Response]]
@@ -332,9 +404,9 @@ class _Dashboard:
         login form. With --insecure-no-auth, a browser without a session is given one (its
         forms need a CSRF token all the same)."""
         session = self.session(request)
-        if session is not None and (session.authenticated or self.config.insecure_no_auth):
+        if session is not None and self.identity(request, session) is not None:
             return await render(session)
-        if not self.config.insecure_no_auth:
+        if self.identity(request) is None:
             return self._to_login(request)
         session, cookie = self.signer.new_session(authenticated=False)
         response = await render(session)
@@ -406,7 +478,11 @@ class _Dashboard:
                         shown = keys.text(g["error"])
                         link = {**window.query(), "error": shown} if shown else window.query()
                         groups.append(
-                            {**g, "error": shown, "href": f"{PREFIX}/jobs?{urlencode(link)}"}
+                            {
+                                **g,
+                                "error": shown,
+                                "href": self.url(request, f"{PREFIX}/jobs?{urlencode(link)}"),
+                            }
                         )
                 more = len(rows) > limit
                 rows = rows[:limit]
@@ -427,7 +503,9 @@ class _Dashboard:
                     kept["limit"] = str(limit)
                 older = None
                 if more and rows:
-                    older = f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
+                    older = self.url(
+                        request, f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
+                    )
                 return self.page(
                     request,
                     "jobs.html",
@@ -440,7 +518,9 @@ class _Dashboard:
                         "group_window": window,
                         "statuses": [s.value for s in JobStatus],
                         "older": older,
-                        "newest": f"{PREFIX}/jobs?{urlencode(kept)}" if before else None,
+                        "newest": self.url(request, f"{PREFIX}/jobs?{urlencode(kept)}")
+                        if before
+                        else None,
                         "now": now,
                     },
                     session=session,
@@ -471,7 +551,7 @@ class _Dashboard:
                         "verb": BULK_VERBS[kind],
                         "filters": job_filter,
                         "fields": job_filter.query(),
-                        "back": f"{PREFIX}/jobs?{urlencode(job_filter.query())}",
+                        "back": self.url(request, f"{PREFIX}/jobs?{urlencode(job_filter.query())}"),
                         "matched": matched,
                         "max_id": max_id,
                         "default_run_at": (datetime.now(UTC) + timedelta(hours=1))
@@ -484,11 +564,11 @@ class _Dashboard:
         return await self._with_session(request, render)
 
     async def bulk_start(self, request: Request) -> Response:
-        """The confirmed bulk action's POST: created (recorded as done by ACTOR), run in the
+        """The confirmed bulk action's POST: created (recorded as done by the operator), run in the
         background by this server, and its progress page shown."""
         session, form = await self._checked_button(request)
         if session is None:
-            return self._redirect(f"{PREFIX}/login")
+            return self._redirect(self.url(request, f"{PREFIX}/login"))
         kind = form.get("kind")
         try:
             job_filter = JobFilter.parse(
@@ -504,11 +584,11 @@ class _Dashboard:
                     str(kind),
                     job_filter,
                     run_at=run_at,
-                    by=ACTOR,
+                    by=self.actor(request),
                     max_id=max_id,
                     schema=self.config.schema,
                 )
-                response = self._redirect(f"{PREFIX}/jobs/actions/{action.id}")
+                response = self._redirect(self.url(request, f"{PREFIX}/jobs/actions/{action.id}"))
         except ValidationError as exc:
             raise _Refused(400, "Bad action", str(exc)) from None
         if self.app.state.bulk is not None:
@@ -532,7 +612,9 @@ class _Dashboard:
                         "title": f"Bulk action {action.id}",
                         "action": action,
                         "verb": BULK_VERBS[action.kind],
-                        "back": f"{PREFIX}/jobs?{urlencode(action.filter.query())}",
+                        "back": self.url(
+                            request, f"{PREFIX}/jobs?{urlencode(action.filter.query())}"
+                        ),
                         "refresh": action.running,
                         "now": datetime.now(UTC),
                     },
@@ -638,12 +720,42 @@ class _Dashboard:
 
         return await self._with_session(request, render)
 
+    async def log(self, request: Request) -> Response:
+        """The operator log: who paused, resumed, limited, replayed or changed what, newest
+        first, SHOWN_LOG at a time (`before`: the keyset cursor of the next page)."""
+
+        async def render(session: Session) -> Response:
+            before = _log_cursor(request.query_params.get("before", ""))
+            async with self.database() as conn:
+                rows = await self.q.dashboard_operator_log(conn, before, SHOWN_LOG + 1)
+                more = len(rows) > SHOWN_LOG
+                rows = rows[:SHOWN_LOG]
+                older = None
+                if more and rows:
+                    last = rows[-1]
+                    cursor = f"{last['at'].isoformat()}|{last['source']}|{last['id']}"
+                    older = f"?{urlencode({'before': cursor})}"
+                return self.page(
+                    request,
+                    "log.html",
+                    {
+                        "title": "Operator log",
+                        "entries": rows,
+                        "older": older,
+                        "newest": bool(before),
+                        "now": datetime.now(UTC),
+                    },
+                    session=session,
+                )
+
+        return await self._with_session(request, render)
+
     # --- login -----------------------------------------------------------------------------------
 
     async def login_form(self, request: Request) -> Response:
         if self.config.insecure_no_auth:
-            return self._redirect("/")
-        next_page = _safe_next(request.query_params.get("next"))
+            return self._redirect(self.url(request, "/"))
+        next_page = _safe_next(request.query_params.get("next"), self.root(request))
         session = self.session(request)
         if session is not None and session.authenticated:
             return self._redirect(next_page)
@@ -660,11 +772,12 @@ class _Dashboard:
     async def login(self, request: Request) -> Response:
         """The token typed once: a new, logged-in session (never the id the browser had)."""
         if self.config.insecure_no_auth:
-            return self._redirect("/")
+            return self._redirect(self.url(request, "/"))
         session, form = await self.checked_form(request)
         token = form.get("token")
-        next_page = _safe_next(form.get("next"))
-        if not isinstance(token, str) or not token_ok(self.config, token.strip()):
+        next_page = _safe_next(form.get("next"), self.root(request))
+        found = identify(everyone(self.config), token.strip() if isinstance(token, str) else None)
+        if found is None:
             return self.page(
                 request,
                 "login.html",
@@ -673,14 +786,19 @@ class _Dashboard:
                 session=session,
             )
         response = self._redirect(next_page)
-        _, cookie = self.signer.new_session(authenticated=True)
+        named = identity_of(found)
+        _, cookie = self.signer.new_session(
+            authenticated=True, operator=named.name if named.named else None, role=named.role
+        )
         self._give_session(request, response, cookie)
         return response
 
     async def logout(self, request: Request) -> Response:
         await self.checked_form(request)
-        response = self._redirect(f"{PREFIX}/login" if not self.config.insecure_no_auth else "/")
-        response.delete_cookie(SESSION_COOKIE, path="/")
+        response = self._redirect(
+            self.url(request, f"{PREFIX}/login" if not self.config.insecure_no_auth else "/")
+        )
+        response.delete_cookie(SESSION_COOKIE, path=self.cookie_path(request))
         return response
 
     # --- buttons ---------------------------------------------------------------------------------
@@ -693,11 +811,11 @@ class _Dashboard:
         then back to the job's page, which shows what `act` says happened."""
         session, _ = await self._checked_button(request)
         if session is None:
-            return self._redirect(f"{PREFIX}/login")
+            return self._redirect(self.url(request, f"{PREFIX}/login"))
         job_id = _job_id(request.path_params["job_id"])
         async with self.database() as conn:
             kind, text = await act(conn, job_id)
-            response = self._redirect(f"{PREFIX}/jobs/{job_id}")
+            response = self._redirect(self.url(request, f"{PREFIX}/jobs/{job_id}"))
             self._flash(request, response, session, kind, text)
         return response
 
@@ -710,7 +828,7 @@ class _Dashboard:
                 "This server runs with --read-only: nothing can be changed from here.",
             )
         session, form = await self.checked_form(request)
-        if session is None or not (session.authenticated or self.config.insecure_no_auth):
+        if session is None or self.identity(request, session) is None:
             return None, form
         return session, form
 
@@ -721,7 +839,7 @@ class _Dashboard:
             FLASH_COOKIE,
             self.signer.flash(session, kind, text),
             max_age=FLASH_LIFETIME,
-            path="/",
+            path=self.cookie_path(request),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -738,14 +856,14 @@ class _Dashboard:
         ACTOR; then back to the queues page, which says what happened."""
         session, form = await self._checked_button(request)
         if session is None:
-            return self._redirect(f"{PREFIX}/login")
+            return self._redirect(self.url(request, f"{PREFIX}/login"))
         try:
             queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
         except ValidationError as exc:
             raise _Refused(400, "Bad queue", str(exc)) from None
         act = pause_queue if verb == "pause" else resume_queue
         async with self.database() as conn:
-            state = await act(conn, queue, by=ACTOR, schema=self.config.schema)
+            state = await act(conn, queue, by=self.actor(request), schema=self.config.schema)
             if verb == "pause":
                 kind, text = (
                     ("ok", f"Queue {queue} is paused: its jobs wait until it is resumed.")
@@ -758,7 +876,7 @@ class _Dashboard:
                     if state.changed
                     else ("warn", f"Queue {queue} was not paused.")
                 )
-            response = self._redirect(_back(form, queue))
+            response = self._redirect(self.url(request, _back(form, queue)))
             self._flash(request, response, session, kind, text)
         return response
 
@@ -768,7 +886,7 @@ class _Dashboard:
         value is refused (400) naming the field, and nothing is written."""
         session, form = await self._checked_button(request)
         if session is None:
-            return self._redirect(f"{PREFIX}/login")
+            return self._redirect(self.url(request, f"{PREFIX}/login"))
         try:
             queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
             most = _form_text(form, "max_running")
@@ -787,7 +905,7 @@ class _Dashboard:
                     queue,
                     max_running=max_running,
                     rate=rate,
-                    by=ACTOR,
+                    by=self.actor(request),
                     schema=self.config.schema,
                 )
                 kind, text = (
@@ -795,7 +913,7 @@ class _Dashboard:
                     if state.changed
                     else ("warn", f"Queue {queue} already had these limits.")
                 )
-                response = self._redirect(_back(form, queue))
+                response = self._redirect(self.url(request, _back(form, queue)))
                 self._flash(request, response, session, kind, text)
         except ValidationError as exc:
             raise _Refused(400, "Bad limit", str(exc)) from None
@@ -808,7 +926,7 @@ class _Dashboard:
             nonlocal announce
             try:
                 done, announce = await replay_uncommitted(
-                    conn, [job_id], by=ACTOR, reason=None, schema=self.config.schema
+                    conn, [job_id], by=self.actor(request), reason=None, schema=self.config.schema
                 )
             except ValidationError:
                 raise _NotFound(job_id) from None
@@ -902,18 +1020,37 @@ def _local(request: Request) -> str:
     return str(request.url.path) + _query(request)
 
 
-def _safe_next(value: object) -> str:
-    """Where to go after logging in: a path of this server only (never `//host` or a URL)."""
+def _safe_next(value: object, root: str = "") -> str:
+    """Where to go after logging in: a path of this application only, under its mount prefix
+    `root` (never `//host`, a URL, or a path of the application it is mounted in)."""
     if (
         not isinstance(value, str)
-        or not value.startswith("/")
+        or not value.startswith(root + "/")
         or value.startswith("//")
         or "\\" in value
         or len(value) > 2000
         or any(ord(c) < 32 for c in value)
     ):
-        return "/"
+        return root + "/"
     return value
+
+
+def _log_cursor(text: str) -> tuple[datetime, str, int] | None:
+    """The operator log's `before`: `<time>|<queue or job>|<id>` (what the Older link holds)."""
+    if not text:
+        return None
+    parts = text.split("|")
+    try:
+        if len(parts) != 3 or parts[1] not in ("queue", "job"):
+            raise ValueError(text)
+        at, number = datetime.fromisoformat(parts[0]), limits.whole(parts[2])
+        if at.tzinfo is None or not 1 <= number <= limits.MAX_BIGINT:
+            raise ValueError(text)
+    except ValueError:
+        raise _Refused(
+            400, "Bad page", "before: not a page of the operator log; start from the newest"
+        ) from None
+    return at, parts[1], number
 
 
 def _job_id(value: object) -> int:

@@ -33,6 +33,10 @@ class Session:
     sid: str
     authenticated: bool
     expires: int
+    operator: str | None = None
+    """The name of the operator who logged in (None: not logged in, or a shared token)."""
+    role: str = "operate"
+    """The role of the operator who logged in: `read` or `operate`."""
 
 
 def _b64(data: bytes) -> str:
@@ -73,13 +77,25 @@ class Signer:
             return None
         return value if value["exp"] > time.time() else None
 
-    def new_session(self, authenticated: bool) -> tuple[Session, str]:
+    def new_session(
+        self, authenticated: bool, operator: str | None = None, role: str = "operate"
+    ) -> tuple[Session, str]:
         """A fresh session (a new id: a login never keeps the id it was given before) and its
-        cookie value."""
+        cookie value; `operator` and `role`: who logged in (signed with the rest)."""
         session = Session(
-            secrets.token_urlsafe(18), authenticated, int(time.time()) + SESSION_LIFETIME
+            secrets.token_urlsafe(18),
+            authenticated,
+            int(time.time()) + SESSION_LIFETIME,
+            operator,
+            role,
         )
-        value = {"sid": session.sid, "auth": authenticated, "exp": session.expires}
+        value = {
+            "sid": session.sid,
+            "auth": authenticated,
+            "exp": session.expires,
+            "op": operator,
+            "role": role,
+        }
         return session, self._seal("session", value)
 
     def session(self, cookie: str | None) -> Session | None:
@@ -87,7 +103,14 @@ class Signer:
         value = self._open("session", cookie)
         if value is None or not isinstance(value.get("sid"), str):
             return None
-        return Session(value["sid"], value.get("auth") is True, value["exp"])
+        operator, role = value.get("op"), value.get("role")
+        return Session(
+            value["sid"],
+            value.get("auth") is True,
+            value["exp"],
+            operator if isinstance(operator, str) else None,
+            "operate" if role == "operate" else "read",
+        )
 
     def csrf(self, session: Session) -> str:
         """The CSRF token of the forms of `session`'s pages."""

@@ -45,10 +45,14 @@ class State:
     """What follows the word: `at milestone fetched`, `retrying after an error`, ..."""
     tone: str
     """The badge's colour class: wait, busy, bad, good, off."""
+    status: str = ""
+    """The technical status the word stands for, shown beside it (`needs attention · failed`):
+    the word the API, the CLI and SQL use is never hidden."""
 
     @property
     def text(self) -> str:
-        return f"{self.word} — {self.detail}" if self.detail else self.word
+        said = f"{self.word} — {self.detail}" if self.detail else self.word
+        return f"{said} · {self.status}" if self.status and self.status != self.word else said
 
 
 def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
@@ -59,23 +63,25 @@ def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
     if status == "pending":
         if job.get("error"):
             detail = f"{at}, retrying after an error" if at else "retrying after an error"
-            return State("in progress", detail, "busy")
+            return State("in progress", detail, "busy", status)
         run_at = job.get("run_at")
         left = job.get("parents_left")
         if left:
-            return State("received", f"waiting for {left} parent{'' if left == 1 else 's'}", "wait")
+            return State(
+                "received", f"waiting for {left} parent{'' if left == 1 else 's'}", "wait", status
+            )
         if run_at is not None and run_at.year == datetime.max.year:  # parked (migration 19)
-            return State("received", "waiting to be released", "wait")
+            return State("received", "waiting to be released", "wait", status)
         if run_at is not None and run_at > (now or datetime.now(UTC)):
-            return State("received", f"scheduled for {moment(run_at)}", "wait")
-        return State("received", "waiting for a worker", "wait")
+            return State("received", f"scheduled for {moment(run_at)}", "wait", status)
+        return State("received", "waiting for a worker", "wait", status)
     if status == "running":
-        return State("in progress", at, "busy")
+        return State("in progress", at, "busy", status)
     if status == "failed":
-        return State("needs attention", None, "bad")
+        return State("needs attention", None, "bad", status)
     if status == "completed":
-        return State("done", None, "good")
-    return State(STATUS_WORDS.get(status, status), None, "off")
+        return State("done", None, "good", status)
+    return State(STATUS_WORDS.get(status, status), None, "off", status)
 
 
 def milestone_of(progress: Any) -> str | None:
@@ -98,6 +104,8 @@ def span(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(seconds, 0.0)
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 60:

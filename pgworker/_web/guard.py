@@ -1,4 +1,5 @@
-"""What stands before every route: the bearer token, --read-only, the body limit, and the one
+"""What stands before every route: the bearer token (or a trusted proxy's user) and the role of its
+operator, --read-only, the body limit, and the one
 shape of every error ({"error": ..., "field": ...}), which never holds a traceback, the input
 echoed at length, or a secret (_redact.scrub)."""
 
@@ -30,7 +31,8 @@ from ..errors import (
 )
 from ..models import PRIORITY_LABELS
 from .bounds import RETRY_AFTER, Unanswered
-from .config import WebConfig, token_ok
+from .config import WebConfig, who
+from .operators import SAFE_METHODS, Identity
 from .schemas import NO_NUL
 
 Scope = MutableMapping[str, Any]
@@ -42,7 +44,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN = ("/healthz", "/")
 """Paths without the bearer token: the health check, and the dashboard's (its own login)."""
 DASHBOARD = "/ui"
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+IDENTITY = "pgworker.identity"
+"""The key of the request's scope that holds who sent it (an operators.Identity), once the guard
+has identified them: `identity(request)` reads it."""
 DRAIN_LIMIT = 64 * 1024 * 1024
 """The most bytes of a refused body read (and dropped) so that its sender can read the 413; a
 sender of more has its connection closed."""
@@ -83,6 +87,38 @@ class TooLarge(HTTPException):
 
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"the request body is over the limit of {limit:,} bytes")
+
+
+def route_path(scope: Scope) -> str:
+    """The path within this application: without the prefix it is mounted under (root_path)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        path = path[len(root) :] or "/"
+    return path
+
+
+def identity(scope: Scope) -> Identity | None:
+    """Who sent the request, as the guard found them (None on the dashboard's pages, which read
+    their session: dashboard.py)."""
+    found = scope.get(IDENTITY)
+    return found if isinstance(found, Identity) else None
+
+
+def actor(scope: Scope, by: str | None, default: str) -> str:
+    """Who an action of the API is recorded as done by: a named operator's name, else `by` as
+    the client gives it, else `default` (a shared token or --insecure-no-auth: as before named
+    operators). A named operator cannot act under another name: `by` is refused (422)."""
+    found = identity(scope)
+    if found is None or not found.named:
+        return by or default
+    if by is not None and by != found.name:
+        raise ValidationError(
+            "by",
+            f"you act as operator {found.name}: actions are recorded under that name; leave "
+            "`by` out",
+        )
+    return found.name
 
 
 def guarded(path: str) -> bool:
@@ -176,9 +212,11 @@ class Guard:
 
     def _refusal(self, scope: Scope) -> JSONResponse | None:
         config = self.config
-        if guarded(scope["path"]):
+        path = route_path(scope)
+        if guarded(path):
             token = bearer(scope)
-            if not token_ok(config, token):
+            found = who(config, token, _headers(scope, config.trusted_user_header))
+            if found is None:
                 challenge = 'Bearer realm="pgworker"'
                 if token:
                     challenge += ', error="invalid_token"'
@@ -192,8 +230,9 @@ class Guard:
                     status_code=401,
                     headers={"WWW-Authenticate": challenge},
                 )
-        taken = methods_of(self.routes, scope["path"])
-        read_only = config.read_only and guarded(scope["path"])
+            scope[IDENTITY] = found
+        taken = methods_of(self.routes, path)
+        read_only = config.read_only and guarded(path)
         here = (taken or frozenset()) & SAFE_METHODS if read_only else taken
         if taken is not None and here is not None and scope["method"] not in taken:
             return problem(
@@ -206,6 +245,15 @@ class Guard:
                 405,
                 "this server is read-only (pgworker serve --read-only): writes are refused",
                 Allow=allow(here or frozenset()),
+            )
+        # The one role check of the API, by method: any route that is not GET, HEAD or OPTIONS,
+        # those added later too, needs an `operate` operator.
+        found = identity(scope)
+        if found is not None and not found.may_operate and scope["method"] not in SAFE_METHODS:
+            return problem(
+                403,
+                f"operator {found.name} has the read role: it may look, not change anything "
+                "(this needs the operate role)",
             )
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
@@ -221,6 +269,17 @@ class Guard:
                         **({"Connection": "close"} if length > DRAIN_LIMIT else {}),
                     )
         return None
+
+
+def _headers(scope: Scope, wanted: str | None) -> dict[str, str] | None:
+    """The one header `wanted` of the request (lower-case name), when a header is trusted."""
+    if wanted is None:
+        return None
+    key = wanted.encode("latin-1")
+    for name, value in scope.get("headers", ()):
+        if name == key:
+            return {wanted: value.decode("latin-1")}
+    return {}
 
 
 async def _drain(receive: Receive, most: int) -> None:

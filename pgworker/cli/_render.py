@@ -330,6 +330,8 @@ def show_text(found: Mapping[str, Any]) -> str:
         lines.append(
             f"  #{a['attempt']}  {a['outcome']}  worker {cell(a['worker_id'])}  "
             f"{when(a['started_at'])} to {when(a['finished_at'])}"
+            + ("" if a.get("wait_ms") is None else f"  wait {a['wait_ms']:.1f} ms")
+            + ("" if a.get("run_ms") is None else f"  run time {a['run_ms']:.1f} ms")
         )
         if a["error_type"] or a["error_message"]:
             error = ": ".join(e for e in (a["error_type"], a["error_message"]) if e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from .. import _limits as limits
 from .._db.connection import create_pool
@@ -26,6 +26,9 @@ from ._common import (
     _schema,
     integer,
 )
+
+if TYPE_CHECKING:
+    from .._web.operators import Operator
 
 _BODY_LIMIT = 1024 * 1024
 
@@ -74,6 +77,27 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         "$PGWORKER_API_TOKEN (comma-separated: old,new while rotating) are accepted as well; "
         "prefer the variable, a command line is visible to every user of the host "
         "(default: $PGWORKER_API_TOKEN; required unless --insecure-no-auth)",
+    )
+    srv.add_argument(
+        "--tokens-file",
+        metavar="PATH",
+        help="named operators, one `name:token:role` a line (role read or operate; blank lines "
+        "and # comments skipped): each logs in and sends `Bearer TOKEN` under its name, which "
+        "the operator log records; a read operator changes nothing (403). $PGWORKER_TOKENS "
+        "holds the same, entries separated by commas or newlines (default: none)",
+    )
+    srv.add_argument(
+        "--trusted-user-header",
+        metavar="HEADER",
+        help="trust the user a reverse proxy names in this header (e.g. X-Forwarded-User): "
+        "only behind a proxy that authenticates every request and removes the header from what "
+        "clients send, or anyone can claim any name (default: no header trusted)",
+    )
+    srv.add_argument(
+        "--trusted-user-role",
+        choices=("read", "operate"),
+        default="read",
+        help="the role of a user named by --trusted-user-header (default: read)",
     )
     srv.add_argument(
         "--insecure-no-auth",
@@ -132,6 +156,27 @@ def _tokens(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for _, t in given))
 
 
+def _operators(args: argparse.Namespace) -> tuple[Operator, ...]:
+    """The named operators of --tokens-file and $PGWORKER_TOKENS; a bad line is refused naming
+    its source and number (never its token)."""
+    from .._web.operators import parse, unique
+
+    found: list[Operator] = []
+    if args.tokens_file is not None:
+        try:
+            with open(args.tokens_file, encoding="utf-8") as f:
+                text = f.read(1024 * 1024 + 1)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--tokens-file", f"cannot read it: {exc}") from None
+        if len(text) > 1024 * 1024:
+            raise ConfigError("--tokens-file", "over 1 MB: not a tokens file")
+        found += parse(text, "--tokens-file")
+    env = os.environ.get("PGWORKER_TOKENS", "")
+    if env.strip():
+        found += parse(env, "PGWORKER_TOKENS", separators=",\n")
+    return unique(found, "--tokens-file and PGWORKER_TOKENS")
+
+
 async def _serve(args: argparse.Namespace) -> int:
     level = args.log_level or _from_env("PGWORKER_LOG_LEVEL", list(LEVELS), "info")
     configure_logging(
@@ -144,20 +189,26 @@ async def _serve(args: argparse.Namespace) -> int:
     limits.count("--body-limit", args.body_limit, minimum=1)
     limits.name("--host", args.host, 253)
     tokens = _tokens(args)
-    if not tokens and not args.insecure_no_auth:
-        raise ConfigError(
-            "--token",
-            "serve needs a token: set PGWORKER_API_TOKEN (or pass --token), or pass "
-            "--insecure-no-auth to accept requests without one",
-        )
     try:
         from .._web.config import WebConfig
+        from .._web.operators import header_name
         from .._web.server import serve
     except ImportError as exc:
         missing = exc.name or "a dependency"
         raise PgWorkerError(
             f"serve needs the web extra ({missing} is missing): pip install '{DISTRIBUTION}[web]'"
         ) from None
+    operators = _operators(args)
+    header = None
+    if args.trusted_user_header is not None:
+        header = header_name("--trusted-user-header", args.trusted_user_header)
+    if not tokens and not operators and header is None and not args.insecure_no_auth:
+        raise ConfigError(
+            "--token",
+            "serve needs a token: set PGWORKER_API_TOKEN (or pass --token), name operators "
+            "(--tokens-file, PGWORKER_TOKENS), or pass --insecure-no-auth to accept requests "
+            "without one",
+        )
     registry = None if args.app is None else _load(args.app)
     dsn, schema = _dsn(args), _schema(args)
     conn = await _connect(args, dsn)
@@ -183,6 +234,9 @@ async def _serve(args: argparse.Namespace) -> int:
         dsn=dsn,
         schema=schema,
         tokens=tokens,
+        operators=operators,
+        trusted_user_header=header,
+        trusted_user_role=args.trusted_user_role,
         insecure_no_auth=args.insecure_no_auth,
         read_only=args.read_only,
         body_limit=args.body_limit,

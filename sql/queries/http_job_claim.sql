@@ -36,8 +36,9 @@ WITH next AS MATERIALIZED (
     RETURNING {job_columns}
 ), opened AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       started_at)
-    SELECT id, attempts, type, queue, $1, correlation_id, claimed_at FROM claimed
+                                       started_at, wait_ms)
+    SELECT id, attempts, type, queue, $1, correlation_id, claimed_at,
+           greatest(extract(epoch FROM claimed_at - run_at) * 1000, 0)::real FROM claimed
 )
 SELECT *
 FROM claimed

@@ -84,8 +84,10 @@ WITH served AS (
 ), opened AS (
     -- started_at is the claim's time: outcome checks match an attempt row by it.
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       code_version, started_at)
-    SELECT id, attempts, type, queue, $4, correlation_id, $7, claimed_at FROM claimed
+                                       code_version, started_at, wait_ms)
+    SELECT id, attempts, type, queue, $4, correlation_id, $7, claimed_at,
+           -- the wait: how long past its run_at the job waited for this claim (migration 23)
+           greatest(extract(epoch FROM claimed_at - run_at) * 1000, 0)::real FROM claimed
 )
 SELECT *
 FROM claimed

@@ -186,8 +186,9 @@ WITH RECURSIVE at AS MATERIALIZED (
     RETURNING {job_columns}
 ), opened AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       code_version, started_at)
-    SELECT id, attempts, type, queue, $5, correlation_id, $8, claimed_at FROM claimed
+                                       code_version, started_at, wait_ms)
+    SELECT id, attempts, type, queue, $5, correlation_id, $8, claimed_at,
+           greatest(extract(epoch FROM claimed_at - run_at) * 1000, 0)::real FROM claimed
 ), counted AS (
     SELECT count(*)::integer AS n FROM claimed
 ), rated AS (

@@ -1,4 +1,5 @@
--- Write a batch of attempt outcomes ($1-$11, one array per field, aligned); returns the ids
+-- Write a batch of attempt outcomes ($1-$12, one array per field, aligned; $12 the handler's
+-- run time in ms, migration 23); returns the ids
 -- written, each with the outcome its attempt row got. Each is fenced by the attempt it owns: a job is changed only while it is still running
 -- that attempt, claimed at that time (a claim lost in a server crash lets the next one reuse its
 -- number), and its attempt row is closed in the same statement. A job whose cancellation was
@@ -41,18 +42,19 @@ WITH done AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM unnest($1::bigint[], $2::integer[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::float8[], $9::integer[], $10::timestamptz[], $11::text[])
+                $7::text[], $8::float8[], $9::integer[], $10::timestamptz[], $11::text[],
+                $12::float8[])
          AS o(id, attempt, status, outcome, result, error_type, error_message, delay, retried,
-              claimed_at, error_detail)
+              claimed_at, error_detail, run_ms)
     WHERE j.id = ANY(ARRAY[o.id]) AND j.status = 'running' AND j.attempts = o.attempt
       AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts,
               CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE o.outcome END AS outcome,
-              o.error_type, o.error_message, o.error_detail
+              o.error_type, o.error_message, o.error_detail, o.run_ms
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
-        error_message = d.error_message, error_detail = d.error_detail
+        error_message = d.error_message, error_detail = d.error_detail, run_ms = d.run_ms
     FROM done AS d
     WHERE a.job_id = ANY(ARRAY[d.id]) AND a.attempt = d.attempts
 )
