@@ -109,6 +109,19 @@ async def test_mounted_under_a_prefix_in_a_users_app_under_uvicorn(dsn, conn):
             log = (await client.get(f"{PREFIX}/ui/log")).text
             assert all(link.startswith(PREFIX) for link in links(log))
             assert f'href="{PREFIX}/ui/jobs/{failed.job.id}"' in log
+            # the console's pages and the bulk actions' steps: every link under the prefix
+            for path in ("/ui/jobs?status=failed", "/ui/queues/mail", "/ui/workers"):
+                shown = await client.get(f"{PREFIX}{path}")
+                assert shown.status_code == 200, path
+                assert all(link.startswith(PREFIX) for link in links(shown.text)), path
+            confirm = await client.get(f"{PREFIX}/ui/jobs/actions/new?kind=cancel&queue=mail")
+            assert all(link.startswith(PREFIX) for link in links(confirm.text))
+            fields = dict(re.findall(r'name="([a-z_]+)" value="([^"]*)"', confirm.text))
+            started = await client.post(f"{PREFIX}/ui/jobs/actions", data=fields)
+            assert started.status_code == 303, started.text
+            assert started.headers["location"].startswith(f"{PREFIX}/ui/jobs/actions/")
+            progress = await client.get(started.headers["location"])
+            assert all(link.startswith(PREFIX) for link in links(progress.text))
             # the API under the prefix, with the bearer token
             api = await client.get(f"{PREFIX}/queues", headers={"Authorization": f"Bearer {TOKEN}"})
             assert api.status_code == 200 and api.json()["queues"][0]["paused_by"] == "alice"
@@ -117,6 +130,7 @@ async def test_mounted_under_a_prefix_in_a_users_app_under_uvicorn(dsn, conn):
             assert out.headers["location"] == f"{PREFIX}/ui/login"
     actors = await conn.fetch("SELECT actor FROM pgworker.operator_log")
     assert [r["actor"] for r in actors] == ["alice"]
+    assert await conn.fetchval("SELECT actor FROM pgworker.bulk_actions") == "alice"
     event = await conn.fetchval(
         "SELECT actor FROM pgworker.job_events WHERE job_id = $1", failed.job.id
     )
