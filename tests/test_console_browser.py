@@ -92,7 +92,8 @@ async def test_the_console_mounted_in_a_users_app_in_a_real_browser(page, dsn, c
         page.get(f"{url}{PREFIX}/ui/queues/mail")
         until(page, lambda d: d.execute_script("return document.readyState") == "complete")
         posts = page.execute_script(
-            "return [...document.querySelectorAll('form[method=post]')].map(f => f.getAttribute('action'))"
+            "return [...document.querySelectorAll('form[method=post]')]"
+            ".map(f => f.getAttribute('action'))"
         )
         assert posts == [f"{PREFIX}/ui/logout"], posts
         refused = page.execute_async_script(
