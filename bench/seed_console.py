@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -195,7 +196,8 @@ async def _explain(
         took = (time.perf_counter() - began) * 1000
     finally:
         await undone.rollback()
-        await conn.execute("DEALLOCATE ALL")  # PREPARE outlives the rollback
+        with contextlib.suppress(asyncpg.PostgresError):  # PREPARE outlives the rollback
+            await conn.execute("DEALLOCATE console_stat")
     print(f"--- {title}: {took:.0f} ms")
     print("\n".join(r[0] for r in plan))
 
