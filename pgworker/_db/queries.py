@@ -764,7 +764,8 @@ class Queries:
         with schema_errors(self.schema):
             async with transaction(conn) as c:
                 await self.stats_plan(c)
-                row: Row = await c.fetchrow(self._sql["stats_rollup"], minute, leader)
+                row = await c.fetchrow(self._sql["stats_rollup"], minute, leader)
+        assert row is not None  # one row, always
         return row
 
     async def stats_prune(self, conn: Runner, age: float, batch: int) -> int:
