@@ -46,12 +46,12 @@ INSERT INTO pgworker.jobs (type, queue, payload, status, retry_count, max_retrie
                            updated_at, finished_at)
 SELECT 't' || (i % $2), 'q' || (i % $3), jsonb_build_object('n', i),
        CASE WHEN i > $1 - $5 THEN 'pending'
-            WHEN (i::bigint * 7919) % 1000 < $6 * 1000 THEN 'failed' ELSE 'completed' END,
+            WHEN (i::bigint * 7919) % 1000 < $6::float8 * 1000 THEN 'failed' ELSE 'completed' END,
        greatest(n - 1, 0), 25, CASE WHEN i > $1 - $5 THEN 0 ELSE n END,
        'c' || i, created + (n - 1) * interval '2 s',
        CASE WHEN i > $1 - $5 THEN NULL ELSE created + (n - 1) * interval '2 s' END,
        CASE WHEN i > $1 - $5 THEN NULL ELSE 'w' || (i % 8) END,
-       CASE WHEN i <= $1 - $5 AND (i::bigint * 7919) % 1000 < $6 * 1000
+       CASE WHEN i <= $1 - $5 AND (i::bigint * 7919) % 1000 < $6::float8 * 1000
             THEN 'ValueError: remote down' END,
        created, created,
        CASE WHEN i > $1 - $5 THEN NULL ELSE created + n * interval '2 s' END
