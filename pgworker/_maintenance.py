@@ -12,7 +12,12 @@ never holding many locks, and never delaying the rescue by more than a tick.
 Every statement runs on the connection the worker's outcome writes use (SharedConnection), which
 it gives back between statements: a batch is small enough (PAGE, RETENTION_BATCH) that an
 outcome write never waits behind one for more than a few milliseconds, and a backlog is worked
-through in more statements per tick rather than larger ones."""
+through in more statements per tick rather than larger ones.
+
+It also keeps the console charts' per-minute rollup (migration 24, sql/queries/stats_rollup.sql):
+every ROLLUP_EVERY ticks (each tick while behind), one statement per minute, at most
+ROLLUP_MINUTES minutes per tick: the minutes closed since the last rolled up, newest first, then
+those to roll up again. Nothing is added to the claim or the outcome writes."""
 
 from __future__ import annotations
 
@@ -58,6 +63,22 @@ GAUGES_SHARE = 20
 """With metrics on, the queue gauges are refreshed at each tick, unless their query took more
 than 1/GAUGES_SHARE of the time since the last: then later, so that on a huge table their
 count never costs the database more than that share."""
+
+ROLLUP_EVERY = 6
+"""The rollup runs every this many ticks (about 30 s), each tick while minutes wait."""
+ROLLUP_MINUTES = 60
+"""The most minutes rolled up per tick; fewer once half the tick's interval is spent."""
+ROLLUP_SETTLE = 60.0
+"""Seconds after its end before a minute is rolled up: its attempts and jobs carry their
+transaction's start time, and commit a little later."""
+ROLLUP_RECHECK = 600.0
+"""A minute is rolled up again once, this many seconds after its end, for jobs enqueued by a
+transaction that began in it and committed after its first rollup."""
+ROLLUP_REACH = 86400.0
+"""How far back minutes are rolled up: the longest chart (a day)."""
+STATS_PRUNE_BATCH = 1440
+"""The most minutes of rollup forgotten at each prune, those older than the longest retention
+of finished jobs (and a day at least)."""
 
 Decision = tuple[AttemptKey, str, float, int]
 """(attempt, next status, seconds until it runs again, 1 when counted as a retry)."""
@@ -111,6 +132,7 @@ class Maintenance:
         self._after: tuple[Any, int] | None = None
         self._ages = retention_ages(settings)
         self._backlog = False
+        self._rollup_behind = True
         self.leadership = Leadership(pool, settings)
         self.rescued = 0
 
@@ -149,11 +171,16 @@ class Maintenance:
             await self._q.limits_prune(self._pool, LIMITS_PRUNE_BATCH)
             if self._ages:  # events live as long as the finished jobs kept the longest
                 await self._q.events_prune(self._pool, max(self._ages.values()), EVENTS_PRUNE_BATCH)
+                kept = max(max(self._ages.values()), ROLLUP_REACH)
+                await self._q.stats_prune(self._pool, kept, STATS_PRUNE_BATCH)
             if self._ticks:
                 self._refused.clear()
+        rollup_due = self._ticks % ROLLUP_EVERY == 0 or self._rollup_behind
         self._ticks += 1
         if self._ages and (now_and_then or self._backlog):
             await self._retain()
+        if rollup_due:
+            await self.roll_up()
         if self._metrics is not None and anyio.current_time() >= self._gauges_due:
             await self._refresh_gauges(self._metrics)
 
@@ -229,6 +256,32 @@ class Maintenance:
             self._log.info(
                 "pruned finished jobs past their retention", **pruned, backlog=self._backlog
             )
+
+    async def roll_up(self) -> int:
+        """Roll up (again) the minutes due, a statement each, fenced by the leadership; how many.
+        Minutes left for lack of time are rolled up at the next tick."""
+        budget = anyio.current_time() + interval(self._s.lease) / 2
+        due = await self._q.stats_rollup_due(
+            self._pool, ROLLUP_SETTLE, ROLLUP_RECHECK, ROLLUP_REACH, ROLLUP_MINUTES
+        )
+        self._rollup_behind = len(due) >= ROLLUP_MINUTES
+        done = 0
+        for minute in due:
+            if anyio.current_time() > budget:
+                self._rollup_behind = True
+                break
+            try:
+                await self._q.stats_rollup(self._pool, minute, self._s.worker_id)
+            except Exception as exc:
+                if not refused(exc):
+                    raise
+                # A privilege the worker lacks on the rollup's tables: said at each try (every
+                # ROLLUP_EVERY ticks); rescue and retention go on, the charts read job_attempts.
+                self._log.error("charts rollup refused by the database", error=describe(exc))
+                self._rollup_behind = False
+                break
+            done += 1
+        return done
 
     def _policy(self, type_: str) -> RetryPolicy:
         """The retry policy of the job's task, when this worker serves it; else the default."""

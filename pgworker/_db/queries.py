@@ -808,44 +808,52 @@ class Queries:
 
     # --- the console's charts (issue 25, item 4) ---------------------------------------------
 
-    async def stats_attempts(
-        self,
-        conn: Runner,
-        since: datetime,
-        until: datetime,
-        bucket: int,
-        queue: str | None,
-        sample: int,
-    ) -> list[Row]:
-        """Per bucket of `bucket` seconds: attempts completed and failed, run and wait p50/p95."""
-        return await self._rows(conn, "stats_attempts", since, until, bucket, queue, sample)
+    async def stats_plan(self, conn: Runner) -> None:
+        """Bitmap scans on and JIT off for the rest of the transaction (the charts' ranges)."""
+        await conn.execute(self._sql["stats_plan"])
 
-    async def stats_attempts_type(
+    async def stats_window(
         self,
         conn: Runner,
         since: datetime,
         until: datetime,
         bucket: int,
-        queue: str | None,
-        sample: int,
+        queue: str,
         type_: str,
+        direct: int,
     ) -> list[Row]:
-        """stats_attempts of one type, along the (type, started_at) index."""
-        return await self._rows(
-            conn, "stats_attempts_type", since, until, bucket, queue, sample, type_
-        )
+        """Per bucket of `bucket` seconds: jobs enqueued, attempts completed and failed, their
+        wait and run histograms; the rollup's minutes and at most `direct` others. Planned with
+        bitmap scans (stats_plan.sql), in a transaction (or a savepoint of the caller's)."""
+        with schema_errors(self.schema):
+            async with transaction(conn) as c:
+                await self.stats_plan(c)
+                return await c.fetch(
+                    self._sql["stats_window"], since, until, bucket, queue, type_, direct
+                )
 
-    async def stats_enqueued(
-        self,
-        conn: Runner,
-        since: datetime,
-        until: datetime,
-        bucket: int,
-        queue: str | None,
-        type_: str | None,
-    ) -> list[Row]:
-        """Per bucket of `bucket` seconds: the jobs created."""
-        return await self._rows(conn, "stats_enqueued", since, until, bucket, queue, type_)
+    async def stats_rollup_due(
+        self, conn: Runner, settle: float, recheck: float, reach: float, limit: int
+    ) -> list[datetime]:
+        """The minutes to roll up next (at most `limit`), those never rolled up first."""
+        return [
+            r["minute"]
+            for r in await self._rows(conn, "stats_rollup_due", settle, recheck, reach, limit)
+        ]
+
+    async def stats_rollup(self, conn: Runner, minute: datetime, leader: str | None) -> Row:
+        """Roll minute `minute` up again from scratch (fenced by `leader`'s lease when given)."""
+        with schema_errors(self.schema):
+            async with transaction(conn) as c:
+                await self.stats_plan(c)
+                row = await c.fetchrow(self._sql["stats_rollup"], minute, leader)
+        assert row is not None  # one row, always
+        return row
+
+    async def stats_prune(self, conn: Runner, age: float, batch: int) -> int:
+        """Forget the rollup of at most `batch` minutes older than `age` seconds; how many."""
+        forgotten: int = await conn.fetchval(self._sql["stats_prune"], age, batch)
+        return forgotten
 
     async def dashboard_operator_log(
         self,

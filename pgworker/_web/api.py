@@ -994,7 +994,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
         start), and the p50 and p95 of the attempts' wait (claim - run_at) and run time, in
         seconds (null when nothing was measured), of one queue and one type when given. One
         array per series, aligned with `at` (each bucket's start, seconds since the epoch);
-        `sampled`: the percentiles were taken over the attempts of one job in that many."""
+        `sampled`: 1 (every attempt); `unread_minutes`: minutes of the window neither rolled up
+        nor read (0: every minute counted). Percentiles within 9.1% (docs/operations/console.md)."""
         async with database() as conn:
             return _answer(await charts.stats(conn, q, window.value, queue, type))
 

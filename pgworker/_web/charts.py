@@ -3,16 +3,22 @@
 jobs enqueued, the attempts completed and failed, and the p50 and p95 of the attempts' wait and
 run time.
 
-They read the attempts of the window along the indexes of job_attempts.started_at (its BRIN, or
-(type, started_at) for one type) and the jobs enqueued along the BRIN index of jobs.created_at
-(migration 22): their cost grows with the attempts in the window, not with the table, and the
-percentiles are taken over a bounded sample (docs/operations/console.md gives the cost on a table
-of five million attempts)."""
+They come from the per-minute rollup the maintenance leader keeps (migration 24,
+sql/queries/stats_rollup.sql): whole minutes are read from it, at most 1,440 rows for a day,
+and only the minutes it does not have yet (the last two or three; all of them right after an
+upgrade, or while no worker runs maintenance) from job_attempts and jobs, at most
+DIRECT_MINUTES of them, the newest; `unread_minutes` says how many were left out beyond those.
+The counts are exact. The percentiles come from histograms of fixed buckets, a quarter of an
+octave wide from 0.1 ms (`bucket_of`): the value shown is the middle of the bucket holding the
+attempt at the percentile's rank, kept within the smallest and largest values measured, so within
+HISTOGRAM_ERROR of it (docs/operations/console.md)."""
 
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime, timedelta
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,9 +29,56 @@ from ..errors import ValidationError
 
 WINDOWS: dict[str, tuple[int, int]] = {"hour": (3600, 60), "day": (86400, 600)}
 """Each chart window: its length and its bucket, in seconds."""
-SAMPLE = 20_000
-"""About the most attempts the percentiles of one chart are taken over (stats_attempts.sql)."""
+DIRECT_MINUTES = 120
+"""The most minutes of a window read from job_attempts rather than the rollup (the newest)."""
 SERIES = ("enqueued", "completed", "failed", "wait_p50", "wait_p95", "run_p50", "run_p95")
+HISTOGRAM_BASE = 0.0001
+"""The upper edge of bucket 0, in seconds: bucket k >= 1 holds [BASE * 2^((k-1)/STEPS),
+BASE * 2^(k/STEPS)); the last one (HISTOGRAM_TOP) everything above too."""
+HISTOGRAM_STEPS = 4
+HISTOGRAM_TOP = 132
+HISTOGRAM_ERROR = 2 ** (1 / (2 * HISTOGRAM_STEPS)) - 1
+"""The largest relative error of a percentile at or above HISTOGRAM_BASE (9.05%)."""
+
+
+def bucket_of(seconds: float) -> int:
+    """The histogram bucket of a value (as the SQL of stats_rollup.sql computes it)."""
+    if seconds < HISTOGRAM_BASE:
+        return 0
+    step = math.floor(HISTOGRAM_STEPS * math.log(seconds / HISTOGRAM_BASE) / math.log(2))
+    return min(1 + step, HISTOGRAM_TOP)
+
+
+def middle(bucket: int) -> float:
+    """The value a bucket stands for: its geometric middle (half the base for bucket 0)."""
+    if bucket <= 0:
+        return HISTOGRAM_BASE / 2
+    return HISTOGRAM_BASE * 2 ** ((bucket - 0.5) / HISTOGRAM_STEPS)
+
+
+def percentile(
+    p: float,
+    buckets: Sequence[int] | None,
+    counts: Sequence[int] | None,
+    low: float | None,
+    high: float | None,
+) -> float | None:
+    """The `p` percentile (nearest rank) of a histogram, within [low, high]; None when empty."""
+    if not buckets or not counts:
+        return None
+    rank = max(1, math.ceil(p * sum(counts)))
+    seen = 0
+    value = middle(buckets[-1])
+    for bucket, n in zip(buckets, counts, strict=True):
+        seen += n
+        if seen >= rank:
+            value = middle(bucket)
+            break
+    if low is not None:
+        value = max(value, low)
+    if high is not None:
+        value = min(value, high)
+    return value
 
 
 async def stats(
@@ -42,30 +95,25 @@ async def stats(
     last = int(now.timestamp()) // bucket * bucket
     first = last - length + bucket
     since = datetime.fromtimestamp(first, UTC)
-    until = now + timedelta(seconds=1)
-    if type_ is None:
-        attempts = await q.stats_attempts(conn, since, until, bucket, queue, SAMPLE)
-    else:
-        attempts = await q.stats_attempts_type(conn, since, until, bucket, queue, SAMPLE, type_)
-    enqueued = await q.stats_enqueued(conn, since, until, bucket, queue, type_)
+    rows = await q.stats_window(conn, since, now, bucket, queue or "", type_ or "", DIRECT_MINUTES)
     at = list(range(first, last + 1, bucket))
     index = {t: i for i, t in enumerate(at)}
     series: dict[str, list[Any]] = {
         name: [0 if name in ("enqueued", "completed", "failed") else None] * len(at)
         for name in SERIES
     }
-    sampled = 1
-    for r in attempts:
-        i = index.get(int(r["bucket"].timestamp()))
+    unread = 0
+    for r in rows:
+        unread = int(r["unread"])
+        i = None if r["bucket"] is None else index.get(int(r["bucket"].timestamp()))
         if i is None:
             continue
-        for name in SERIES[1:]:
-            series[name][i] = r[name]
-        sampled = max(sampled, int(r["sampled"]))
-    for r in enqueued:
-        i = index.get(int(r["bucket"].timestamp()))
-        if i is not None:
-            series["enqueued"][i] = r["enqueued"]
+        for name in ("enqueued", "completed", "failed"):
+            series[name][i] = int(r[name])
+        for kind in ("wait", "run"):
+            hist = (r[f"{kind}_buckets"], r[f"{kind}_counts"], r[f"{kind}_min"], r[f"{kind}_max"])
+            series[f"{kind}_p50"][i] = percentile(0.5, *hist)
+            series[f"{kind}_p95"][i] = percentile(0.95, *hist)
     return {
         "window": window,
         "bucket_seconds": bucket,
@@ -74,7 +122,8 @@ async def stats(
         "at": at,
         **series,
         "totals": {name: sum(series[name]) for name in ("enqueued", "completed", "failed")},
-        "sampled": sampled,
+        "sampled": 1,
+        "unread_minutes": unread,
     }
 
 
@@ -106,3 +155,7 @@ class StatsAnswer(BaseModel):
     run_p95: list[float | None]
     totals: StatsTotals
     sampled: int
+    """Always 1 since migration 24: the percentiles count every attempt."""
+    unread_minutes: int
+    """Minutes of the window neither rolled up nor read (more than DIRECT_MINUTES missing from
+    the rollup: its maintenance is not running or still catching up); 0: every one counted."""

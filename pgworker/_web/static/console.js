@@ -94,7 +94,9 @@
     if (total) {
       setText(total, s.totals.enqueued + " enqueued, " + s.totals.completed + " completed, " +
         s.totals.failed + " failed in the last " + s.window +
-        (s.sampled > 1 ? " (percentiles over 1 job in " + s.sampled + ")" : ""));
+        (s.sampled > 1 ? " (percentiles over 1 job in " + s.sampled + ")" : "") +
+        (s.unread_minutes > 0 ? " (" + s.unread_minutes +
+          " older minutes not counted: the rollup is behind)" : ""));
     }
     this.el.setAttribute("data-drawn", s.window);
     this.el.setAttribute("data-total-enqueued", String(s.totals.enqueued));
