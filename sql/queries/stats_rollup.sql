@@ -5,11 +5,13 @@
 -- lease (the fence of jobs_prune.sql). Returns the attempts read and the rows written.
 --
 -- The minute's attempts (those started in it) are read along the BRIN index of
--- job_attempts.started_at, its jobs enqueued along that of jobs.created_at, and each attempt's
--- wait needs one probe of jobs' primary key: the cost is linear in the minute's traffic. The
--- numbers are those of stats_window.sql for the minutes it reads directly (keep them alike): the
--- completed and failed attempts, the run time (ended attempts) and the wait (claim - the run_at
--- it was claimed at; only the job's latest attempt still has it), each value counted in
+-- job_attempts.started_at, its jobs enqueued along that of jobs.created_at; an attempt written
+-- before migration 23 needs one probe of jobs' primary key for its wait: the cost is linear in
+-- the minute's traffic. The numbers are those of stats_window.sql for the minutes it reads
+-- directly (keep them alike): the completed and failed attempts, the run time (run_ms, the
+-- handler's; before migration 23 the claim to the outcome's write) and the wait (wait_ms, the
+-- claim - the run_at it was claimed at; before migration 23 only the job's latest attempt
+-- still has it), each value counted in
 -- histogram bucket 0 (under 0.1 ms) or 1 + floor(4 * log2(value / 0.1 ms)), at most 132.
 -- Each attempt and job is counted under its (queue, type), its queue (type ''), its type
 -- (queue '') and the whole ('', '').
@@ -20,10 +22,13 @@ WITH fence AS (
                         AND expires_at > now()) AS held
 ), raw AS MATERIALIZED (
     SELECT a.queue, a.type, a.outcome,
-           greatest(date_part('epoch', a.finished_at - a.started_at), 0) AS run,
-           (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
-            FROM {schema}.jobs AS j
-            WHERE j.id = a.job_id AND j.attempts = a.attempt AND j.status <> 'pending') AS wait
+           coalesce(a.run_ms / 1000.0,
+                    greatest(date_part('epoch', a.finished_at - a.started_at), 0)) AS run,
+           coalesce(a.wait_ms / 1000.0,
+                    (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
+                     FROM {schema}.jobs AS j
+                     WHERE j.id = a.job_id AND j.attempts = a.attempt
+                       AND j.status <> 'pending')) AS wait
     FROM {schema}.job_attempts AS a
     WHERE a.started_at >= $1::timestamptz AND a.started_at < $1::timestamptz + interval '1 minute'
       AND (SELECT held FROM fence)

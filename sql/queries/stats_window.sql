@@ -30,10 +30,13 @@ WITH minutes AS MATERIALIZED (
 ), raw AS MATERIALIZED (
     -- One range of the BRIN index, from the oldest minute read here to the newest.
     SELECT date_bin(interval '1 minute', a.started_at, 'epoch') AS minute, a.outcome,
-           greatest(date_part('epoch', a.finished_at - a.started_at), 0) AS run,
-           (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
-            FROM {schema}.jobs AS j
-            WHERE j.id = a.job_id AND j.attempts = a.attempt AND j.status <> 'pending') AS wait
+           coalesce(a.run_ms / 1000.0,
+                    greatest(date_part('epoch', a.finished_at - a.started_at), 0)) AS run,
+           coalesce(a.wait_ms / 1000.0,
+                    (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
+                     FROM {schema}.jobs AS j
+                     WHERE j.id = a.job_id AND j.attempts = a.attempt
+                       AND j.status <> 'pending')) AS wait
     FROM {schema}.job_attempts AS a
     WHERE a.started_at >= (SELECT low FROM span) AND a.started_at < (SELECT high FROM span)
       AND ($4::text = '' OR a.queue = $4::text) AND ($5::text = '' OR a.type = $5::text)
