@@ -279,3 +279,24 @@ async def test_the_live_script_shows_queue_names_as_names_and_keeps_left_out_cou
         page.get(f"{served.url}/ui/queues/zz")
         until(page, polled)
         assert css(page, "[data-live-status=pending]").text == "2"
+
+
+# --- the tokens file ---------------------------------------------------------------------------
+
+
+async def test_a_tokens_file_saved_on_windows_reads_the_same(tmp_path):
+    """A tokens file with a byte order mark and CRLF line ends (Notepad's UTF-8): the BOM made
+    line 1's name invalid and `serve` refused to start."""
+    import argparse
+
+    from pgworker.cli._serve import _operators
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(
+        "\ufeffalice:alice-token-0123456789:operate\r\nreader:reader-token-0123456789:read\r\n".encode()
+    )
+    found = _operators(argparse.Namespace(tokens_file=str(tokens)))
+    assert [(o.name, o.token, o.role) for o in found] == [
+        ("alice", "alice-token-0123456789", "operate"),
+        ("reader", "reader-token-0123456789", "read"),
+    ]
