@@ -300,3 +300,14 @@ async def test_a_tokens_file_saved_on_windows_reads_the_same(tmp_path):
         ("alice", "alice-token-0123456789", "operate"),
         ("reader", "reader-token-0123456789", "read"),
     ]
+
+
+async def test_the_operator_log_refuses_a_cursor_past_the_calendar(dsn):
+    """The Older link's cursor, edited to a time outside years 1 to 9999 once in UTC, was a 503
+    "Database unavailable" (asyncpg could not send it): a 400 saying the page is not one."""
+    async with serving(dsn) as served, http(served) as client:
+        for cursor in ("0001-01-01T00:00:00+14:00|job|1", "9999-12-31T23:59:59-14:00|job|1"):
+            answer = await client.get("/ui/log", params={"before": cursor})
+            assert answer.status_code == 400, (cursor, answer.status_code)
+            assert "not a page of the operator log" in answer.text
+        assert (await client.get("/ui/log")).status_code == 200

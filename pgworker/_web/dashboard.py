@@ -1049,6 +1049,8 @@ def _log_cursor(text: str) -> tuple[datetime, str, int] | None:
         at, number = datetime.fromisoformat(parts[0]), limits.whole(parts[2])
         if at.tzinfo is None or not 1 <= number <= limits.MAX_BIGINT:
             raise ValueError(text)
+        # a time past year 1 or 9999 once in UTC: asyncpg could not send it (was a 503)
+        limits.moment("before", at, error=ValueError)
     except ValueError:
         raise _Refused(
             400, "Bad page", "before: not a page of the operator log; start from the newest"
