@@ -206,10 +206,16 @@ def moment(field: str, value: Any, *, error: type[Exception] = ValidationError) 
 def run_at(value: Any, *, error: type[Exception] = ValidationError) -> datetime:
     """A job's run_at: a `moment`, one microsecond earlier when it is the last microsecond of
     year 9999 in UTC, which asyncpg would send as PostgreSQL's 'infinity': the run_at of a parked
-    job (migrations 19 and 20), which nothing would ever release. Every other time is kept."""
+    job (migrations 19 and 20), which nothing would ever release; one microsecond later when it
+    is the first of year 1 in UTC, which asyncpg would send as '-infinity' (a claim's wait,
+    claimed_at - run_at, then fails, and the producer with it, for every job of the queue).
+    Every other time is kept."""
     when: datetime = moment("run_at", value, error=error)
-    if when.astimezone(UTC).replace(tzinfo=None) == datetime.max:
+    utc = when.astimezone(UTC).replace(tzinfo=None)
+    if utc == datetime.max:
         return when - timedelta(microseconds=1)
+    if utc == datetime.min:
+        return when + timedelta(microseconds=1)
     return when
 
 

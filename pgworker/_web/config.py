@@ -79,7 +79,7 @@ def who(
     if config.trusted_user_header is not None and headers is not None:
         user = headers.get(config.trusted_user_header, "").strip()
         if user and NAME.fullmatch(user):
-            return Identity(user, config.trusted_user_role)
+            return Identity(user, config.trusted_user_role, ambient=True)
     found = identify(everyone(config), token)
     if found is not None:
         return identity_of(found)

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from .. import _limits as limits
 from ..errors import ValidationError
-from ..operations import queue_controls, status
+from ..operations import queue_controls
 from . import charts
 from . import dashboard_words as words
 from .dashboard import (
@@ -69,36 +69,46 @@ class Console:
         return response
 
     def _allowed(self, request: Request) -> bool:
-        """Whether a JSON request comes from a logged-in session (any session with
-        --insecure-no-auth)."""
-        if self.board.config.insecure_no_auth:
-            return True
-        session = self.board.session(request)
-        return session is not None and session.authenticated
+        """Whether a JSON request comes from someone the pages show themselves to: a logged-in
+        session, a trusted proxy's user, anyone with --insecure-no-auth."""
+        return self.board.identity(request) is not None
 
     async def live(self, request: Request) -> Response:
         """/ui/live: the counts the pages show, per queue and in all, for their script."""
         if not self._allowed(request):
             return self._json({"error": "log in to the dashboard first", "field": None}, 401)
+        q = self.board.q
         async with self.board.database() as conn:
-            found = await status(conn, schema=self.board.config.schema, live_within=LIVE_WITHIN)
+            # Not operations.status: its queues-no-worker-serves check costs pending jobs times
+            # workers (seconds with thousands of each), and every open page polls this.
+            found = {
+                "counts": await q.status_counts(conn),
+                "oldest_pending": await q.status_oldest_pending(conn),
+                "workers": await q.status_workers(conn, LIVE_WITHIN),
+            }
             queues: dict[str, dict[str, int]] = {}
+            totals = dict.fromkeys(words.STATUS_WORDS, 0)
+            truncated = False
             for r in found["counts"]:
+                totals[r["status"]] += r["jobs"]  # every queue's, those left out below too
                 if r["queue"] in queues or len(queues) < SHOWN_QUEUES:
                     queues.setdefault(r["queue"], dict.fromkeys(words.STATUS_WORDS, 0))[
                         r["status"]
                     ] = r["jobs"]
+                else:
+                    truncated = True
             oldest = {
                 r["queue"]: words.span(r["age"])
                 for r in found["oldest_pending"]
                 if r["queue"] in queues
             }
-            totals = {s: sum(c[s] for c in queues.values()) for s in words.STATUS_WORDS}
             body = {
                 "totals": totals,
                 "queues": queues,
                 "oldest": oldest,
                 "workers": len(found["workers"]),
+                # queues left out (past SHOWN_QUEUES): the script leaves their counts as shown
+                "truncated": truncated,
             }
         return self._json(body)
 
@@ -132,13 +142,18 @@ class Console:
 
         async def render(session: Any) -> Response:
             async with board.database() as conn:
-                found = await status(conn, schema=board.config.schema, live_within=LIVE_WITHIN)
+                # Not operations.status (its unserved check costs pending jobs times workers).
                 counts = dict.fromkeys(words.STATUS_WORDS, 0)
-                for r in found["counts"]:
+                for r in await board.q.status_counts(conn):
                     if r["queue"] == name:
                         counts[r["status"]] = r["jobs"]
                 oldest = next(
-                    (r["age"] for r in found["oldest_pending"] if r["queue"] == name), None
+                    (
+                        r["age"]
+                        for r in await board.q.status_oldest_pending(conn)
+                        if r["queue"] == name
+                    ),
+                    None,
                 )
                 controls = {
                     c.name: c for c in await queue_controls(conn, schema=board.config.schema)

@@ -257,7 +257,8 @@ class _Dashboard:
         in."""
         header = self.config.trusted_user_header
         if header is not None:
-            found = who(self.config, None, {header: request.headers.get(header, "")})
+            given = request.headers.getlist(header)  # twice: the first may be the client's
+            found = who(self.config, None, {header: given[0] if len(given) == 1 else ""})
             if found is not None and found.named:
                 return found
         session = session or self.session(request)
@@ -571,9 +572,11 @@ class _Dashboard:
             return self._redirect(self.url(request, f"{PREFIX}/login"))
         kind = form.get("kind")
         try:
-            job_filter = JobFilter.parse(
-                {k: form.get(k) for k in FILTER_FIELDS if isinstance(form.get(k), str)}
-            )
+            for field in (*FILTER_FIELDS, "max_id", "run_at"):
+                # A filter's field sent as a file would be left out, and the action widened.
+                if form.get(field) is not None and not isinstance(form.get(field), str):
+                    raise ValidationError(field, "must be text")
+            job_filter = JobFilter.parse({k: form.get(k) for k in FILTER_FIELDS})
             max_id = _whole(form, "max_id", None, 0, limits.MAX_BIGINT)
             run_at = None
             if kind == "reschedule":
@@ -1046,6 +1049,8 @@ def _log_cursor(text: str) -> tuple[datetime, str, int] | None:
         at, number = datetime.fromisoformat(parts[0]), limits.whole(parts[2])
         if at.tzinfo is None or not 1 <= number <= limits.MAX_BIGINT:
             raise ValueError(text)
+        # a time past year 1 or 9999 once in UTC: asyncpg could not send it (was a 503)
+        limits.moment("before", at, error=ValueError)
     except ValueError:
         raise _Refused(
             400, "Bad page", "before: not a page of the operator log; start from the newest"

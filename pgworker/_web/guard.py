@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import asyncpg
@@ -249,6 +250,16 @@ class Guard:
         # The one role check of the API, by method: any route that is not GET, HEAD or OPTIONS,
         # those added later too, needs an `operate` operator.
         found = identity(scope)
+        # Sent by the browser by itself (a proxy's header, no auth at all): a form of another
+        # site would act as the user. Pages of that site cannot forge Origin.
+        ambient = found is not None and found.ambient and scope["method"] not in SAFE_METHODS
+        if ambient and cross_site(scope):
+            return problem(
+                403,
+                "a change sent from a page of another site is refused (cross-site request); "
+                "send it from this server's own pages, or with an Authorization header",
+                "Origin",
+            )
         if found is not None and not found.may_operate and scope["method"] not in SAFE_METHODS:
             return problem(
                 403,
@@ -272,14 +283,29 @@ class Guard:
 
 
 def _headers(scope: Scope, wanted: str | None) -> dict[str, str] | None:
-    """The one header `wanted` of the request (lower-case name), when a header is trusted."""
+    """The one header `wanted` of the request (lower-case name), when a header is trusted; none
+    when the request holds it twice (a proxy that adds its own after the client's: the first
+    would be the client's, anyone's)."""
     if wanted is None:
         return None
     key = wanted.encode("latin-1")
-    for name, value in scope.get("headers", ()):
-        if name == key:
-            return {wanted: value.decode("latin-1")}
-    return {}
+    found = [value for name, value in scope.get("headers", ()) if name == key]
+    return {wanted: found[0].decode("latin-1")} if len(found) == 1 else {}
+
+
+def cross_site(scope: Scope) -> bool:
+    """Whether a browser says the request comes from a page of another site: its Sec-Fetch-Site,
+    or an Origin that is not the host it was sent to (Host, or X-Forwarded-Host behind a
+    proxy). Browsers send Origin with every cross-origin POST; a client that is not a browser
+    sends neither."""
+    headers = {n.decode("latin-1"): v.decode("latin-1") for n, v in scope.get("headers", ())}
+    if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return True
+    origin = headers.get("origin")
+    if origin is None:
+        return False
+    hosts = {headers.get("host"), headers.get("x-forwarded-host")} - {None, ""}
+    return urlsplit(origin).netloc not in hosts
 
 
 async def _drain(receive: Receive, most: int) -> None:

@@ -81,13 +81,17 @@ class Identity:
     name: str
     role: Role
     named: bool = True
+    ambient: bool = False
+    """Whether the browser sends it by itself (a trusted proxy's header, or --insecure-no-auth),
+    rather than a token its client chose to send: a page of another site can make a browser send
+    it, so a change under it must come from the same site (guard.cross_site)."""
 
     @property
     def may_operate(self) -> bool:
         return self.role == "operate"
 
 
-ANONYMOUS = Identity("anonymous", "operate", named=False)
+ANONYMOUS = Identity("anonymous", "operate", named=False, ambient=True)
 """Everyone, with --insecure-no-auth."""
 
 

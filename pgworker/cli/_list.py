@@ -98,7 +98,9 @@ async def _list(args: argparse.Namespace) -> int:
     jobs = [_job(r, keys) for r in rows[:limit]]
     next_before = jobs[-1]["id"] if more and jobs else None
     if args.json:
-        say(json.dumps({"jobs": jobs, "next_before": next_before}, ensure_ascii=False))
+        # ASCII: every other character as \uXXXX, which `say` leaves alone (a C1 control kept
+        # as itself would be escaped by `say` as \x9b, which is not JSON).
+        say(json.dumps({"jobs": jobs, "next_before": next_before}))
         return 0
     say(_text(jobs, next_before))
     return 0

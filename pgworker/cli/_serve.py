@@ -164,7 +164,8 @@ def _operators(args: argparse.Namespace) -> tuple[Operator, ...]:
     found: list[Operator] = []
     if args.tokens_file is not None:
         try:
-            with open(args.tokens_file, encoding="utf-8") as f:
+            # utf-8-sig: a file saved by an editor that starts it with a BOM reads the same
+            with open(args.tokens_file, encoding="utf-8-sig") as f:
                 text = f.read(1024 * 1024 + 1)
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError("--tokens-file", f"cannot read it: {exc}") from None

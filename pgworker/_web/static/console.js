@@ -30,18 +30,26 @@
     if (el.textContent !== text) { el.textContent = text; }
   }
 
+  /* obj[key] when obj has it as its own: a queue may be named constructor or toString, which
+   * every object inherits. */
+  function own(obj, key) {
+    return obj && Object.prototype.hasOwnProperty.call(obj, key) ? obj[key] : undefined;
+  }
+
   function showCounts(data) {
     document.querySelectorAll("[data-live-total]").forEach(function (el) {
-      var n = data.totals[el.getAttribute("data-live-total")];
+      var n = own(data.totals, el.getAttribute("data-live-total"));
       if (n !== undefined) { setText(el, n); }
     });
     document.querySelectorAll("[data-live-queue]").forEach(function (el) {
-      var counts = data.queues[el.getAttribute("data-live-queue")];
+      var name = el.getAttribute("data-live-queue");
+      var counts = own(data.queues, name);
       var status = el.getAttribute("data-live-status");
+      if (counts === undefined && data.truncated) { return; } /* left out: keep what is shown */
       if (status) {
-        setText(el, counts ? (counts[status] || 0) : 0);
+        setText(el, counts ? (own(counts, status) || 0) : 0);
       } else if (el.hasAttribute("data-live-oldest")) {
-        setText(el, data.oldest[el.getAttribute("data-live-queue")] || "-");
+        setText(el, own(data.oldest, name) || "-");
       }
     });
     document.querySelectorAll("[data-live-workers]").forEach(function (el) {
