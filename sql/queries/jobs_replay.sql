@@ -6,7 +6,9 @@
 -- whether it was replayed; the other jobs are left as they are. A job whose unique key (migration
 -- 17) is now held by another live job of its bucket, and whose own unique states do not hold its
 -- failed or cancelled status, would collide with it once pending: it is left as it is, and
--- `held_by` names the holder.
+-- `held_by` names the holder. A dependant (migration 19) counts its parents not ended again, and
+-- waits for them, parked, if any is left (a recount here rather than a trigger on every update
+-- of `status`: see migration 26).
 WITH target AS (
     SELECT j.id, j.status,
            CASE WHEN j.unique_key IS NOT NULL
@@ -16,7 +18,12 @@ WITH target AS (
                  AND h.unique_bucket = j.unique_bucket AND h.id <> j.id
                  AND h.unique_key IS NOT NULL
                  AND {schema}.unique_state_in(h.unique_states, h.status)
-           ) END AS held_by
+           ) END AS held_by,
+           CASE WHEN j.parents IS NOT NULL THEN (
+               SELECT count(*) FROM {schema}.jobs AS p
+               WHERE p.id = ANY(j.parents)
+                 AND p.status NOT IN ('completed', 'failed', 'cancelled')
+           ) END AS parents_left
     FROM {schema}.jobs AS j
     WHERE j.id = ANY($1::bigint[])
     ORDER BY j.id
@@ -30,7 +37,8 @@ WITH target AS (
         cancel_requested_at = NULL,
         finished_at = NULL,
         lease_expires_at = NULL,
-        run_at = now(),
+        parents_left = coalesce(t.parents_left, j.parents_left),
+        run_at = CASE WHEN t.parents_left > 0 THEN 'infinity' ELSE now() END,
         updated_at = now()
     FROM target AS t
     WHERE j.id = t.id AND t.status IN ('failed', 'cancelled') AND t.held_by IS NULL
