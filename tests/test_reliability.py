@@ -203,14 +203,14 @@ async def test_a_large_outcome_batch_is_written_by_key(dsn, conn):
         async with pool.acquire() as c:
             await c.execute(
                 "PREPARE w(bigint[], integer[], text[], text[], text[], text[], text[], "
-                "float8[], integer[], timestamptz[], text[]) AS "
+                "float8[], integer[], timestamptz[], text[], float8[]) AS "
                 + files.queries("pgworker")["job_finish_many"]
             )
             plan = "\n".join(
                 r[0]
                 for r in await c.fetch(
                     "EXPLAIN (COSTS OFF) EXECUTE w('{1}', '{1}', '{completed}', '{completed}', "
-                    "'{null}', '{null}', '{null}', '{0}', '{0}', '{2026-01-01Z}', '{null}')"
+                    "'{null}', '{null}', '{null}', '{0}', '{0}', '{2026-01-01Z}', '{null}', '{0}')"
                 )
             )
             await c.execute("DEALLOCATE w")

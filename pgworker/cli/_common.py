@@ -28,11 +28,12 @@ from ..registry import Registry, load
 from ..settings import dsn_from_env, flag
 
 
-def say(text: str, *, err: bool = False) -> None:
+def say(text: str, *, err: bool = False, end: str = "\n") -> None:
     """Print one message (lines joined by newlines) on stdout, or stderr: the only way the CLI
     prints. Text from the database is anybody's, so every control character in it (ESC, CR, C1,
-    bidi overrides: see `_terminal.terminal`) is shown escaped, never obeyed by the terminal."""
-    print(_terminal.terminal(text), file=sys.stderr if err else sys.stdout)
+    bidi overrides: see `_terminal.terminal`) is shown escaped, never obeyed by the terminal.
+    `end=""` leaves the cursor on the line (a question), flushed at once."""
+    print(_terminal.terminal(text), file=sys.stderr if err else sys.stdout, end=end, flush=not end)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -349,7 +350,7 @@ def _confirmed(question: str) -> bool:
     """A yes from the terminal; without one (stdin is not a terminal), no."""
     if not sys.stdin.isatty():
         raise ValidationError("--yes", "stdin is not a terminal: pass --yes to confirm")
-    print(_terminal.terminal(question), end="", file=sys.stderr, flush=True)
+    say(question, err=True, end="")
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
