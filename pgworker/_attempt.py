@@ -148,7 +148,10 @@ class Attempt:
         error_detail: str | None = None,
     ) -> AttemptResult:
         """This attempt's result: the job's next status, the attempt's outcome, and the other
-        fields of AttemptResult (built positionally: one is made per job)."""
+        fields of AttemptResult (built positionally: one is made per job). Its run time, one
+        definition everywhere (log, job_attempts.run_ms, CLI, dashboard): from the handler's
+        call to this decision, None before the call."""
+        started = self.started
         return AttemptResult(
             self.id,
             self.number,
@@ -162,6 +165,7 @@ class Attempt:
             retried,
             self.correlation_id,
             error_detail,
+            None if started is None else round((time.monotonic() - started) * 1000, 1),
         )
 
     def budget_elapsed(self) -> float | None:

@@ -153,7 +153,7 @@ async def execute(
         log.debug("job started", **attempt.keys, type=attempt.type, queue=attempt.queue)
     if task.timeout is not None:
         attempt.scope.deadline = min(attempt.scope.deadline, anyio.current_time() + task.timeout)
-    started = attempt.started = time.monotonic()
+    attempt.started = time.monotonic()
     value: Any = None
     failure: BaseException | None = None
     if attempt.payload_error is not None:
@@ -194,8 +194,6 @@ async def execute(
         result = _decide(attempt, task, value, failure, redact or redactor())
         if attempt.stopping is not None:  # read by the handler: its timeout's timer goes
             attempt.stopping.close(attempt.scope.cancel_called)
-    # The run time, one definition everywhere (log, job_attempts.run_ms, CLI, dashboard).
-    result = result._replace(run_ms=round((time.monotonic() - started) * 1000, 1))
     try:  # noqa: SIM105 - contextlib.suppress would cost an object per job
         _log_outcome(log, attempt, result)
     except BaseException:
