@@ -35,7 +35,7 @@ import asyncpg  # noqa: E402
 from bench.measure import BenchError, Resources, git_rev, log, versions  # noqa: E402
 from bench.profiling import profile  # noqa: E402
 from bench.report import footnotes, medians, render  # noqa: E402
-from bench.systems import BASE, LIB_SYSTEMS, OPTIONAL, SYSTEMS  # noqa: E402
+from bench.systems import BASE, CONCURRENCY, LIB_SYSTEMS, OPTIONAL, SYSTEMS  # noqa: E402
 from bench.workloads import w1, w2, w4  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -149,7 +149,7 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
             "n": args.n,
             "runs": args.runs,
             "chunk": args.chunk,
-            "concurrency": 10,
+            "concurrency": CONCURRENCY,
             "rate": args.rate,
             "latency_count": args.latency_count,
             "growth_rows": args.growth_rows,

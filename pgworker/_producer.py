@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
@@ -43,6 +43,44 @@ T = TypeVar("T")
 
 ABANDON_AFTER = 5.0
 """Seconds an interrupted handler gets to end before the worker stops waiting for it."""
+AHEAD_MOST = 4
+"""The most jobs claimed ahead, in multiples of the concurrency."""
+AVERAGE_WEIGHT = 0.1
+"""The weight of the newest figure in the running averages of run time and claim time."""
+
+
+class ClaimAhead:
+    """How many jobs of each type to claim beyond the free slots, so that the next claim runs
+    while the slots still work rather than after them, and claims are larger: as many as the
+    slots end during one claim's round trip (AHEAD_MOST times the concurrency at most), judged
+    by the type's own run times, and none of a type whose handlers take longer than that, or
+    that has not run here yet. Only jobs of types that end faster than a claim wait in the
+    worker, each about one claim's time at most."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self._run: dict[str, float] = {}
+        self._claim: float | None = None
+        self.jobs = 0
+        """The most jobs of any type claimed ahead."""
+
+    def ran(self, type_: str, seconds: float) -> None:
+        run = self._run.get(type_)
+        self._run[type_] = seconds if run is None else run + AVERAGE_WEIGHT * (seconds - run)
+
+    def claimed(self, seconds: float) -> None:
+        claim = self._claim
+        self._claim = seconds if claim is None else claim + AVERAGE_WEIGHT * (seconds - claim)
+        self.jobs = max(map(self.of, self._run), default=0)
+
+    def of(self, type_: str) -> int:
+        run = self._run.get(type_)
+        if run is None or self._claim is None:
+            return 0
+        most = self._concurrency * AHEAD_MOST
+        if run * most <= self._claim * self._concurrency:
+            return most
+        return int(self._concurrency * self._claim / run)
 
 
 class _Handoff:
@@ -61,6 +99,12 @@ class _Handoff:
     def close(self) -> None:
         self._closed = True
         self._ready.set()
+
+    def take_all(self) -> list[Attempt]:
+        """The attempts no slot has taken yet, removed."""
+        items = list(self._items)
+        self._items.clear()
+        return items
 
     @property
     def closed(self) -> bool:
@@ -124,6 +168,7 @@ class Producer:
         )
         self._redact = redactor(settings.redact_keys)
         self._handoff = _Handoff()
+        self._ahead = ClaimAhead(settings.concurrency)
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._saturated = False
@@ -165,8 +210,19 @@ class Producer:
         told at once (`ctx.stopping`)."""
         if not self._stopping.is_set():
             self._stopping.set()
+            self._hand_back_waiting()
             self._ask_to_stop()
         self._wakeup.set()
+
+    def _hand_back_waiting(self) -> None:
+        """The attempts claimed ahead that no slot started go back at once, `interrupted`, for
+        other workers to take."""
+        for attempt in self._handoff.take_all():
+            result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
+            if self._metrics is not None:
+                self._metrics.finished(attempt, result, time.monotonic())
+            self._completer.submit(result)
+            self._forget(attempt)
 
     def _ask_to_stop(self) -> None:
         for attempt in list(self.running):
@@ -293,25 +349,36 @@ class Producer:
         await self._conn.drop()
         await recover(self._pool, exc)
 
+    def _room(self) -> int:
+        """How many jobs the next claim asks for: the free slots, plus the jobs claimed ahead
+        (ClaimAhead); 0 while claimed jobs still cover the next claim's round trip."""
+        ahead = self._ahead.jobs
+        room = self._settings.concurrency + ahead - len(self.running)
+        return room if room >= max(ahead, 1) else 0
+
     async def step(self) -> None:
         s = self._settings
         self._wakeup.clear()
-        free = s.concurrency - len(self.running)
+        free = self._room()
         if free <= 0 or self._cut_off:
             return
         if self._polled or (self._turns is not None and self._turns.take_bare()):
             self.limited.stale = True
         records: list[asyncpg.Record] = []
-        if self.limited.wanted():
+        # Limits count claimed jobs as running: none is claimed ahead of a free slot.
+        slots = s.concurrency - len(self.running)
+        if slots > 0 and self.limited.wanted():
             # Limited jobs first: the plain claim would otherwise take every free slot for as
             # long as plain work waits.
             limited, wait = await self._claiming(
-                self.limited.claim(await self._conn.get(), free), ([], None)
+                self.limited.claim(await self._conn.get(), slots), ([], None)
             )
             if wait is not None:
                 self.requeued(max(wait, 0.0))
             records += self._started(limited)
         if len(records) < free and (self._version_1_types or self._other_versions):
+            began = time.monotonic()
+            slots = max(slots - len(records), 0)
             plain = await self._claiming(
                 self._q.job_claim(
                     await self._conn.get(),
@@ -325,11 +392,18 @@ class Producer:
                     durable=s.durable_claims,
                     version_1_types=self._version_1_types,
                     other_versions=self._other_versions,
+                    most=lambda type_: slots + self._ahead.of(type_),
                 ),
                 [],
             )
+            self._ahead.claimed(time.monotonic() - began)
             records += self._started(plain)
-        self._saturated = len(records) == free
+            # A type that got all it could (its jobs claimed ahead are capped) may have more.
+            capped = Counter(r["type"] for r in plain)
+            saturated = any(n >= slots + self._ahead.of(t) for t, n in capped.items())
+        else:
+            saturated = False
+        self._saturated = saturated or len(records) == free
         if self.cut_off():  # claimed by a statement sent before the worker was fenced
             self.fence()
         elif self._polled and self._saturated and self._turns is not None and self._turns.shared:
@@ -465,6 +539,8 @@ class Producer:
                 result = failed_by_worker(attempt, task, exc, self._redact)
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
+            if result.run_ms is not None:
+                self._ahead.ran(attempt.type, result.run_ms / 1000)
             if not (self.fenced and self._fenced_out(attempt, result)):
                 if self._metrics is not None:  # before the completer can settle it
                     self._metrics.finished(attempt, result, time.monotonic())
@@ -491,7 +567,7 @@ class Producer:
         self.running.discard(attempt)
         if self._by_job.get(attempt.id) is attempt:
             del self._by_job[attempt.id]
-        if self._saturated:
+        if self._saturated and self._room():
             self._wakeup.set()
         if self._stopping.is_set() and not self.running:
             self._drained.set()

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 BACKLOG = 100_000
 PREPARE = (
-    "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean) "
-    "AS "
+    "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean, "
+    "int[]) AS "
 )
 
 
@@ -42,7 +42,7 @@ async def explain_claim(c: Any, types: list[str]) -> dict[str, Any]:
         raw = await c.fetchval(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim('{default}', "
             f"'{array}', 10, 'w', 30, '{{{','.join('3' for _ in types)}}}', NULL, 'off', "
-            f"'{array}', '{{{','.join('1' for _ in types)}}}', false)"
+            f"'{array}', '{{{','.join('1' for _ in types)}}}', false, NULL)"
         )
     finally:
         await tr.rollback()

@@ -219,8 +219,8 @@ async def test_a_pause_stops_every_worker_within_a_second_and_a_resume_wakes_the
 # --- the claim itself, in one process --------------------------------------------------------
 
 PREPARE = (
-    "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean) "
-    "AS "
+    "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean, "
+    "int[]) AS "
 )
 
 
@@ -238,7 +238,7 @@ async def claim_plan(c: Any, queues: list[str]) -> dict[str, Any]:
     try:
         raw = await c.fetchval(
             f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim('{{{','.join(queues)}}}', '{{t}}', "
-            "10, 'w', 30, '{3}', NULL, 'off', '{t}', '{1}', false)"
+            "10, 'w', 30, '{3}', NULL, 'off', '{t}', '{1}', false, NULL)"
         )
     finally:
         await tr.rollback()

@@ -298,7 +298,7 @@ async def test_the_claim_reads_each_served_type_along_its_index(dsn, conn, mode,
         async with pool.acquire() as c:
             await c.execute(
                 "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], "
-                "int[], boolean) AS " + files.queries("pgworker")["job_claim"]
+                "int[], boolean, int[]) AS " + files.queries("pgworker")["job_claim"]
             )
             claim = c.transaction()
             await claim.start()
@@ -308,7 +308,7 @@ async def test_the_claim_reads_each_served_type_along_its_index(dsn, conn, mode,
                     r[0]
                     for r in await c.fetch(
                         "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE claim('{default,q2}', '{x,y}', 10, "
-                        f"'w', 30, '{{3,3}}', NULL, 'off', '{types}', '{versions}', false)"
+                        f"'w', 30, '{{3,3}}', NULL, 'off', '{types}', '{versions}', false, NULL)"
                     )
                 ]
                 claimed = await c.fetch(

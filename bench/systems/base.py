@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-CONCURRENCY = 10
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "10"))
+"""The jobs one worker process runs at once, every system alike (the floor's slots)."""
 
 
 @dataclass

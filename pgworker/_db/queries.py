@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any, NamedTuple
@@ -255,12 +262,14 @@ class Queries:
         version_1_types: Sequence[str] | None = None,
         other_versions: Sequence[str] = (),
         limited_queues: bool = False,
+        most: Callable[[str], int] | None = None,
     ) -> list[Row]:
         """Claim up to `limit` jobs in one statement; the rows are whole jobs. Unless `durable`,
         the claim commits without waiting for its WAL flush. Only jobs of the (type, version)
         pairs served are claimed: version 1 of `version_1_types` (None: of every type) and
-        `other_versions`, as registry.served_key writes them. Queues with a limit are left out
-        (job_claim_limited.sql claims them) unless `limited_queues`."""
+        `other_versions`, as registry.served_key writes them; `most(type)` jobs of a type at
+        most (None: `limit`). Queues with a limit are left out (job_claim_limited.sql claims
+        them) unless `limited_queues`."""
         served = [(t, 1) for t in (types if version_1_types is None else version_1_types)]
         for key in other_versions:
             # served_key writes the version after the type's last `@`.
@@ -279,6 +288,7 @@ class Queries:
             [t for t, _ in served],
             [v for _, v in served],
             limited_queues,
+            None if most is None else [most(t) for t, _ in served],
         )
 
     async def limits_lock(

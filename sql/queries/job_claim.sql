@@ -1,6 +1,6 @@
 -- Claim up to $3 due jobs of the worker's queues ($1) whose (type, version) the worker serves (the
--- pairs $9, $10: each type with its version), highest priority first, then oldest run_at, then
--- id, across all of them. Each claimed job gets an attempt row, and the task's max_retries ($6,
+-- pairs $9, $10: each type with its version; $12, aligned, the most jobs of each, NULL for $3),
+-- highest priority first, then oldest run_at, then id, across all of them. Each claimed job gets an attempt row, and the task's max_retries ($6,
 -- aligned with the types $2) where the enqueuer gave none. The rows are whole jobs as the claim left
 -- them. With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
 -- claims"); with NULL it commits as the server is configured.
@@ -15,9 +15,9 @@
 -- with $11 true, this claim takes them too (pgworker.testing.drain, which runs one job at a
 -- time: no limit on running jobs can be exceeded, and it does not wait for rate windows).
 WITH served AS (
-    SELECT q.name AS queue, s.type, s.version
+    SELECT q.name AS queue, s.type, s.version, least(s.most, $3) AS most
     FROM unnest($1::text[]) AS q(name)
-    CROSS JOIN unnest($9::text[], $10::integer[]) AS s(type, version)
+    CROSS JOIN unnest($9::text[], $10::integer[], $12::integer[]) AS s(type, version, most)
     -- A subquery per queue rather than an anti-join: a probe of the primary key, whatever the
     -- planner believes of the table's size (empty when the plan was made, or not).
     -- A queue with a limit (migration 0015) is claimed from by job_claim_limited.sql only. A
@@ -30,11 +30,11 @@ WITH served AS (
     -- The jobs claimed are among the first $3 of the (queue, type, version) whose first due jobs
     -- come first: with more of them served than that, only those are searched, so that a claim
     -- locks at most $3 jobs of $3 of them, whatever their number.
-    SELECT queue, type, version
+    SELECT queue, type, version, most
     FROM served
     WHERE cardinality($1::text[]) * cardinality($9::text[]) <= $3
     UNION ALL (
-        SELECT s.queue, s.type, s.version
+        SELECT s.queue, s.type, s.version, s.most
         FROM served AS s
         CROSS JOIN LATERAL (
             SELECT j.priority, j.run_at, j.id
@@ -59,7 +59,7 @@ WITH served AS (
         WHERE j.status = 'pending' AND j.queue = s.queue AND j.type = s.type
           AND j.version = s.version AND j.run_at <= now()
         ORDER BY j.priority DESC, j.run_at, j.id
-        LIMIT $3
+        LIMIT s.most
         FOR UPDATE SKIP LOCKED
     ) AS c
     ORDER BY c.priority DESC, c.run_at, c.id
