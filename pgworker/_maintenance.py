@@ -261,6 +261,10 @@ class Maintenance:
         """Roll up (again) the minutes due, a statement each, fenced by the leadership; how many.
         Minutes left for lack of time are rolled up at the next tick."""
         budget = anyio.current_time() + interval(self._s.lease) / 2
+        if self._rollup_behind:
+            await self._q.stats_rollup_empty(
+                self._pool, self._s.worker_id, ROLLUP_REACH, ROLLUP_RECHECK
+            )
         due = await self._q.stats_rollup_due(
             self._pool, ROLLUP_SETTLE, ROLLUP_RECHECK, ROLLUP_REACH, ROLLUP_MINUTES
         )

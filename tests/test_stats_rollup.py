@@ -249,3 +249,25 @@ async def test_the_leader_rolls_up_and_prunes_with_the_retention(dsn, pool, monk
         )
         == 0
     )
+
+
+async def test_minutes_before_the_oldest_job_are_marked_empty_and_its_own_are_not(conn):
+    """A new install does not roll up a day of empty minutes one statement each: those that
+    ended before the oldest job was created (less the recheck delay) are marked rolled up at
+    once, empty; the oldest job's minute and those after it are rolled up as usual."""
+    now = await conn.fetchval("SELECT date_bin('1 minute', now(), 'epoch')")
+    oldest = now - timedelta(hours=2)
+    await _job(conn, "q", "t", oldest + timedelta(seconds=5), ["completed"], 0.1, 0.1)
+    await _job(conn, "q", "t", now - timedelta(minutes=30), ["completed"], 0.1, 0.1)
+    recheck = _maintenance.ROLLUP_RECHECK
+    marked = await q.stats_rollup_empty(conn, None, _maintenance.ROLLUP_REACH, recheck)
+    bound = await conn.fetchval("SELECT max(minute) FROM pgworker.stats_rollup")
+    assert marked > 1000
+    assert bound < oldest - timedelta(seconds=recheck), (bound, oldest)
+    assert bound >= oldest - timedelta(seconds=recheck + 120), (bound, oldest)
+    assert not await conn.fetchval(
+        "SELECT count(*) FROM pgworker.stats_minutes WHERE minute <= $1", bound
+    )
+    # Marked again: nothing more, and nothing of the minutes with jobs.
+    assert await q.stats_rollup_empty(conn, None, _maintenance.ROLLUP_REACH, recheck) == 0
+    assert await conn.fetchval("SELECT max(minute) FROM pgworker.stats_rollup") == bound

@@ -851,6 +851,17 @@ class Queries:
             for r in await self._rows(conn, "stats_rollup_due", settle, recheck, reach, limit)
         ]
 
+    async def stats_rollup_empty(
+        self, conn: Runner, leader: str | None, reach: float, recheck: float
+    ) -> int:
+        """Mark the minutes before the oldest job as rolled up, empty (see
+        stats_rollup_empty.sql); how many."""
+        with schema_errors(self.schema):
+            marked: int = await conn.fetchval(
+                self._sql["stats_rollup_empty"], leader, reach, recheck
+            )
+        return marked
+
     async def stats_rollup(self, conn: Runner, minute: datetime, leader: str | None) -> Row:
         """Roll minute `minute` up again from scratch (fenced by `leader`'s lease when given)."""
         with schema_errors(self.schema):
