@@ -146,11 +146,16 @@ class Fleet:
         )
 
     async def serving(self, conn: asyncpg.Connection, timeout: float = 30) -> None:
-        """Wait (bounded) until every worker has registered, so that SIGTERM finds it serving."""
+        """Wait (bounded) until every worker has started: registered, and its listener has
+        said hello (the last step of a worker's start-up), so that neither SIGTERM nor a cut
+        finds it starting."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             seen = await conn.fetchval(
-                "SELECT count(*) FROM pgworker.workers WHERE worker_id = ANY($1)",
+                "SELECT count(*) FROM pgworker.workers w WHERE w.worker_id = ANY($1)"
+                " AND EXISTS (SELECT FROM pg_stat_activity a"
+                "             WHERE a.application_name = 'pgworker-listen:' || w.worker_id"
+                "               AND a.state = 'idle' AND a.query LIKE '%pg_notify%')",
                 list(self.names.values()),
             )
             if seen == len(self.names):
