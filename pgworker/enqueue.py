@@ -680,7 +680,7 @@ async def _copy_many(
             rows.append((f"{head}{encoded}{tail}{field}{last}", f, correlation, payload))
         return rows
 
-    def numbered(start: int, rows: list[Any], ids: list[int], now: datetime) -> bytes:
+    def numbered(start: int, rows: list[Any], ids: list[str], now: datetime) -> bytes:
         lines = []
         for job_id, (line, f, correlation, payload) in zip(
             ids[start : start + len(rows)], rows, strict=True
@@ -700,7 +700,7 @@ async def _copy_many(
             invalid.append(exc)
             return []
 
-    async def chunks(first: list[Any], ids: list[int], now: datetime) -> AsyncIterator[bytes]:
+    async def chunks(first: list[Any], ids: list[str], now: datetime) -> AsyncIterator[bytes]:
         yield numbered(0, first, ids, now)
         for start in range(_COPY_CHUNK, len(specs), _COPY_CHUNK):
             try:
@@ -796,15 +796,16 @@ def _json_value(text: str) -> Any:
 def _new_job(
     f: _Fields,
     payload: Any,
-    job_id: int,
+    job_id: int | str,
     correlation_id: str,
     run_at: datetime,
     created_at: datetime,
     traceparent: str | None = None,
 ) -> Job:
-    """A job just inserted, from the values sent and the few the database chose."""
+    """A job just inserted, from the values sent and the few the database chose. COPY's ids
+    come as text: made ints here, for the jobs that are read."""
     return Job(
-        id=job_id,
+        id=int(job_id),
         type=f.type,
         queue=f.queue,
         payload=payload,
