@@ -272,9 +272,11 @@ async def test_enqueue_many_both_paths_store_every_field(conn):
     scheduled = await pgworker.enqueue_many(  # a schedule: one INSERT fed by a JSON array
         conn, [JobSpec("c", {"n": 3}, run_at=at), JobSpec("d", {"n": 4}, delay=60)]
     )
+    assert [type(r.job.id) for r in plain] == [int, int]  # COPY's ids come back as text
     for r in plain + scheduled:
         stored = await pgworker.get_job(conn, r.job.id)
         assert stored.status == "pending" and r.created
+        assert (stored.id, stored.created_at) == (r.job.id, r.job.created_at)
         assert (stored.type, stored.queue, stored.payload, stored.priority, stored.max_retries) == (
             r.job.type,
             r.job.queue,
