@@ -593,13 +593,14 @@ async def _insert_many(conn: Executor, q: Queries, specs: Sequence[JobSpec]) -> 
 
 
 def _random_ids(n: int) -> list[str]:
-    """n random UUID-shaped correlation ids, from one read of the random source."""
-    h = os.urandom(16 * n).hex()
-    return [
-        f"{h[k : k + 8]}-{h[k + 8 : k + 12]}-{h[k + 12 : k + 16]}-{h[k + 16 : k + 20]}-"
-        f"{h[k + 20 : k + 32]}"
-        for k in range(0, 32 * n, 32)
-    ]
+    """n random UUID-shaped correlation ids (32 random hex digits each), from one read of the
+    random source: its hex text, 36 characters an id, with four of them made dashes by slice
+    assignments in C rather than formatted one id at a time."""
+    text = bytearray(os.urandom(18 * n).hex(), "ascii")
+    dashes = b"-" * n
+    text[8::36] = text[13::36] = text[18::36] = text[23::36] = dashes
+    ids = text.decode()
+    return [ids[k : k + 36] for k in range(0, 36 * n, 36)]
 
 
 _COPY_COLUMNS = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -256,6 +257,15 @@ async def test_enqueue_many_stores_null_payloads_as_enqueue_does_and_generates_c
     assert all(j.correlation_id for j in jobs)
     assert [r.job.correlation_id for r in results] == [j.correlation_id for j in jobs]
     assert results[0].job.correlation_id != results[1].job.correlation_id
+
+
+async def test_enqueue_many_copy_path_makes_distinct_uuid_shaped_correlation_ids(conn):
+    results = await pgworker.enqueue_many(conn, [JobSpec("t") for _ in range(1200)])
+    made = [r.job.correlation_id for r in results]
+    stored = await conn.fetch("SELECT id, correlation_id FROM pgworker.jobs ORDER BY id")
+    assert [(r.job.id, r.job.correlation_id) for r in results] == [tuple(r) for r in stored]
+    assert len(set(made)) == 1200
+    assert all(re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", c) for c in made)
 
 
 async def test_enqueue_many_both_paths_store_every_field(conn):
