@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -258,6 +259,15 @@ async def test_enqueue_many_stores_null_payloads_as_enqueue_does_and_generates_c
     assert results[0].job.correlation_id != results[1].job.correlation_id
 
 
+async def test_enqueue_many_copy_path_makes_distinct_uuid_shaped_correlation_ids(conn):
+    results = await pgworker.enqueue_many(conn, [JobSpec("t") for _ in range(1200)])
+    made = [r.job.correlation_id for r in results]
+    stored = await conn.fetch("SELECT id, correlation_id FROM pgworker.jobs ORDER BY id")
+    assert [(r.job.id, r.job.correlation_id) for r in results] == [tuple(r) for r in stored]
+    assert len(set(made)) == 1200
+    assert all(re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", c) for c in made)
+
+
 async def test_enqueue_many_both_paths_store_every_field(conn):
     at = datetime.now(UTC) + timedelta(hours=2)
     plain = await pgworker.enqueue_many(  # no keys, due now: COPY
@@ -272,9 +282,11 @@ async def test_enqueue_many_both_paths_store_every_field(conn):
     scheduled = await pgworker.enqueue_many(  # a schedule: one INSERT fed by a JSON array
         conn, [JobSpec("c", {"n": 3}, run_at=at), JobSpec("d", {"n": 4}, delay=60)]
     )
+    assert [type(r.job.id) for r in plain] == [int, int]  # COPY's ids come back as text
     for r in plain + scheduled:
         stored = await pgworker.get_job(conn, r.job.id)
         assert stored.status == "pending" and r.created
+        assert (stored.id, stored.created_at) == (r.job.id, r.job.created_at)
         assert (stored.type, stored.queue, stored.payload, stored.priority, stored.max_retries) == (
             r.job.type,
             r.job.queue,

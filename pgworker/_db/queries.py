@@ -197,12 +197,13 @@ class Queries:
         """The parents of a job that still exist, whole, in id order."""
         return await self._rows(conn, "job_parents_of", list(parents))
 
-    async def job_ids_reserve(self, conn: Conn, n: int) -> tuple[list[int], Any]:
-        """`n` new job ids for a batch that COPY writes, and the transaction's time."""
+    async def job_ids_reserve(self, conn: Conn, n: int) -> tuple[list[str], Any]:
+        """`n` new job ids for a batch that COPY writes, as the text that COPY sends, and the
+        transaction's time."""
         with schema_errors(self.schema):
             reserved = await conn.fetchrow(self._sql["job_ids_reserve"], n)
         assert reserved is not None  # one row, always
-        return reserved["ids"], reserved["now"]
+        return reserved["ids"].split(","), reserved["now"]
 
     async def jobs_copy(self, conn: Conn, columns: list[str], chunks: AsyncIterable[bytes]) -> None:
         """Write rows into `jobs` with COPY (text format), the fastest path in; each chunk is
