@@ -383,11 +383,11 @@ class PgWorker(System):
         count = max(int(m) for m in re.findall(r"\$(\d+)", sql))
         types = ["text[]", "text[]", "int", "text", "float8", "int[]", "text", "text", "text[]"]
         types.append("integer[]" if pairs else "text[]")
-        types += ["boolean", "integer[]"][: count - 10]
+        types += ["boolean", "integer[]"][: max(count - 10, 0)]
         params = (
             "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off', "
             f"'{{noop,latency}}', '{{{'1,1' if pairs else ''}}}'"
-            + {10: "", 11: ", false", 12: ", false, NULL"}[count]
+            + {11: ", false", 12: ", false, NULL"}.get(count, "")
         )
         settings = {
             "auto": ("enable_bitmapscan = off",),
