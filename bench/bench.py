@@ -2,7 +2,7 @@
 asyncpg, no library), on one PostgreSQL server. See bench/README.md for what each figure means.
 
     python bench/bench.py [--n 20000] [--runs 3] [--systems pgworker,procrastinate,...]
-                          [--workloads w1,w2,w3,w4] [--profile]
+                          [--workloads w1,w2,w3,w4,w5] [--profile]
 
 Each system gets a fresh database per run (bench_<system>_<run>), dropped at the end; runs
 alternate systems (run 1: every system in order, run 2: every system, ...). Everything started
@@ -34,12 +34,14 @@ import asyncpg  # noqa: E402
 
 from bench.measure import BenchError, Resources, git_rev, log, versions  # noqa: E402
 from bench.profiling import profile  # noqa: E402
-from bench.report import footnotes, medians, render  # noqa: E402
+from bench.report import FLEET, footnotes, medians, render  # noqa: E402
 from bench.systems import BASE, CONCURRENCY, LIB_SYSTEMS, OPTIONAL, SYSTEMS  # noqa: E402
-from bench.workloads import w1, w2, w4  # noqa: E402
+from bench.workloads import w1, w2, w4, w5  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-WORKLOADS = ("w1", "w2", "w3", "w4")
+WORKLOADS = ("w1", "w2", "w3", "w4", "w5")
+DEFAULT_WORKLOADS = ("w1", "w2", "w3", "w4", "w5")
+
 LOCK_KEY = 0x7067_6265_6E63  # one benchmark at a time per server
 
 
@@ -58,6 +60,8 @@ async def measure(
         try:
             if name == "pgworker@growth":
                 return await w4(res, args, dsn, tag)
+            if name.endswith("@fleet"):
+                return await w5(res, args, SYSTEMS[name.removesuffix("@fleet")], dsn, tag)
             system = SYSTEMS[name]
             await system.setup(dsn)
             out: dict[str, Any] = {}
@@ -102,7 +106,7 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
     vers = await versions(args.dsn, {name: SYSTEMS[name].src for name in ("pgworker", BASE)})
     log("versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     runs: list[dict[str, Any]] = []
-    explain = None
+    explain = fleet_explain = None
     failures: list[str] = []
     for run in range(1, args.runs + 1):
         entry: dict[str, Any] = {"run": run, "systems": {}}
@@ -114,6 +118,8 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
             plan.append("floor")
         if "w4" in args.workloads:
             plan.append("pgworker@growth")
+        if "w5" in args.workloads:
+            plan += [f"{s}@fleet" for s in FLEET if s in args.systems]
         for name in plan:
             tag = f"run{run}-{name.replace('@', '-')}"
             db = f"bench_{name.replace('@', '_')}_{run}"
@@ -123,6 +129,8 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
                 out = await measure(res, args, name, db, tag, failures, run)
                 if "explain" in out:
                     explain = out.pop("explain")
+                if "fleet_explain" in out:
+                    fleet_explain = out.pop("fleet_explain")
                 noise = out.get("other_cpu_cores", 0.0)
                 if noise <= args.noisy_cores or attempt == args.noisy_retries:
                     break
@@ -162,6 +170,7 @@ async def run_all(args: argparse.Namespace, res: Resources) -> int:
         "runs": runs,
         "medians": medians(runs),
         "explain": explain,
+        "fleet_explain": fleet_explain,
         "profile": profile_summary,
         "failures": failures,
     }
@@ -196,9 +205,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--workloads",
-        default=env.get("BENCH_WORKLOADS", ",".join(WORKLOADS)),
+        default=env.get("BENCH_WORKLOADS", ",".join(DEFAULT_WORKLOADS)),
         help="comma-separated, of: w1 (throughput), w2 (wake-up latency), w3 (floor), "
-        "w4 (pgworker on a grown table)",
+        "w4 (pgworker on a grown table), w5 (pgworker and pgworker-pooler with the fleet's "
+        "features in the table)",
     )
     p.add_argument(
         "--base-src",

@@ -44,11 +44,14 @@ SQL = files.queries("pgworker")["job_claim"]
 PAIRS = "$10::integer[]" in SQL
 # Since migration 15, whether queues with limits are claimed too ($11).
 LIMITED = "$11::boolean" in SQL
+# Since the worker claims ahead per type, the most jobs of each type ($12; NULL: the limit).
+MOST = "$12::integer[]" in SQL
 PREPARE = (
     "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], "
-    f"{'integer[]' if PAIRS else 'text[]'}{', boolean' if LIMITED else ''}) AS "
+    f"{'integer[]' if PAIRS else 'text[]'}{', boolean' if LIMITED else ''}"
+    f"{', integer[]' if MOST else ''}) AS "
 )
-LAST = ", false)" if LIMITED else ")"
+LAST = (", false" if LIMITED else "") + (", NULL" if MOST else "") + ")"
 
 
 def served_types(n: int) -> list[str]:

@@ -8,6 +8,10 @@ from typing import Any
 
 from bench.systems import BASE, GROWTH, LIB_SYSTEMS, OPTIONAL, PEERS, SYSTEMS
 
+FLEET = ("pgworker", "pgworker-pooler")  # the systems W5 measures
+W5_TARGET = 0.9  # issue 26: W5 within 10% of W1
+POOLER_TARGET = 0.8  # issue 26: pooler mode within 20% of direct
+
 FIGURES = (
     "enqueue_jps",
     "processing_jps",
@@ -53,6 +57,8 @@ def render(report: dict[str, Any]) -> str:
     cfg, med = report["config"], report["medians"]
     labels = {name: system.label(cfg) for name, system in SYSTEMS.items()}
     labels["pgworker@growth"] = f"pgworker on {cfg['growth_rows']:,} finished jobs (W4)"
+    for name in FLEET:
+        labels[f"{name}@fleet"] = f"{labels[name]}, fleet features in the table (W5)"
     head = (
         "| system | bulk enqueue jobs/s | processing jobs/s | worker CPU ms/1k | "
         "PostgreSQL CPU ms/1k | server connections | wake-up p50 / p95 / p99 ms | check |"
@@ -69,7 +75,15 @@ def render(report: dict[str, Any]) -> str:
     ]
     order = [
         s
-        for s in ("pgworker", BASE, *OPTIONAL, *LIB_SYSTEMS[1:], "floor", "pgworker@growth")
+        for s in (
+            "pgworker",
+            BASE,
+            *OPTIONAL,
+            *LIB_SYSTEMS[1:],
+            "floor",
+            "pgworker@growth",
+            *(f"{f}@fleet" for f in FLEET),
+        )
         if s in med
     ]
     for name in order:
@@ -84,6 +98,10 @@ def render(report: dict[str, Any]) -> str:
         w1 = med.get("pgworker", {}).get("processing_jps")
         if name == "pgworker@growth" and w1 and m.get("processing_jps"):
             proc += f" ({m['processing_jps'] / w1:.2f}× W1)"
+        if name.endswith("@fleet") and m.get("processing_jps"):
+            own_w1 = med.get(name.removesuffix("@fleet"), {}).get("processing_jps")
+            if own_w1:
+                proc += f" ({m['processing_jps'] / own_w1:.2f}× its W1)"
         lines.append(
             f"| {labels.get(name, name)} | {fmt(m['enqueue_jps'])} | {proc} | "
             f"{fmt(m['worker_cpu_ms_per_1k'])} | {fmt(m['pg_cpu_ms_per_1k'])} | "
@@ -92,6 +110,7 @@ def render(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines += ratio_lines(med)
+    lines += fleet_lines(report["runs"])
     lines += base_lines(report["runs"])
     lines += metrics_lines(report["runs"])
     lines.append("")
@@ -196,6 +215,50 @@ def ratio_lines(med: dict[str, dict[str, Any]]) -> list[str]:
             f"{g['processing_jps'] / pgw['processing_jps']:.2f}×"
         )
     return out
+
+
+def paired(runs: list[dict[str, Any]], num: str, den: str, key: str) -> list[float]:
+    """The ratio num / den of `key` within each run that measured both."""
+    out = []
+    for r in runs:
+        a, b = r["systems"].get(num, {}), r["systems"].get(den, {})
+        if a.get(key) and b.get(key):
+            out.append(a[key] / b[key])
+    return out
+
+
+def fleet_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Issue 26's targets, per run and as the median of the runs' ratios: W5 (the fleet's
+    features in the table) / W1 (an empty table), and pooler mode / direct, processing."""
+    out = []
+    key = "processing_jps"
+    for system in FLEET:
+        ratios = paired(runs, f"{system}@fleet", system, key)
+        if ratios:
+            mid = median(ratios)
+            out.append(
+                f"- W5 (fleet features in the table) / W1 (empty table), processing, {system}: "
+                + ", ".join(f"{x:.2f}×" for x in ratios)
+                + f" per run, median {mid:.2f}× (target ≥ {W5_TARGET:.2f}"
+                + ("" if mid >= W5_TARGET else "; MISSED")
+                + ")"
+            )
+    for label, suffix in (("W1", ""), ("W5", "@fleet")):
+        ratios = paired(runs, f"pgworker-pooler{suffix}", f"pgworker{suffix}", key)
+        if ratios:
+            mid = median(ratios)
+            out.append(
+                f"- pooler / direct, processing, {label}: "
+                + ", ".join(f"{x:.2f}×" for x in ratios)
+                + f" per run, median {mid:.2f}× (target ≥ {POOLER_TARGET:.2f}"
+                + ("" if mid >= POOLER_TARGET else "; MISSED")
+                + ")"
+            )
+    return (
+        ["", "## Issue 26: the fleet's features in the table, and pooler mode", "", *out]
+        if out
+        else []
+    )
 
 
 def pooler_lines(direct: dict[str, Any], pooled: dict[str, Any]) -> list[str]:

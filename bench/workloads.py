@@ -1,12 +1,13 @@
 """The workloads: W1 (bulk enqueue, then one worker drains), W2 (wake-up latency of an idle
-worker), W4 (pgworker on a grown table), and the drain they share. W3, the floor, is W1 run on
-the system `floor`."""
+worker), W4 (pgworker on a grown table), W5 (pgworker with the fleet's features in the table),
+and the drain they share. W3, the floor, is W1 run on the system `floor`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from bench.measure import (
 )
 from bench.procstat import CpuMeter
 from bench.systems import GROWTH, SYSTEMS, PgWorker, System
+from bench.systems.pgworker import FLEET_UNFINISHED_SQL
 
 POLL_S = 0.02  # completion poll
 # The drain's database's server sessions but the benchmark's own (sampled with the CPU): the
@@ -300,5 +302,44 @@ async def w4(res: Resources, args: argparse.Namespace, dsn: str, tag: str) -> di
     log(
         f"  pgworker@{args.growth_rows:,}: processed at {out['processing_jps']:,.0f}/s; "
         f"claim scans: {explain['custom plan']['scans']}; {out['check']}"
+    )
+    return out
+
+
+# --- W5: pgworker with the fleet's features in the table ----------------------------------------
+
+
+async def w5(res: Resources, args: argparse.Namespace, system: System, dsn: str, tag: str) -> dict:
+    """W1's drain of N plain `noop` jobs, on a table seeded first with what a fleet's other work
+    leaves there (bench/systems/pgworker.py, FLEET_SQL): a drain is over when none of the `noop`
+    jobs due is pending or running, and the check reads only the N jobs."""
+    assert isinstance(system, PgWorker)
+    await system.setup(dsn)
+    prefill_s, max_id, seeded = await system.prefill_fleet(dsn)
+    log(
+        f"  {system.name}@fleet: seeded in {prefill_s:.1f}s: "
+        + ", ".join(f"{n:,} {k}" for k, n in seeded.items())
+    )
+    await quiet(args)
+    enqueue_s = await system.enqueue_bulk(dsn, args.n, args.chunk)
+    explain = await system.explain_claim(dsn)
+    scoped = copy.copy(system)
+    scoped.unfinished_sql = FLEET_UNFINISHED_SQL
+    out = await drain(
+        res, scoped, dsn, args.n, args.results / "logs" / f"{tag}-w5.log", args.timeout
+    )
+    out.pop("extra", None)
+    out["enqueue_jps"] = args.n / enqueue_s
+    out["check"] = await system.check(dsn, args.n, after_id=max_id)
+    out.update(await system.drain_figures(dsn, args.n, after_id=max_id))
+    out["prefill_s"] = prefill_s
+    out["seeded"] = seeded
+    out["fleet_explain"] = explain
+    log(
+        f"  {system.name}@fleet: processed at {out['processing_jps']:,.0f}/s "
+        f"(worker {out['worker_cpu_ms_per_1k']:.0f} ms/1k, "
+        f"PostgreSQL {out['pg_cpu_ms_per_1k']:.0f} ms/1k; other programs "
+        f"{out['other_cpu_cores']:.2f} cores); claim scans: "
+        f"{explain['generic plan']['scans']}; {out['check']}"
     )
     return out

@@ -65,6 +65,91 @@ SELECT id, 1, type, queue, worker_id, correlation_id, 'completed', claimed_at, f
 FROM pgworker.jobs
 """
 
+# W5: what a fleet's other work leaves in the table beside the bench worker's plain `noop` jobs,
+# seeded in one transaction. None of these types is served by bench/apps/pgworker_app.py: they are
+# the work of other workers of the fleet (and their limits are those workers' task options), so
+# the drain of the N `noop` jobs measures the plain claim with all of it sitting in the table.
+FLEET_UNSERVED = 100_000  # pending jobs of a type nobody here serves, queue `default`
+FLEET_DEPENDANTS = 10_000  # `noop` jobs parked behind parents that never end (after=[...])
+FLEET_PARENTS = 100  # their parents: pending jobs of an unserved type, 100 dependants each
+FLEET_KEYS = 100  # concurrency keys of a `max_running_per_key=1` task
+FLEET_PER_KEY = 100  # pending jobs per key, beside the one running that holds the key's limit
+FLEET_CAPPED = 1_000  # pending jobs of a `max_running=5` task, beside the 5 running that hold it
+FLEET_CAP = 5
+FLEET_SQL = (
+    # Pending jobs of a type nobody serves, older than the N plain jobs (first in the queue).
+    """
+INSERT INTO pgworker.jobs (type, queue, run_at, created_at, updated_at)
+SELECT 'fleet_unserved', 'default', t, t, t
+FROM (SELECT now() - interval '1 hour' + g * interval '10 ms' AS t
+      FROM generate_series(1, {unserved}) AS g) AS s
+""",
+    # The parents of the dependants: pending jobs of a type nobody serves, so they never end.
+    """
+INSERT INTO pgworker.jobs (type, queue, has_dependants)
+SELECT 'fleet_parent', 'default', true FROM generate_series(1, {parents})
+""",
+    # The dependants, as enqueue(..., after=[parent]) writes them (migration 0019): pending,
+    # parked (run_at = 'infinity'), waiting for one parent; of the served type `noop`, so that
+    # they lie in the very index range the plain claim reads (after its due jobs).
+    """
+INSERT INTO pgworker.jobs (type, queue, run_at, parents, parents_left, on_parent_failure)
+SELECT 'noop', 'default', 'infinity', ARRAY[p.id], 1, 'cancel'
+FROM (SELECT id FROM pgworker.jobs WHERE type = 'fleet_parent') AS p
+CROSS JOIN generate_series(1, {per_parent})
+""",
+    """
+INSERT INTO pgworker.job_dependencies (parent_id, child_id)
+SELECT parents[1], id FROM pgworker.jobs WHERE parents IS NOT NULL
+""",
+    # A max_running_per_key=1 task: 100 keys, each with one job running (its limit reached, so
+    # the key's pending jobs stay blocked) and 100 pending; the round-robin's cursor mid-way.
+    """
+INSERT INTO pgworker.jobs (type, queue, concurrency_key, status, attempts, max_retries,
+                           claimed_at, worker_id, lease_expires_at, heartbeat_at,
+                           budget_started_at)
+SELECT 'fleet_keyed', 'default', 'key-' || lpad(k::text, 3, '0'), 'running', 1, 3,
+       now() - interval '1 minute', 'fleet-other', now() + interval '1 day', now(),
+       now() - interval '1 minute'
+FROM generate_series(1, {keys}) AS k
+""",
+    """
+INSERT INTO pgworker.jobs (type, queue, concurrency_key)
+SELECT 'fleet_keyed', 'default', 'key-' || lpad(k::text, 3, '0')
+FROM generate_series(1, {keys}) AS k CROSS JOIN generate_series(1, {per_key})
+""",
+    """
+INSERT INTO pgworker.key_cursors (queue, type, last_key)
+VALUES ('default', 'fleet_keyed', 'key-' || lpad(({keys} / 2)::text, 3, '0'))
+""",
+    # A max_running=5 task: 5 jobs running (its limit reached), 1,000 pending.
+    """
+INSERT INTO pgworker.jobs (type, queue, status, attempts, max_retries, claimed_at, worker_id,
+                           lease_expires_at, heartbeat_at, budget_started_at)
+SELECT 'fleet_capped', 'default', 'running', 1, 3, now() - interval '1 minute', 'fleet-other',
+       now() + interval '1 day', now(), now() - interval '1 minute'
+FROM generate_series(1, {cap})
+""",
+    """
+INSERT INTO pgworker.jobs (type, queue) SELECT 'fleet_capped', 'default'
+FROM generate_series(1, {capped})
+""",
+    # The running jobs' open attempt rows, as their claim wrote them.
+    """
+INSERT INTO pgworker.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
+                                   started_at)
+SELECT id, 1, type, queue, worker_id, correlation_id, claimed_at
+FROM pgworker.jobs WHERE status = 'running'
+""",
+)
+# Whether W5's own N jobs are still pending or running: the seeded jobs never end.
+FLEET_UNFINISHED_SQL = """
+    SELECT EXISTS (SELECT FROM pgworker.jobs
+                   WHERE status = 'pending' AND queue = 'default' AND type = 'noop'
+                     AND version = 1 AND run_at <= now())
+        OR EXISTS (SELECT FROM pgworker.jobs WHERE status = 'running' AND type = 'noop')
+"""
+
 SCAN = re.compile(
     r"(Seq Scan|Index Scan(?: Backward)?|Index Only Scan(?: Backward)?|Bitmap Index Scan|"
     r"Bitmap Heap Scan)(?: using (\S+))? on (\S+)"
@@ -190,7 +275,7 @@ class PgWorker(System):
             f"(jobs {row['jobs']}, attempt rows {row['attempts']})"
         )
 
-    async def drain_figures(self, dsn: str, n: int) -> dict[str, Any]:
+    async def drain_figures(self, dsn: str, n: int, after_id: int = 0) -> dict[str, Any]:
         """How many claim and outcome-write statements the drain took, which says how well it
         batches: each statement stamps its rows with one now(), so distinct timestamps count
         statements."""
@@ -199,7 +284,7 @@ class PgWorker(System):
             row = await conn.fetchrow(
                 "SELECT count(DISTINCT claimed_at) AS c, count(DISTINCT finished_at) AS f "
                 "FROM pgworker.jobs WHERE id > $1",
-                0,
+                after_id,
             )
         finally:
             await conn.close()
@@ -231,6 +316,46 @@ class PgWorker(System):
             await conn.close()
         return prefill_s, max_id, size
 
+    async def prefill_fleet(self, dsn: str) -> tuple[float, int, dict[str, int]]:
+        """W5: seed what a fleet's other work leaves in the table (FLEET_SQL), in one transaction,
+        then a queue limit on another queue through the public API, then VACUUM ANALYZE; returns
+        the seconds it took, the last seeded id and the jobs by type and status."""
+        import pgworker
+
+        sizes = {
+            "unserved": FLEET_UNSERVED,
+            "parents": FLEET_PARENTS,
+            "per_parent": FLEET_DEPENDANTS // FLEET_PARENTS,
+            "keys": FLEET_KEYS,
+            "per_key": FLEET_PER_KEY,
+            "cap": FLEET_CAP,
+            "capped": FLEET_CAPPED,
+        }
+        conn = await asyncpg.connect(dsn)
+        try:
+            t0 = time.perf_counter()
+            async with conn.transaction():
+                for statement in FLEET_SQL:
+                    await conn.execute(statement.format(**sizes))
+            # A queue of the fleet with a limit of its own (not `default`: a limit on the bench
+            # worker's queue would send all its claims through the limited claim).
+            await pgworker.limit_queue(
+                conn, "fleet_limited", max_running=5, reason="bench W5", by="bench"
+            )
+            await conn.execute("VACUUM ANALYZE pgworker.jobs")
+            await conn.execute("VACUUM ANALYZE pgworker.job_attempts")
+            await conn.execute("VACUUM ANALYZE pgworker.job_dependencies")
+            prefill_s = time.perf_counter() - t0
+            max_id = await conn.fetchval("SELECT max(id) FROM pgworker.jobs")
+            rows = await conn.fetch(
+                "SELECT type || ' ' || status || CASE WHEN run_at = 'infinity' "
+                "THEN ' parked' ELSE '' END AS k, count(*) AS n FROM pgworker.jobs "
+                "GROUP BY 1 ORDER BY 1"
+            )
+        finally:
+            await conn.close()
+        return prefill_s, max_id, {r["k"]: r["n"] for r in rows}
+
     def claim_sql(self) -> str:
         """The claim statement a worker runs, from the checkout's SQL file
         (`sql/queries/job_claim.sql`) rather than pgworker's internal modules: its `{name}`
@@ -244,29 +369,41 @@ class PgWorker(System):
         return text.replace("{job_columns}", "j.*").replace("{schema}", '"pgworker"')
 
     async def explain_claim(self, dsn: str) -> dict[str, Any]:
-        """The claim's plans, custom and generic, run under EXPLAIN ANALYZE and rolled back."""
+        """The claim's plans, run under EXPLAIN (ANALYZE, BUFFERS) and rolled back: the custom
+        plan (planned with its values, as a worker through a pooler has each statement planned:
+        bitmap scans off) and the generic plan (what a direct worker's connections use:
+        force_generic_plan, bitmap and sequential scans off, no JIT)."""
         # queues, types, limit, worker id, lease, the types' max_retries, code version, commit mode,
         # then the (type, version) pairs served: since migration 11 the types and their versions;
-        # before, the types served at version 1 and the other pairs as `type@version` (none).
+        # before, the types served at version 1 and the other pairs as `type@version` (none);
+        # then, in checkouts that have them, $11 (take limited jobs too: false, as a worker) and
+        # $12 (the most jobs of each type: NULL, the limit).
         sql = self.claim_sql()
         pairs = "$10::integer[]" in sql
+        count = max(int(m) for m in re.findall(r"\$(\d+)", sql))
+        types = ["text[]", "text[]", "int", "text", "float8", "int[]", "text", "text", "text[]"]
+        types.append("integer[]" if pairs else "text[]")
+        types += ["boolean", "integer[]"][: max(count - 10, 0)]
         params = (
             "'{default}', '{noop,latency}', 10, 'bench-explain', 30, '{3,3}', NULL, 'off', "
             f"'{{noop,latency}}', '{{{'1,1' if pairs else ''}}}'"
+            + {11: ", false", 12: ", false, NULL"}.get(count, "")
         )
+        settings = {
+            "auto": ("enable_bitmapscan = off",),
+            "force_generic_plan": ("enable_bitmapscan = off", "enable_seqscan = off", "jit = off"),
+        }
         conn = await asyncpg.connect(dsn)
         out: dict[str, Any] = {}
         try:
-            await conn.execute(
-                "PREPARE bench_claim(text[], text[], int, text, float8, int[], text, text, "
-                f"text[], {'integer[]' if pairs else 'text[]'}) AS " + sql
-            )
+            await conn.execute(f"PREPARE bench_claim({', '.join(types)}) AS " + sql)
             for mode in ("auto", "force_generic_plan"):
                 tr = conn.transaction()
                 await tr.start()
                 try:
                     await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-                    await conn.execute("SET LOCAL enable_bitmapscan = off")  # as the worker does
+                    for setting in settings[mode]:  # as the worker's connections have them
+                        await conn.execute(f"SET LOCAL {setting}")
                     rows = await conn.fetch(
                         f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) EXECUTE bench_claim({params})"
                     )
@@ -280,19 +417,24 @@ class PgWorker(System):
         return out
 
     def extra_report(self, report: dict[str, Any]) -> list[str]:
-        """W4's claim plans, when it ran."""
-        explain = report.get("explain")
-        if not explain:
-            return []
-        rows = report["config"]["growth_rows"]
-        lines = ["", f"## pgworker's claim query on {rows:,} finished jobs", ""]
-        for name, e in explain.items():
-            verdict = ", ".join(e["scans"]) or "no scan found"
-            lines.append(f"- {name}: {verdict}")
-        for name, e in explain.items():
-            lines += ["", f"{name} (EXPLAIN ANALYZE, rolled back):", "", "```"]
-            lines += e["plan"]
-            lines.append("```")
+        """W4's claim plans and W5's, when they ran."""
+        lines = []
+        sections = (
+            ("explain", f"on {report['config']['growth_rows']:,} finished jobs (W4)"),
+            ("fleet_explain", "with the fleet's features in the table (W5)"),
+        )
+        for key, title in sections:
+            explain = report.get(key)
+            if not explain:
+                continue
+            lines += ["", f"## pgworker's claim query {title}", ""]
+            for name, e in explain.items():
+                verdict = ", ".join(e["scans"]) or "no scan found"
+                lines.append(f"- {name}: {verdict}")
+            for name, e in explain.items():
+                lines += ["", f"{name} (EXPLAIN (ANALYZE, BUFFERS), rolled back):", "", "```"]
+                lines += e["plan"]
+                lines.append("```")
         return lines
 
 
