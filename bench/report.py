@@ -11,6 +11,12 @@ from bench.systems import BASE, GROWTH, LIB_SYSTEMS, OPTIONAL, PEERS, SYSTEMS
 FLEET = ("pgworker", "pgworker-pooler")  # the systems W5 measures
 W5_TARGET = 0.9  # issue 26: W5 within 10% of W1
 POOLER_TARGET = 0.8  # issue 26: pooler mode within 20% of direct
+PROCESSING_TARGET = 0.6  # issue 26: processing at concurrency 10, against the floor
+PROCESSING_TARGET_C100 = 0.7  # the same at concurrency 100
+PG_CPU_TARGET = 1.15  # issue 26: PostgreSQL CPU per job, against the floor's
+WORKER_CPU_TARGET = 3.0  # issue 26: worker CPU per job, against the floor's client
+ENQUEUE_TARGET = 0.5  # issue 26: bulk enqueue, against the floor's COPY
+WAKE_UP_TARGET_MS = 0.5  # issue 26: the wake-up's p50, beyond the floor's
 
 FIGURES = (
     "enqueue_jps",
@@ -110,6 +116,7 @@ def render(report: dict[str, Any]) -> str:
         )
     lines.append("")
     lines += ratio_lines(med)
+    lines += floor_lines(report["runs"], cfg["concurrency"])
     lines += fleet_lines(report["runs"])
     lines += base_lines(report["runs"])
     lines += metrics_lines(report["runs"])
@@ -227,33 +234,89 @@ def paired(runs: list[dict[str, Any]], num: str, den: str, key: str) -> list[flo
     return out
 
 
+def differences(runs: list[dict[str, Any]], num: str, den: str, key: str) -> list[float]:
+    """The difference num - den of `key` within each run that measured both."""
+    out = []
+    for r in runs:
+        a, b = r["systems"].get(num, {}), r["systems"].get(den, {})
+        if a.get(key) is not None and b.get(key) is not None:
+            out.append(a[key] - b[key])
+    return out
+
+
+def target_line(
+    label: str, values: list[float], target: float, at_most: bool = False, unit: str = "×"
+) -> list[str]:
+    """One target's line: each run's figure, their median, and whether the median meets it."""
+    if not values:
+        return []
+    mid = median(values)
+    assert mid is not None
+    met = mid <= target if at_most else mid >= target
+    sign = "+" if unit == " ms" else ""
+    shown = ", ".join(f"{x:{sign}.2f}{unit}" for x in values)
+    return [
+        f"- {label}: {shown} per run, median {mid:{sign}.2f}{unit} "
+        f"(target {'≤' if at_most else '≥'} {target:{sign}.2f}{unit}{'' if met else '; MISSED'})"
+    ]
+
+
+def floor_lines(runs: list[dict[str, Any]], concurrency: int) -> list[str]:
+    """Issue 26's targets against the floor, per run and as the median of the runs' figures:
+    processing, CPU per job (PostgreSQL's, and the worker's against the floor's client), bulk
+    enqueue and the wake-up's p50."""
+    rate = PROCESSING_TARGET_C100 if concurrency >= 100 else PROCESSING_TARGET
+    out = [
+        *target_line(
+            "pgworker / floor, processing",
+            paired(runs, "pgworker", "floor", "processing_jps"),
+            rate,
+        ),
+        *target_line(
+            "pgworker / floor, PostgreSQL CPU per job",
+            paired(runs, "pgworker", "floor", "pg_cpu_ms_per_1k"),
+            PG_CPU_TARGET,
+            at_most=True,
+        ),
+        *target_line(
+            "pgworker / floor, worker CPU per job (the floor's client)",
+            paired(runs, "pgworker", "floor", "worker_cpu_ms_per_1k"),
+            WORKER_CPU_TARGET,
+            at_most=True,
+        ),
+        *target_line(
+            "pgworker / floor, bulk enqueue",
+            paired(runs, "pgworker", "floor", "enqueue_jps"),
+            ENQUEUE_TARGET,
+        ),
+        *target_line(
+            "pgworker − floor, wake-up p50",
+            differences(runs, "pgworker", "floor", "latency_p50_ms"),
+            WAKE_UP_TARGET_MS,
+            at_most=True,
+            unit=" ms",
+        ),
+    ]
+    return ["", "## Issue 26: against the floor, each run", "", *out] if out else []
+
+
 def fleet_lines(runs: list[dict[str, Any]]) -> list[str]:
     """Issue 26's targets, per run and as the median of the runs' ratios: W5 (the fleet's
     features in the table) / W1 (an empty table), and pooler mode / direct, processing."""
     out = []
     key = "processing_jps"
     for system in FLEET:
-        ratios = paired(runs, f"{system}@fleet", system, key)
-        if ratios:
-            mid = median(ratios)
-            out.append(
-                f"- W5 (fleet features in the table) / W1 (empty table), processing, {system}: "
-                + ", ".join(f"{x:.2f}×" for x in ratios)
-                + f" per run, median {mid:.2f}× (target ≥ {W5_TARGET:.2f}"
-                + ("" if mid >= W5_TARGET else "; MISSED")
-                + ")"
-            )
+        out += target_line(
+            f"W5 (fleet features in the table) / W1 (empty table), processing, {system}",
+            paired(runs, f"{system}@fleet", system, key),
+            W5_TARGET,
+        )
     for label, suffix in (("W1", ""), ("W5", "@fleet")):
-        ratios = paired(runs, f"pgworker-pooler{suffix}", f"pgworker{suffix}", key)
-        if ratios:
-            mid = median(ratios)
-            out.append(
-                f"- pooler / direct, processing, {label}: "
-                + ", ".join(f"{x:.2f}×" for x in ratios)
-                + f" per run, median {mid:.2f}× (target ≥ {POOLER_TARGET:.2f}"
-                + ("" if mid >= POOLER_TARGET else "; MISSED")
-                + ")"
-            )
+        out += target_line(
+            f"pooler / direct, processing, {label}",
+            paired(runs, f"pgworker-pooler{suffix}", f"pgworker{suffix}", key),
+            POOLER_TARGET,
+        )
     return (
         ["", "## Issue 26: the fleet's features in the table, and pooler mode", "", *out]
         if out
