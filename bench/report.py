@@ -266,37 +266,29 @@ def floor_lines(runs: list[dict[str, Any]], concurrency: int) -> list[str]:
     processing, CPU per job (PostgreSQL's, and the worker's against the floor's client), bulk
     enqueue and the wake-up's p50."""
     rate = PROCESSING_TARGET_C100 if concurrency >= 100 else PROCESSING_TARGET
-    out = [
-        *target_line(
-            "pgworker / floor, processing",
-            paired(runs, "pgworker", "floor", "processing_jps"),
-            rate,
-        ),
-        *target_line(
-            "pgworker / floor, PostgreSQL CPU per job",
-            paired(runs, "pgworker", "floor", "pg_cpu_ms_per_1k"),
-            PG_CPU_TARGET,
-            at_most=True,
-        ),
-        *target_line(
-            "pgworker / floor, worker CPU per job (the floor's client)",
-            paired(runs, "pgworker", "floor", "worker_cpu_ms_per_1k"),
+    ratios = (
+        ("processing", "processing_jps", rate, False),
+        ("PostgreSQL CPU per job", "pg_cpu_ms_per_1k", PG_CPU_TARGET, True),
+        (
+            "worker CPU per job (the floor's client)",
+            "worker_cpu_ms_per_1k",
             WORKER_CPU_TARGET,
-            at_most=True,
+            True,
         ),
-        *target_line(
-            "pgworker / floor, bulk enqueue",
-            paired(runs, "pgworker", "floor", "enqueue_jps"),
-            ENQUEUE_TARGET,
-        ),
-        *target_line(
-            "pgworker − floor, wake-up p50",
-            differences(runs, "pgworker", "floor", "latency_p50_ms"),
-            WAKE_UP_TARGET_MS,
-            at_most=True,
-            unit=" ms",
-        ),
-    ]
+        ("bulk enqueue", "enqueue_jps", ENQUEUE_TARGET, False),
+    )
+    out = []
+    for label, key, target, at_most in ratios:
+        out += target_line(
+            f"pgworker / floor, {label}", paired(runs, "pgworker", "floor", key), target, at_most
+        )
+    out += target_line(
+        "pgworker − floor, wake-up p50",
+        differences(runs, "pgworker", "floor", "latency_p50_ms"),
+        WAKE_UP_TARGET_MS,
+        at_most=True,
+        unit=" ms",
+    )
     return ["", "## Issue 26: against the floor, each run", "", *out] if out else []
 
 
