@@ -377,8 +377,10 @@ class Producer:
                 self.requeued(max(wait, 0.0))
             records += self._started(limited)
         if len(records) < free and (self._version_1_types or self._other_versions):
-            began = time.monotonic()
             slots = max(slots - len(records), 0)
+            # Each type's most, fixed for this claim: the averages move once it returns.
+            caps = {t: slots + self._ahead.of(t) for t in self._types}
+            began = time.monotonic()
             plain = await self._claiming(
                 self._q.job_claim(
                     await self._conn.get(),
@@ -392,7 +394,7 @@ class Producer:
                     durable=s.durable_claims,
                     version_1_types=self._version_1_types,
                     other_versions=self._other_versions,
-                    most=lambda type_: slots + self._ahead.of(type_),
+                    most=caps.__getitem__,
                 ),
                 [],
             )
@@ -400,7 +402,7 @@ class Producer:
             records += self._started(plain)
             # A type that got all it could (its jobs claimed ahead are capped) may have more.
             capped = Counter(r["type"] for r in plain)
-            saturated = any(n >= slots + self._ahead.of(t) for t, n in capped.items())
+            saturated = any(n >= caps[t] for t, n in capped.items())
         else:
             saturated = False
         self._saturated = saturated or len(records) == free
