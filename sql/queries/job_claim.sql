@@ -1,9 +1,10 @@
 -- Claim up to $3 due jobs of the worker's queues ($1) whose (type, version) the worker serves (the
 -- pairs $9, $10: each type with its version; $12, aligned, the most jobs of each, NULL for $3),
--- highest priority first, then oldest run_at, then id, across all of them. Each claimed job gets an attempt row, and the task's max_retries ($6,
--- aligned with the types $2) where the enqueuer gave none. The rows are whole jobs as the claim left
--- them. With $8 = 'off' the claim commits without waiting for its WAL flush (see the README, "Fast
--- claims"); with NULL it commits as the server is configured.
+-- highest priority first, then oldest run_at, then id, across all of them. Each claimed job gets
+-- an attempt row, and the task's max_retries ($6, aligned with the types $2) where the enqueuer
+-- gave none. The rows are whole jobs as the claim left them. With $8 = 'off' the claim commits
+-- without waiting for its WAL flush (see the README, "Fast claims"); with NULL it commits as the
+-- server is configured.
 --
 -- Each (queue, type, version) served is read on its own, along jobs_claim_type_idx, so that the
 -- pending jobs of the others (types no worker here serves, versions of another release) are never
