@@ -42,10 +42,11 @@ class Completer:
         freed: Callable[[list[AttemptResult]], list[str]] = lambda batch: [],
         max_batch: int = 500,
         give_up_after: float = 30.0,
+        pooler: bool = False,
     ) -> None:
         self.give_up_after = give_up_after
         self._pool = pool
-        self.shared = SharedConnection(pool)
+        self.shared = SharedConnection(pool, pooler=pooler)
         """Where the outcomes are written, lent between writes (see SharedConnection)."""
         self._q = queries(schema)
         self._on_requeued = on_requeued

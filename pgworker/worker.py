@@ -68,6 +68,7 @@ class _Services:
             on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
             freed=lambda batch: self.producer.freed(batch),
             give_up_after=max(s.shutdown_timeout, s.lease),
+            pooler=s.pooler,
         )
         served = [served_key(t, v) for t, v in worker.registry.served()]
         # LISTEN needs a session of its own: through a transaction pooler, only on listen_dsn.
@@ -264,6 +265,13 @@ class Worker:
                 await check_schema(pool, s.schema)
                 if not s.pooler:
                     await check_direct(pool, s.schema)
+                elif unmade := await queries(s.schema).pooled_functions(pool):
+                    self._log.warning(
+                        "pooled functions missing: each claim and outcome write is planned at "
+                        "every execution; run `pgworker migrate --pooler` with this release, or "
+                        "grant CREATE on the schema to the worker's role",
+                        functions=unmade,
+                    )
                 await check_privileges(pool, s.schema, periodic=bool(self.registry.schedules()))
                 await services.heartbeat.register()
                 registered = True

@@ -201,8 +201,20 @@ class PoolerConnection(asyncpg.Connection):
     (COMMIT, a migration's text) pass as they are."""
 
     settings = ""
+    lock_timeout: str | None = None
+    """The transaction's lock_timeout in ms, as text, that `call_alone` passes on."""
     through_pooler = True
     """What `through_pooler` reads, through a pool's proxy too."""
+
+    async def call_alone(self, call: str, plain: str, *args: Any) -> Any:
+        """The rows of a pooled function (see `Queries.pooled_functions`), sent as a statement
+        of its own: it sets what the transaction needs itself (its SET clauses, and the lock
+        timeout passed as its last argument), so no BEGIN and no COMMIT go with it, and its
+        plan is the one its server session cached. Inside a transaction, the `plain` statement
+        runs as any other."""
+        if self.is_in_transaction():
+            return await self.fetch(plain, *args)
+        return await super().fetch(call, *args, self.lock_timeout)
 
     async def _settled(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         if self.is_in_transaction():
@@ -254,8 +266,12 @@ def _pooler_settings(lock_timeout: float | None) -> str:
     session)."""
     settings = ["SET LOCAL enable_bitmapscan = off"]
     if lock_timeout:
-        settings.append(f"SET LOCAL lock_timeout = {int(lock_timeout * 1000)}")
+        settings.append(f"SET LOCAL lock_timeout = {_milliseconds(lock_timeout)}")
     return "; ".join(settings)
+
+
+def _milliseconds(seconds: float) -> str:
+    return str(int(seconds * 1000))
 
 
 async def create_pool(
@@ -277,9 +293,11 @@ async def create_pool(
     mode: dict[str, Any]
     if pooler:
         per_transaction = _pooler_settings(lock_timeout)
+        timeout = _milliseconds(lock_timeout) if lock_timeout else None
 
         async def init(conn: asyncpg.Connection) -> None:
             cast(PoolerConnection, conn).settings = per_transaction
+            cast(PoolerConnection, conn).lock_timeout = timeout
 
         mode = {"statement_cache_size": 0, "connection_class": PoolerConnection, "init": init}
     else:
@@ -300,7 +318,7 @@ async def create_pool(
             # compile it on every run (0.35 s a claim) where JIT is on.
             settings |= {"enable_seqscan": "off", "jit": "off"}
         if lock_timeout:
-            settings["lock_timeout"] = str(int(lock_timeout * 1000))
+            settings["lock_timeout"] = _milliseconds(lock_timeout)
         mode = {"server_settings": settings}
     try:
         return await asyncpg.create_pool(
@@ -371,10 +389,12 @@ class SharedConnection:
     idle. A borrower cancelled in the middle of a statement closes it (its statement may still
     run); the next borrower takes another."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, pooler: bool = False) -> None:
         self._pool = pool
         self._held = HeldConnection(pool)
         self._turn = asyncio.Lock()
+        self.through_pooler = pooler
+        """Whether its pool's connections are PoolerConnections (see `through_pooler`)."""
 
     @contextlib.asynccontextmanager
     async def acquire(self) -> AsyncIterator[PoolConnectionProxy]:
@@ -403,6 +423,11 @@ class SharedConnection:
     async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
         async with self.acquire() as conn:
             return await conn.execute(query, *args, **kwargs)
+
+    async def call_alone(self, call: str, plain: str, *args: Any) -> Any:
+        """As PoolerConnection.call_alone, on a pooler mode pool."""
+        async with self.acquire() as conn:
+            return await cast(PoolerConnection, conn).call_alone(call, plain, *args)
 
     def abandon(self) -> None:
         """Close the connection now, whoever waits on it (see HeldConnection.abandon)."""

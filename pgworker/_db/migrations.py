@@ -39,13 +39,15 @@ async def migrate(conn: Conn, schema: str, *, pooler: bool = False) -> list[int]
     so that concurrent runs apply each migration once. Returns the versions applied now. A
     server older than MIN_SERVER_MAJOR is refused first. With `pooler` (a transaction pooler in
     front, which keeps no session lock), all of them in one transaction under a
-    transaction-level lock."""
+    transaction-level lock, then the worker's pooled functions (`Queries.pooled_functions`)."""
     await check_server(conn, schema)
     q = queries(schema)
     if pooler:
         async with transaction(conn) as c:
             await q.migrations_lock_xact(c)
-            return await _apply(c, schema)
+            applied = await _apply(c, schema)
+            await q.pooled_functions(c)
+            return applied
     await q.migrations_lock(conn)
     try:
         return await _apply(conn, schema)

@@ -5,6 +5,7 @@ Rows leave as mappings read by column name; callers never see how a statement is
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 from collections.abc import (
     AsyncGenerator,
@@ -39,6 +40,10 @@ Row = asyncpg.Record
 AttemptKey = tuple[int, int, datetime]
 """(job id, attempt number, claimed at): what fences every write about an attempt."""
 
+POOLED = ("job_claim", "job_finish_many", "worker_heartbeat")
+"""The worker's statements that, through a transaction pooler, run as functions of the schema
+(see `Queries.pooled_functions`)."""
+
 _BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 _ATTEMPT_KEY = re.compile(r"\(job_id, attempt\)=\((\d+), \d+\)")
 
@@ -61,6 +66,13 @@ class Beat(NamedTuple):
 
     cancel_requested: bool
     extended: bool
+
+
+_PARAMETER = re.compile(r"\$(\d+)\b")
+
+
+def _pooled_name(name: str, sql: str) -> str:
+    return f"_pooled_{name}_{hashlib.sha256(sql.encode()).hexdigest()[:12]}"
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -123,11 +135,71 @@ class Queries:
         self.cancel_channel = files.cancel_channel(schema)
         self.ended_channel = files.ended_channel(schema)
         self._sql = files.queries(schema)
+        self._pooled: dict[str, str] = {}
+        """The call of each pooled function known to be in the schema, by statement."""
 
     async def _rows(self, conn: Runner, name: str, *args: Any) -> list[Row]:
         """The rows of statement `name`, a missing schema said as SchemaError."""
         with schema_errors(self.schema):
             return await conn.fetch(self._sql[name], *args)
+
+    async def _worker_rows(self, conn: Runner, name: str, *args: Any) -> list[Row]:
+        """The rows of a statement of the worker's (POOLED): through a transaction pooler, from its
+        pooled function when the schema has it (`pooled_functions`)."""
+        call = self._pooled.get(name)
+        if call is None or not through_pooler(conn):
+            return await conn.fetch(self._sql[name], *args)
+        try:
+            return await conn.call_alone(call, self._sql[name], *args)  # type: ignore[union-attr,no-any-return]
+        except asyncpg.exceptions.UndefinedFunctionError:
+            # Gone since (the schema made again): the plain statement, until a worker starts.
+            self._pooled.pop(name, None)
+            return await conn.fetch(self._sql[name], *args)
+
+    async def pooled_functions(self, conn: Runner) -> list[str]:
+        """Make, in the schema, the functions that run the worker's statements (POOLED) through a
+        transaction pooler: there no statement stays prepared, so each would be parsed and
+        planned at every execution (about 1 ms for a claim); a PL/pgSQL function keeps its plan
+        for as long as its server session lives. Each is named after its statement and a digest
+        of its text: every release calls its own, and a rolling upgrade's older workers keep
+        theirs. Returns the names of those missing that could not be made (the role may not
+        create in the schema): their statements stay plain."""
+        wanted = {_pooled_name(name, self._sql[name]): name for name in POOLED}
+        failed = []
+        async with transaction(conn) as c:
+            missing = await c.fetch(self._sql["pooled_functions_missing"], list(wanted))
+            for (function,) in missing:
+                try:
+                    async with savepointed(c):
+                        await c.execute(await self._pooled_function(c, function, wanted[function]))
+                except asyncpg.exceptions.InsufficientPrivilegeError:
+                    failed.append(function)
+        for function, name in wanted.items():
+            if function not in failed:
+                params = max(map(int, _PARAMETER.findall(self._sql[name])))
+                arguments = ", ".join(f"${i}" for i in range(1, params + 2))
+                self._pooled[name] = f'SELECT * FROM "{self.schema}".{function}({arguments})'
+        return failed
+
+    async def _pooled_function(self, conn: Conn, function: str, name: str) -> str:
+        """The CREATE FUNCTION of `name`'s pooled function, its types read off the statement."""
+        statement = await conn.prepare(self._sql[name])
+        parameters = await self._type_names(conn, [t.oid for t in statement.get_parameters()])
+        attributes = statement.get_attributes()
+        types = await self._type_names(conn, [a.type.oid for a in attributes])
+        columns = ", ".join(f'"{a.name}" {t}' for a, t in zip(attributes, types, strict=True))
+        return (
+            self._sql["pooled_function"]
+            .replace("{statement}", name)
+            .replace("{function}", function)
+            .replace("{parameters}", ", ".join(parameters))
+            .replace("{columns}", columns)
+            .replace("{timeout}", str(len(parameters) + 1))
+            .replace("{body}", self._sql[name])
+        )
+
+    async def _type_names(self, conn: Conn, oids: list[int]) -> list[str]:
+        return [r["name"] for r in await conn.fetch(self._sql["type_names"], oids)]
 
     # --- enqueue ---------------------------------------------------------------------------
 
@@ -276,8 +348,9 @@ class Queries:
             # served_key writes the version after the type's last `@`.
             name, _, version = key.rpartition("@")
             served.append((name, int(version)))
-        return await conn.fetch(
-            self._sql["job_claim"],
+        return await self._worker_rows(
+            conn,
+            "job_claim",
             queues,
             types,
             limit,
@@ -359,8 +432,9 @@ class Queries:
         """Write outcomes in one statement; returns the job ids written (the others were
         fenced), each with the outcome its attempt row got (`cancelled` for one that did not
         complete a job whose cancellation was asked for)."""
-        rows = await conn.fetch(
-            self._sql["job_finish_many"],
+        rows = await self._worker_rows(
+            conn,
+            "job_finish_many",
             [r.job_id for r in results],
             [r.attempt for r in results],
             [r.status.value for r in results],
@@ -415,7 +489,7 @@ class Queries:
         """Extend the leases of `running` attempts in one statement. Returns the (job id,
         attempt) still held, each with whether an operator asked to cancel it and whether its
         lease was extended (not when another session holds its row locked)."""
-        rows = await conn.fetch(self._sql["worker_heartbeat"], *_attempt_arrays(running), lease)
+        rows = await self._worker_rows(conn, "worker_heartbeat", *_attempt_arrays(running), lease)
         return {(r["id"], r["attempts"]): Beat(r["cancel_requested"], r["extended"]) for r in rows}
 
     async def worker_unregister(self, conn: Runner, worker_id: str) -> None:
