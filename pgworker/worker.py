@@ -269,7 +269,8 @@ class Worker:
                     self._log.warning(
                         "pooled functions missing: each claim and outcome write is planned at "
                         "every execution; run `pgworker migrate --pooler` with this release, or "
-                        "grant CREATE on the schema to the worker's role",
+                        "grant the worker's role CREATE on the schema (EXECUTE on the functions "
+                        "where they are)",
                         functions=unmade,
                     )
                 await check_privileges(pool, s.schema, periodic=bool(self.registry.schedules()))

@@ -162,13 +162,19 @@ class Queries:
         planned at every execution (about 1 ms for a claim); a PL/pgSQL function keeps its plan
         for as long as its server session lives. Each is named after its statement and a digest
         of its text: every release calls its own, and a rolling upgrade's older workers keep
-        theirs. Returns the names of those missing that could not be made (the role may not
-        create in the schema): their statements stay plain."""
+        theirs. Returns the names of those the role cannot call: missing and not made (the role
+        may not create in the schema), or made and not executable by the role (EXECUTE revoked
+        from PUBLIC). Their statements stay plain."""
         wanted = {_pooled_name(name, self._sql[name]): name for name in POOLED}
         failed = []
         async with transaction(conn) as c:
+            # Waits for any session making them or migrating; what is missing is read after.
+            await self.migrations_lock_xact(c)
             missing = await c.fetch(self._sql["pooled_functions_missing"], list(wanted))
-            for (function,) in missing:
+            for function, made in missing:
+                if made:
+                    failed.append(function)
+                    continue
                 try:
                     async with savepointed(c):
                         await c.execute(await self._pooled_function(c, function, wanted[function]))

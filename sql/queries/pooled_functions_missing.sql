@@ -1,10 +1,11 @@
--- Of the pooled functions named $1, those the schema does not hold, after waiting for any other
--- session making them or migrating: the migrations' lock (migrations_lock_xact.sql), held by
--- the transaction, as a transaction pooler keeps no session's.
-SELECT f.name
+-- Of the pooled functions named $1, those the role cannot call as they are: `made` false for
+-- one the schema does not hold (to be made), true for one it holds that the role may not
+-- execute (EXECUTE revoked from PUBLIC: its statement stays plain). Sent after the migrations'
+-- lock is taken (migrations_lock_xact.sql), as a statement of its own: its snapshot, taken
+-- after the wait, sees what the session that held the lock made.
+SELECT f.name, p.oid IS NOT NULL AS made
 FROM unnest($1::text[]) AS f(name)
-WHERE (SELECT pg_advisory_xact_lock(hashtext('pgworker.migrate'), hashtext({schema_literal})))
-      IS NOT NULL
-  AND NOT EXISTS (SELECT FROM pg_proc AS p
-                  JOIN pg_namespace AS n ON n.oid = p.pronamespace
-                  WHERE n.nspname = {schema_literal} AND p.proname = f.name)
+LEFT JOIN (pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+                                              AND n.nspname = {schema_literal})
+       ON p.proname = f.name
+WHERE p.oid IS NULL OR NOT has_function_privilege(p.oid, 'EXECUTE')
