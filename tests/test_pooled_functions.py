@@ -21,7 +21,7 @@ import pytest_asyncio
 
 import pgworker
 from pgworker._db.connection import create_pool
-from pgworker._db.queries import queries
+from pgworker._db.queries import _pooled_name, queries
 
 from .helpers import all_finished, spawn_worker, statuses, wait_for
 from .pgbouncer import PgBouncer, available
@@ -285,3 +285,39 @@ async def test_a_mixed_case_schema_gets_its_pooled_functions(empty_dsn, narrow, 
         assert "pooled functions missing" not in log.read_text()
     finally:
         await conn.close()
+
+
+async def test_a_function_another_role_made_first_is_never_run(
+    dsn, conn, worker_role, bouncer, tmp_path
+):
+    """The names are known in advance (statement and digest): a role allowed to create in the
+    schema could make `_pooled_job_claim_<digest>` first, and every worker, the schema owner's
+    included, would have run it with its own privileges. One the schema's owner or the worker's
+    own role did not make is left alone: the worker says so once and sends the plain claim."""
+    q = queries("pgworker")
+    claim = _pooled_name("job_claim", q._sql["job_claim"])
+    await conn.execute(
+        f"GRANT CREATE ON SCHEMA pgworker TO {worker_role}; "
+        "CREATE TABLE public.trojan_ran (at timestamptz)"
+    )
+    other = await asyncpg.connect(as_role(dsn, worker_role))
+    try:
+        types = ", ".join(["text[]", "text[]", "integer", "text", "double precision"])
+        await other.execute(
+            f"CREATE FUNCTION pgworker.{claim}({types}, integer[], text, text, text[], "
+            "integer[], boolean, integer[], text) RETURNS SETOF pgworker.jobs LANGUAGE sql "
+            "AS $$ INSERT INTO public.trojan_ran VALUES (now()) RETURNING NULL::pgworker.jobs $$"
+        )
+    finally:
+        await other.close()
+    await conn.execute(f"GRANT INSERT ON public.trojan_ran TO {worker_role}")
+    await pgworker.enqueue_many(conn, [pgworker.JobSpec("echo", {"n": n}) for n in range(20)])
+    log = tmp_path / "worker.log"
+    worker = pooler_worker(bouncer.dsn(dsn), log)
+    try:
+        await wait_for(lambda: completed(conn, 20), timeout=60, every=0.1)
+    finally:
+        assert stop(worker) == 0, log.read_text()[-3000:]
+    assert await conn.fetchval("SELECT count(*) FROM public.trojan_ran") == 0
+    missing = [e for e in entries(log) if e["event"].startswith("pooled functions missing")]
+    assert len(missing) == 1 and missing[0]["functions"] == [claim], log.read_text()[-3000:]

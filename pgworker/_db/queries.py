@@ -72,7 +72,10 @@ _PARAMETER = re.compile(r"\$(\d+)\b")
 
 
 def _pooled_name(name: str, sql: str) -> str:
-    return f"_pooled_{name}_{hashlib.sha256(sql.encode()).hexdigest()[:12]}"
+    """Named after the statement's text and the schema's version, whose columns its result
+    types are read from."""
+    digest = hashlib.sha256(f"{files.latest_version()}\n{sql}".encode()).hexdigest()[:12]
+    return f"_pooled_{name}_{digest}"
 
 
 def _attempt_arrays(attempts: Sequence[AttemptKey]) -> list[list[Any]]:
@@ -151,8 +154,12 @@ class Queries:
             return await conn.fetch(self._sql[name], *args)
         try:
             return await conn.call_alone(call, self._sql[name], *args)  # type: ignore[union-attr,no-any-return]
-        except asyncpg.exceptions.UndefinedFunctionError:
-            # Gone since (the schema made again): the plain statement, until a worker starts.
+        except (
+            asyncpg.exceptions.UndefinedFunctionError,
+            asyncpg.exceptions.InsufficientPrivilegeError,
+        ):
+            # Gone since (the schema made again), or no longer ours to execute: the plain
+            # statement, until a worker starts.
             self._pooled.pop(name, None)
             return await conn.fetch(self._sql[name], *args)
 
