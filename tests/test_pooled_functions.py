@@ -21,7 +21,7 @@ import pytest_asyncio
 
 import pgworker
 from pgworker._db.connection import create_pool
-from pgworker._db.queries import _pooled_name, queries
+from pgworker._db.queries import POOLED, _pooled_name, queries
 
 from .helpers import all_finished, spawn_worker, statuses, wait_for
 from .pgbouncer import PgBouncer, available
@@ -33,7 +33,7 @@ pytestmark = [
     ),
 ]
 
-POOLED = "SELECT p.oid::regprocedure::text FROM pg_proc AS p WHERE p.proname LIKE '\\_pooled\\_%'"
+MADE = "SELECT p.oid::regprocedure::text FROM pg_proc AS p WHERE p.proname LIKE '\\_pooled\\_%'"
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def as_role(dsn: str, role: str) -> str:
 
 
 async def pooled_functions(conn) -> list[str]:
-    return sorted(r[0] for r in await conn.fetch(POOLED))
+    return sorted(r[0] for r in await conn.fetch(MADE))
 
 
 async def completed(conn, n: int) -> bool:
@@ -124,7 +124,7 @@ async def test_a_worker_whose_role_may_not_create_in_the_schema_runs_plain_state
         assert stop(worker) == 0, log.read_text()[-3000:]
     missing = [e for e in entries(log) if e["event"].startswith("pooled functions missing")]
     assert len(missing) == 1, log.read_text()[-3000:]
-    assert missing[0]["level"] == "warning" and len(missing[0]["functions"]) == 3, missing
+    assert missing[0]["level"] == "warning" and len(missing[0]["functions"]) == len(POOLED), missing
     assert await pooled_functions(conn) == []
     assert "Traceback" not in log.read_text()
 
@@ -141,7 +141,7 @@ async def test_a_worker_whose_role_may_not_execute_the_functions_runs_plain_stat
         await pgworker.migrate(conn, pooler=True)
     finally:
         await conn.execute("ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO PUBLIC")
-    assert len(await pooled_functions(conn)) == 3
+    assert len(await pooled_functions(conn)) == len(POOLED)
     await pgworker.enqueue_many(conn, [pgworker.JobSpec("echo", {"n": n}) for n in range(20)])
     log = tmp_path / "worker.log"
     worker = pooler_worker(as_role(bouncer.dsn(dsn), worker_role), log)
@@ -151,7 +151,8 @@ async def test_a_worker_whose_role_may_not_execute_the_functions_runs_plain_stat
     finally:
         assert stop(worker) == 0, log.read_text()[-3000:]
     missing = [e for e in entries(log) if e["event"].startswith("pooled functions missing")]
-    assert len(missing) == 1 and len(missing[0]["functions"]) == 3, log.read_text()[-3000:]
+    assert len(missing) == 1, log.read_text()[-3000:]
+    assert len(missing[0]["functions"]) == len(POOLED), missing
     assert "permission denied" not in log.read_text()
 
 
@@ -164,7 +165,7 @@ async def test_functions_dropped_under_a_running_worker_leave_it_the_plain_state
         await pgworker.enqueue(conn, "echo", {"before": "drop"})
         await wait_for(lambda: completed(conn, 1), timeout=30, every=0.1)
         made = await pooled_functions(conn)
-        assert len(made) == 3, made
+        assert len(made) == len(POOLED), made
         await conn.execute("; ".join(f"DROP FUNCTION {f}" for f in made))
         # Claimed, heartbeaten (a job longer than the heartbeat) and written after the drop.
         await pgworker.enqueue_many(
@@ -211,7 +212,7 @@ async def test_four_workers_starting_together_make_each_function_once(dsn, conn,
     finally:
         codes = [stop(w) for w in workers]
     assert codes == [0] * 4, [log.read_text()[-3000:] for log in logs]
-    assert len(await pooled_functions(conn)) == 3
+    assert len(await pooled_functions(conn)) == len(POOLED)
     for log in logs:
         assert "Traceback" not in log.read_text()
         assert "pooled functions missing" not in log.read_text()
@@ -260,7 +261,7 @@ async def test_a_mixed_case_schema_gets_its_pooled_functions(empty_dsn, narrow, 
             "WHERE n.nspname = $1 AND p.proname LIKE '\\_pooled\\_%'",
             schema,
         )
-        assert len(names) == 3
+        assert len(names) == len(POOLED)
         job = (await pgworker.enqueue(conn, "echo", {}, schema=schema)).job.id
         log = tmp_path / "worker.log"
         worker = spawn_worker(
@@ -321,3 +322,61 @@ async def test_a_function_another_role_made_first_is_never_run(
     assert await conn.fetchval("SELECT count(*) FROM public.trojan_ran") == 0
     missing = [e for e in entries(log) if e["event"].startswith("pooled functions missing")]
     assert len(missing) == 1 and missing[0]["functions"] == [claim], log.read_text()[-3000:]
+
+
+async def test_limited_claims_through_the_pooler_hold_their_limit_as_pooled_calls(
+    dsn, conn, bouncer, tmp_path
+):
+    """A task with `max_running` is claimed in a transaction of its own (limits_lock.sql, then
+    job_claim_limited.sql): through the pooler both run as pooled functions inside it, and two
+    workers together still run at most `max_running` of its jobs at once."""
+    database = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+    await pgworker.enqueue_many(
+        conn, [pgworker.JobSpec("capped", {"seconds": 0.3}) for _ in range(10)]
+    )
+    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
+    workers = [
+        spawn_worker(
+            "tests.apps.limits",
+            bouncer.dsn(dsn),
+            log,
+            "--pooler",
+            "--log-format",
+            "json",
+            "--poll-interval",
+            "0.1",
+            "--worker-id",
+            f"w{i}",
+        )
+        for i, log in enumerate(logs)
+    ]
+    most = 0
+
+    async def drained() -> bool:
+        nonlocal most
+        running = await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE type = 'capped' AND status = 'running'"
+        )
+        most = max(most, running)
+        return await completed(conn, 10)
+
+    try:
+        await wait_for(drained, timeout=60, every=0.02)
+    finally:
+        for worker, log in zip(workers, logs, strict=True):
+            assert stop(worker) == 0, log.read_text()[-3000:]
+    assert 1 <= most <= 2, most
+    await conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+
+    async def limited_calls() -> int:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        return await conn.fetchval(
+            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+            "WHERE funcname LIKE '\\_pooled\\_job\\_claim\\_limited\\_%'"
+        )
+
+    assert await wait_for(limited_calls, timeout=20, every=0.2) >= 1

@@ -13,6 +13,12 @@ from bench import floor
 from bench.systems.base import CONCURRENCY, System
 
 
+MOST_SLOTS = 40
+"""The floor's loops at most, each on a connection of its own: at concurrency 100, a loop per
+job would pass a default server's max_connections (100). Forty loops claiming 10 each already
+keep more claims in flight than the two cores can serve."""
+
+
 class Floor(System):
     name = "floor"
     title = "floor: raw asyncpg, no library (W3; W2 floor, fast claims)"
@@ -56,7 +62,7 @@ class Floor(System):
             "--dsn",
             dsn,
             "--slots",
-            str(CONCURRENCY),
+            str(min(CONCURRENCY, MOST_SLOTS)),
             "--batch",
             "10",
         ]

@@ -202,18 +202,15 @@ class PoolerConnection(asyncpg.Connection):
 
     settings = ""
     lock_timeout: str | None = None
-    """The transaction's lock_timeout in ms, as text, that `call_alone` passes on."""
+    """The transaction's lock_timeout in ms, as text, that `call_pooled` passes on."""
     through_pooler = True
     """What `through_pooler` reads, through a pool's proxy too."""
 
-    async def call_alone(self, call: str, plain: str, *args: Any) -> Any:
-        """The rows of a pooled function (see `Queries.pooled_functions`), sent as a statement
-        of its own: it sets what the transaction needs itself (its SET clauses, and the lock
-        timeout passed as its last argument), so no BEGIN and no COMMIT go with it, and its
-        plan is the one its server session cached. Inside a transaction, the `plain` statement
-        runs as any other."""
-        if self.is_in_transaction():
-            return await self.fetch(plain, *args)
+    async def call_pooled(self, call: str, *args: Any) -> Any:
+        """The rows of a pooled function (see `Queries.pooled_functions`), whose plan its server
+        session keeps. It sets what the transaction needs itself (its SET clauses, and the lock
+        timeout passed as its last argument): outside a transaction it goes alone, without BEGIN
+        and COMMIT."""
         return await super().fetch(call, *args, self.lock_timeout)
 
     async def _settled(self, call: Any, *args: Any, **kwargs: Any) -> Any:
@@ -424,10 +421,10 @@ class SharedConnection:
         async with self.acquire() as conn:
             return await conn.execute(query, *args, **kwargs)
 
-    async def call_alone(self, call: str, plain: str, *args: Any) -> Any:
-        """As PoolerConnection.call_alone, on a pooler mode pool."""
+    async def call_pooled(self, call: str, *args: Any) -> Any:
+        """As PoolerConnection.call_pooled, on a pooler mode pool."""
         async with self.acquire() as conn:
-            return await cast(PoolerConnection, conn).call_alone(call, plain, *args)
+            return await cast(PoolerConnection, conn).call_pooled(call, *args)
 
     def abandon(self) -> None:
         """Close the connection now, whoever waits on it (see HeldConnection.abandon)."""

@@ -40,7 +40,7 @@ Row = asyncpg.Record
 AttemptKey = tuple[int, int, datetime]
 """(job id, attempt number, claimed at): what fences every write about an attempt."""
 
-POOLED = ("job_claim", "job_finish_many", "worker_heartbeat")
+POOLED = ("job_claim", "job_finish_many", "worker_heartbeat", "limits_lock", "job_claim_limited")
 """The worker's statements that, through a transaction pooler, run as functions of the schema
 (see `Queries.pooled_functions`)."""
 
@@ -152,15 +152,19 @@ class Queries:
         call = self._pooled.get(name)
         if call is None or not through_pooler(conn):
             return await conn.fetch(self._sql[name], *args)
+        alone = not getattr(conn, "is_in_transaction", bool)()
         try:
-            return await conn.call_alone(call, self._sql[name], *args)  # type: ignore[union-attr,no-any-return]
+            return await conn.call_pooled(call, *args)  # type: ignore[union-attr,no-any-return]
         except (
             asyncpg.exceptions.UndefinedFunctionError,
             asyncpg.exceptions.InsufficientPrivilegeError,
         ):
             # Gone since (the schema made again), or no longer ours to execute: the plain
-            # statement, until a worker starts.
+            # statement, until a worker starts; in a transaction, which the error ended, from
+            # the caller's next one.
             self._pooled.pop(name, None)
+            if not alone:
+                raise
             return await conn.fetch(self._sql[name], *args)
 
     async def pooled_functions(self, conn: Runner) -> list[str]:
@@ -383,7 +387,7 @@ class Queries:
     ) -> list[Row]:
         """In the caller's transaction, lock the limits of these queues (those that have any)
         and task types; the queues' limits: name, max_running, rate_limit, rate_period."""
-        return await conn.fetch(self._sql["limits_lock"], list(queues), list(types))
+        return await self._worker_rows(conn, "limits_lock", list(queues), list(types))
 
     async def job_claim_limited(
         self,
@@ -406,8 +410,9 @@ class Queries:
         """Claim up to `limit` jobs of one (queue, type, version) within its limits, after
         `limits_lock` in the same transaction; the rows are whole jobs. `queue_locked`: whether
         limits_lock returned the queue (a queue limited since is left out)."""
-        return await conn.fetch(
-            self._sql["job_claim_limited"],
+        return await self._worker_rows(
+            conn,
+            "job_claim_limited",
             queue,
             type,
             version,
