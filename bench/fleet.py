@@ -2,6 +2,8 @@
 PgBouncer in transaction mode (issue 22, item 7): the curves of docs/scaling.md.
 
     PYTHONPATH=. python -m bench.fleet [--dsn DSN] [--workers 1,2,4,8,16] [--runs 1]
+                                       [--modes direct,pooled] [--handlers noop,wait]
+                                       [--noop-jobs 20000]
 
 For each handler, mode and number of workers, in a database of its own (`bench_fleet`, emptied
 between points and dropped at the end): the jobs are enqueued in one transaction once every
@@ -78,11 +80,12 @@ async def point(
     bouncer: PgBouncer | None,
     meter: CpuMeter,
     logs: Path,
+    noop_jobs: int = NOOP_JOBS,
 ) -> dict[str, Any]:
     await conn.execute("TRUNCATE pgworker.jobs, pgworker.job_attempts, pgworker.workers")
     await conn.execute("VACUUM ANALYZE pgworker.jobs")
     await conn.execute("VACUUM ANALYZE pgworker.job_attempts")
-    jobs = NOOP_JOBS if handler == "noop" else WAIT_JOBS_PER_WORKER * workers
+    jobs = noop_jobs if handler == "noop" else WAIT_JOBS_PER_WORKER * workers
     worker_dsn = dsn if bouncer is None else bouncer.dsn(dsn)
     tag = f"{handler}-{'pooled' if bouncer else 'direct'}-{workers}"
     procs = [
@@ -189,6 +192,7 @@ async def run(args: argparse.Namespace) -> None:
                                     bouncer if mode == "pooled" else None,
                                     meter,
                                     logs,
+                                    args.noop_jobs,
                                 )
                                 print(row, flush=True)
                                 rows.append(row)
@@ -215,6 +219,12 @@ def main() -> None:
     parser.add_argument("--handlers", type=lambda s: s.split(","), default=["noop", "wait"])
     parser.add_argument("--pool-size", type=int, default=10, help="PgBouncer's default_pool_size")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument(
+        "--noop-jobs",
+        type=int,
+        default=NOOP_JOBS,
+        help="jobs of a no-op drain, whatever the workers",
+    )
     asyncio.run(run(parser.parse_args()))
 
 
