@@ -12,7 +12,6 @@ import asyncpg
 from bench import floor
 from bench.systems.base import CONCURRENCY, System
 
-
 MOST_SLOTS = 40
 """The floor's loops at most, each on a connection of its own: at concurrency 100, a loop per
 job would pass a default server's max_connections (100). Forty loops claiming 10 each already
