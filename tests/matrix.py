@@ -51,6 +51,7 @@ CORE = (
     "tests/test_failed.py",
     "tests/test_server_versions.py",
     "tests/test_cli.py::test_migrate_twice_at_once_is_safe",
+    "tests/test_pooled_sql.py",
 )
 
 
