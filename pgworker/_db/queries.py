@@ -181,14 +181,14 @@ class Queries:
         async with transaction(conn) as c:
             # Waits for any session making them or migrating; what is missing is read after.
             await self.migrations_lock_xact(c)
-            missing = await c.fetch(self._sql["pooled_functions_missing"], list(wanted))
+            missing = await c.fetch(self._sql["pooled_functions"], list(wanted))
             for function, made in missing:
                 if made:
                     failed.append(function)
                     continue
                 try:
                     async with savepointed(c):
-                        await c.execute(await self._pooled_function(c, function, wanted[function]))
+                        await c.execute(await self.pooled_function(c, function, wanted[function]))
                 except asyncpg.exceptions.InsufficientPrivilegeError:
                     failed.append(function)
         for function, name in wanted.items():
@@ -198,12 +198,13 @@ class Queries:
                 self._pooled[name] = f'SELECT * FROM "{self.schema}".{function}({arguments})'
         return failed
 
-    async def _pooled_function(self, conn: Conn, function: str, name: str) -> str:
-        """The CREATE FUNCTION of `name`'s pooled function, its types read off the statement."""
+    async def pooled_function(self, conn: Conn, function: str, name: str) -> str:
+        """The CREATE FUNCTION of statement `name`'s pooled function `function` (pooled_function.sql
+        is its template), its types read off the statement."""
         statement = await conn.prepare(self._sql[name])
-        parameters = await self._type_names(conn, [t.oid for t in statement.get_parameters()])
+        parameters = await self.type_names(conn, [t.oid for t in statement.get_parameters()])
         attributes = statement.get_attributes()
-        types = await self._type_names(conn, [a.type.oid for a in attributes])
+        types = await self.type_names(conn, [a.type.oid for a in attributes])
         columns = ", ".join(f'"{a.name}" {t}' for a, t in zip(attributes, types, strict=True))
         return (
             self._sql["pooled_function"]
@@ -215,7 +216,8 @@ class Queries:
             .replace("{body}", self._sql[name])
         )
 
-    async def _type_names(self, conn: Conn, oids: list[int]) -> list[str]:
+    async def type_names(self, conn: Conn, oids: list[int]) -> list[str]:
+        """The SQL names of the types `oids`, in their order."""
         return [r["name"] for r in await conn.fetch(self._sql["type_names"], oids)]
 
     # --- enqueue ---------------------------------------------------------------------------
