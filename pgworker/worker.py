@@ -265,14 +265,8 @@ class Worker:
                 await check_schema(pool, s.schema)
                 if not s.pooler:
                     await check_direct(pool, s.schema)
-                elif unmade := await queries(s.schema).pooled_functions(pool):
-                    self._log.warning(
-                        "pooled functions missing: each claim and outcome write is planned at "
-                        "every execution; run `pgworker migrate --pooler` with this release, or "
-                        "grant the worker's role CREATE on the schema (EXECUTE on the functions "
-                        "where they are)",
-                        functions=unmade,
-                    )
+                else:
+                    await self._pooled_functions(pool)
                 await check_privileges(pool, s.schema, periodic=bool(self.registry.schedules()))
                 await services.heartbeat.register()
                 registered = True
@@ -287,6 +281,23 @@ class Worker:
                         await services.completer.shared.drop()
                 raise _start_error(s.schema, exc) from exc
             yield services
+
+    async def _pooled_functions(self, pool: asyncpg.Pool) -> None:
+        """Pooler mode's functions (Queries.pooled_functions), made where missing. Without them
+        the worker still serves, each statement planned at every execution: what keeps them
+        from being made is said once, never a reason not to start."""
+        try:
+            unmade = await queries(self.settings.schema).pooled_functions(pool)
+        except asyncpg.PostgresError as exc:
+            unmade = [f"all: {type(exc).__name__}: {exc}"]
+        if unmade:
+            self._log.warning(
+                "pooled functions missing: each claim and outcome write is planned at "
+                "every execution; run `pgworker migrate --pooler` with this release, or "
+                "grant the worker's role CREATE on the schema (EXECUTE on the functions "
+                "where they are)",
+                functions=unmade,
+            )
 
     def _watch(self, metrics: Metrics, services: _Services) -> None:
         """What the metrics read from the running services at each scrape."""

@@ -380,3 +380,38 @@ async def test_limited_claims_through_the_pooler_hold_their_limit_as_pooled_call
         )
 
     assert await wait_for(limited_calls, timeout=20, every=0.2) >= 1
+
+
+async def test_a_worker_that_cannot_make_them_in_time_starts_with_the_plain_statements(
+    dsn, conn, bouncer, tmp_path
+):
+    """Making them waits on the migrations' lock, bounded by the worker's lock timeout (a third
+    of its lease): held longer by a migration, the wait failed and the worker did not start.
+    They are an optimisation: it starts, says why they are missing, and serves."""
+    await conn.execute(
+        "SELECT pg_advisory_lock(hashtext('pgworker.migrate'), hashtext('pgworker'))"
+    )
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(
+        "tests.apps.basic",
+        bouncer.dsn(dsn),
+        log,
+        "--pooler",
+        "--log-format",
+        "json",
+        "--poll-interval",
+        "0.1",
+        "--lease",
+        "3",
+    )
+    try:
+        await pgworker.enqueue_many(conn, [pgworker.JobSpec("echo", {"n": n}) for n in range(10)])
+        await wait_for(lambda: completed(conn, 10), timeout=60, every=0.1)
+        assert worker.poll() is None, log.read_text()[-3000:]
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock_all()")
+        assert stop(worker) == 0, log.read_text()[-3000:]
+    missing = [e for e in entries(log) if e["event"].startswith("pooled functions missing")]
+    assert len(missing) == 1, log.read_text()[-3000:]
+    assert "LockNotAvailableError" in missing[0]["functions"][0], missing
+    assert await pooled_functions(conn) == []
