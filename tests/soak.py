@@ -16,7 +16,8 @@ exits by design with one line, `DatabaseUnavailable` (README, "Start-up").
 
 Runs on a throwaway PostgreSQL cluster of its own (local binaries, else the embedded package), or
 on SOAK_DSN when set (then without server crashes). SOAK_JOBS, SOAK_WORKERS, SOAK_SECONDS,
-SOAK_SEED and SOAK_POISON (the share of poison jobs, default 0.004) tune it.
+SOAK_SEED, SOAK_POISON (the share of poison jobs, default 0.004) and SOAK_MIN_STEPS (the chaos
+steps it takes at least, topping the jobs up when the fleet drains them first) tune it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ SECONDS = float(os.environ.get("SOAK_SECONDS", "900"))
 SEED = int(os.environ.get("SOAK_SEED", str(int(time.time()))))
 POISON_SHARE = float(os.environ.get("SOAK_POISON", "0.004"))
 CRASH_STEPS = (2, 5)
+MIN_STEPS = int(os.environ.get("SOAK_MIN_STEPS", "24"))
+"""The chaos steps a soak takes at least: a fleet that drains the jobs first gets more of them
+(TOP_UP at a time), so that a faster worker never makes the soak a quiet drain."""
+TOP_UP = 5000
 
 
 def _failed_with(check: Callable[[str], bool]) -> Callable[[str, str | None, Any], bool]:
@@ -252,19 +257,12 @@ async def reconcile_poison(conn: asyncpg.Connection) -> tuple[list[tuple[str, st
     return rows, len(wrong)
 
 
-async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) -> bool:
-    """`crash`, when given, crashes the server and restarts it, at the steps of CRASH_STEPS."""
-    rand = random.Random(SEED)
-    conn = await asyncpg.connect(dsn)
-    await pgworker.migrate(conn)
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS chaos_effects (job_id bigint PRIMARY KEY, attempt int)"
-    )
-    await conn.execute("TRUNCATE pgworker.jobs, pgworker.job_attempts, chaos_effects")
-    t0 = time.monotonic()
-    for start in range(0, JOBS, 5000):
+async def enqueue(conn: asyncpg.Connection, rand: random.Random, first: int, count: int) -> int:
+    """`count` jobs numbered from `first`: mostly `work`, a few poison, refusing and effect
+    jobs; returns `count`."""
+    for start in range(first, first + count, 5000):
         specs = []
-        for n in range(start, min(start + 5000, JOBS)):
+        for n in range(start, min(start + 5000, first + count)):
             kind = rand.random()
             if kind < POISON_SHARE:
                 specs.append(JobSpec(rand.choice(list(POISON)), {"n": n}))
@@ -275,6 +273,20 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
             else:
                 specs.append(JobSpec("work", {"n": n, "ms": rand.choice([0, 0, 1, 5, 20])}))
         await pgworker.enqueue_many(conn, specs)
+    return count
+
+
+async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) -> bool:
+    """`crash`, when given, crashes the server and restarts it, at the steps of CRASH_STEPS."""
+    rand = random.Random(SEED)
+    conn = await asyncpg.connect(dsn)
+    await pgworker.migrate(conn)
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS chaos_effects (job_id bigint PRIMARY KEY, attempt int)"
+    )
+    await conn.execute("TRUNCATE pgworker.jobs, pgworker.job_attempts, chaos_effects")
+    t0 = time.monotonic()
+    enqueued = await enqueue(conn, rand, 0, JOBS)
     enqueue_s = time.monotonic() - t0
 
     fleet = Fleet(dsn, logs)
@@ -288,7 +300,9 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
             "SELECT count(*) FROM pgworker.jobs WHERE status IN ('pending', 'running')"
         )
         if left == 0:
-            break
+            if steps >= MIN_STEPS:
+                break
+            enqueued += await enqueue(conn, rand, enqueued, TOP_UP)
         await asyncio.sleep(rand.uniform(1.0, 3.0))
         fleet.check()
         action = rand.random()
@@ -357,7 +371,7 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
     levels = await asyncio.to_thread(log_levels, logs)
     done = sum(counts.get(s, 0) for s in ("completed", "failed", "cancelled"))
     rows = [
-        ("enqueued", JOBS),
+        ("enqueued", enqueued),
         ("completed", counts.get("completed", 0)),
         ("failed", counts.get("failed", 0)),
         ("cancelled", counts.get("cancelled", 0)),
@@ -381,11 +395,12 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
             "worker log lines: error, critical, not JSON",
             ", ".join(str(levels.get(k, 0)) for k in ("error", "critical", "raw")),
         ),
+        ("chaos steps (at least MIN_STEPS)", f"{steps} ({MIN_STEPS})"),
         ("enqueue time / drain time", f"{enqueue_s:.1f} s / {drain_s:.1f} s"),
         ("seed", SEED),
     ]
     width = max(len(k) for k, _ in rows)
-    print(f"\nsoak: {JOBS} jobs, {WORKERS} worker processes")
+    print(f"\nsoak: {enqueued} jobs, {WORKERS} worker processes")
     for k, v in rows:
         print(f"  {k.ljust(width)}  {v}")
     for exit_ in fleet.unexpected:
@@ -396,7 +411,9 @@ async def soak(dsn: str, logs: Path, crash: Callable[[], None] | None = None) ->
             f"{r['error_message']}"
         )
     ok = (
-        done == JOBS
+        done == enqueued
+        and steps >= MIN_STEPS
+        and (crash is None or crashes == len(CRASH_STEPS))
         and counts.get("pending", 0) == 0
         and counts.get("running", 0) == 0
         and again["ran_again"] == again["explained"]
