@@ -28,7 +28,8 @@ test-matrix: $(STAMP)
 bench:
 	bash bench/run.sh
 
-## The long soak: 50,000 jobs, 4 workers, random SIGKILLs, backend terminations and cancels.
+## The long soak: 50,000 jobs or more, 4 workers, at least 24 steps of random SIGKILLs, backend
+## terminations and cancels, two server crashes.
 chaos: $(STAMP)
 	$(PY) -m tests.soak
 
