@@ -63,6 +63,34 @@ async def all_finished(conn: Any) -> bool:
     )
 
 
+async def count_function_calls(conn: Any) -> None:
+    """Have PostgreSQL count the calls of PL/pgSQL functions in `conn`'s database, in the
+    sessions that start from now on (pg_stat_user_functions)."""
+    database = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+
+
+async def pooled_calls(conn: Any, *statements: str, timeout: float = 20) -> dict[str, int]:
+    """The calls of each pooled function of the pgworker schema (`_pooled_<statement>_<digest>`),
+    by statement, once each of `statements` was called: the database's other sessions are ended
+    first, since a session's counts reach the statistics when it ends."""
+    await conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+
+    async def called() -> dict[str, int] | None:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        rows = await conn.fetch(
+            "SELECT substring(funcname from '^_pooled_(.*)_[0-9a-f]{12}$') AS statement, calls "
+            "FROM pg_stat_user_functions WHERE schemaname = 'pgworker'"
+        )
+        found = {r["statement"]: r["calls"] for r in rows if r["statement"]}
+        return found if all(found.get(s) for s in statements) else None
+
+    return await wait_for(called, timeout=timeout, every=0.2)
+
+
 async def attempts(conn: Any, job_id: int) -> list[Any]:
     return await conn.fetch(
         "SELECT * FROM pgworker.job_attempts WHERE job_id = $1 ORDER BY attempt", job_id

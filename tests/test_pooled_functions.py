@@ -23,7 +23,14 @@ import pgworker
 from pgworker._db.connection import create_pool
 from pgworker._db.queries import POOLED, _pooled_name, queries
 
-from .helpers import all_finished, spawn_worker, statuses, wait_for
+from .helpers import (
+    all_finished,
+    count_function_calls,
+    pooled_calls,
+    spawn_worker,
+    statuses,
+    wait_for,
+)
 from .pgbouncer import PgBouncer, available
 
 pytestmark = [
@@ -77,9 +84,9 @@ def narrow(server_dsn: str) -> Iterator[PgBouncer]:
         yield b
 
 
-def pooler_worker(dsn: str, log: Path) -> Any:
+def pooler_worker(dsn: str, log: Path, *args: str, app: str = "tests.apps.basic") -> Any:
     return spawn_worker(
-        "tests.apps.basic", dsn, log, "--pooler", "--log-format", "json", "--poll-interval", "0.1"
+        app, dsn, log, "--pooler", "--log-format", "json", "--poll-interval", "0.1", *args
     )
 
 
@@ -330,25 +337,13 @@ async def test_limited_claims_through_the_pooler_hold_their_limit_as_pooled_call
     """A task with `max_running` is claimed in a transaction of its own (limits_lock.sql, then
     job_claim_limited.sql): through the pooler both run as pooled functions inside it, and two
     workers together still run at most `max_running` of its jobs at once."""
-    database = await conn.fetchval("SELECT current_database()")
-    await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+    await count_function_calls(conn)
     await pgworker.enqueue_many(
         conn, [pgworker.JobSpec("capped", {"seconds": 0.3}) for _ in range(10)]
     )
     logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     workers = [
-        spawn_worker(
-            "tests.apps.limits",
-            bouncer.dsn(dsn),
-            log,
-            "--pooler",
-            "--log-format",
-            "json",
-            "--poll-interval",
-            "0.1",
-            "--worker-id",
-            f"w{i}",
-        )
+        pooler_worker(bouncer.dsn(dsn), log, "--worker-id", f"w{i}", app="tests.apps.limits")
         for i, log in enumerate(logs)
     ]
     most = 0
@@ -367,19 +362,7 @@ async def test_limited_claims_through_the_pooler_hold_their_limit_as_pooled_call
         for worker, log in zip(workers, logs, strict=True):
             assert stop(worker) == 0, log.read_text()[-3000:]
     assert 1 <= most <= 2, most
-    await conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-
-    async def limited_calls() -> int:
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        return await conn.fetchval(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
-            "WHERE funcname LIKE '\\_pooled\\_job\\_claim\\_limited\\_%'"
-        )
-
-    assert await wait_for(limited_calls, timeout=20, every=0.2) >= 1
+    await pooled_calls(conn, "limits_lock", "job_claim_limited")
 
 
 async def test_a_worker_that_cannot_make_them_in_time_starts_with_the_plain_statements(
@@ -392,18 +375,7 @@ async def test_a_worker_that_cannot_make_them_in_time_starts_with_the_plain_stat
         "SELECT pg_advisory_lock(hashtext('pgworker.migrate'), hashtext('pgworker'))"
     )
     log = tmp_path / "worker.log"
-    worker = spawn_worker(
-        "tests.apps.basic",
-        bouncer.dsn(dsn),
-        log,
-        "--pooler",
-        "--log-format",
-        "json",
-        "--poll-interval",
-        "0.1",
-        "--lease",
-        "3",
-    )
+    worker = pooler_worker(bouncer.dsn(dsn), log, "--lease", "3")
     try:
         await pgworker.enqueue_many(conn, [pgworker.JobSpec("echo", {"n": n}) for n in range(10)])
         await wait_for(lambda: completed(conn, 10), timeout=60, every=0.1)

@@ -11,15 +11,14 @@ from pgworker._db.connection import create_pool
 from pgworker._db.queries import POOLED, queries
 from pgworker.models import AttemptResult, JobStatus, Outcome
 
-from .helpers import wait_for
+from .helpers import count_function_calls, pooled_calls
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def test_the_pooled_functions_claim_finish_and_beat_as_the_statements_do(dsn, conn):
     q = queries("pgworker")
-    database = await conn.fetchval("SELECT current_database()")
-    await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+    await count_function_calls(conn)
     job = (await pgworker.enqueue(conn, "echo", {"n": 1})).job.id
     pool = await create_pool(dsn, size=2, lock_timeout=1.5, pooler=True, keyed=True)
     try:
@@ -62,13 +61,4 @@ async def test_the_pooled_functions_claim_finish_and_beat_as_the_statements_do(d
     assert completed == 1
     assert await conn.fetchval("SELECT result FROM pgworker.jobs WHERE id = $1", job) == "2"
 
-    async def called() -> set[str]:
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        rows = await conn.fetch(
-            "SELECT substring(funcname from '^_pooled_(.*)_[0-9a-f]{12}$') AS statement "
-            "FROM pg_stat_user_functions WHERE calls > 0"
-        )
-        found = {r["statement"] for r in rows}
-        return found if {"job_claim", "worker_heartbeat", "job_finish_many"} <= found else set()
-
-    await wait_for(called, timeout=20, every=0.1)
+    await pooled_calls(conn, "job_claim", "worker_heartbeat", "job_finish_many")

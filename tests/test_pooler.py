@@ -19,7 +19,16 @@ import pytest
 import pgworker
 from pgworker._db.connection import create_pool
 
-from .helpers import ROOT, all_finished, attempts, spawn_worker, statuses, wait_for
+from .helpers import (
+    ROOT,
+    all_finished,
+    attempts,
+    count_function_calls,
+    pooled_calls,
+    spawn_worker,
+    statuses,
+    wait_for,
+)
 from .pgbouncer import PgBouncer, available
 from .webserver import free_port
 
@@ -103,8 +112,7 @@ async def test_a_pooler_workers_claims_and_outcomes_run_as_the_schemas_pooled_fu
     planned at every execution (about 1 ms of the server's CPU, 58% of the direct rate in
     `make bench`). The worker's claims and outcome writes run as PL/pgSQL functions of the
     schema instead, whose plans each server session keeps."""
-    database = await conn.fetchval("SELECT current_database()")
-    await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'pl'")
+    await count_function_calls(conn)
     await pgworker.enqueue_many(conn, [pgworker.JobSpec("echo", {"n": n}) for n in range(200)])
     log = tmp_path / "worker.log"
     worker = pooler_worker(bouncer.dsn(dsn), log, "--poll-interval", "0.1")
@@ -113,29 +121,7 @@ async def test_a_pooler_workers_claims_and_outcomes_run_as_the_schemas_pooled_fu
     finally:
         assert stop(worker) == 0, log.read_text()[-3000:]
     assert await statuses(conn) == {"completed": 200}
-    # A server session's counts reach the statistics when it ends.
-    await conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-
-    async def calls() -> dict[str, int]:
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        rows = await conn.fetch(
-            "SELECT substring(funcname from '^_pooled_(.*)_[0-9a-f]{12}$') AS statement, calls "
-            "FROM pg_stat_user_functions WHERE schemaname = 'pgworker'"
-        )
-        return {r["statement"]: r["calls"] for r in rows if r["statement"]}
-
-    found = await wait_for(
-        lambda: calls_of(calls, "job_claim", "job_finish_many"), timeout=20, every=0.2
-    )
-    assert found["job_claim"] >= 1 and found["job_finish_many"] >= 1, found
-
-
-async def calls_of(calls, *statements: str) -> dict[str, int] | None:
-    found = await calls()
-    return found if all(found.get(s) for s in statements) else None
+    await pooled_calls(conn, "job_claim", "job_finish_many")
 
 
 async def test_a_pooler_worker_survives_a_pgbouncer_restart(dsn, conn, bouncer, tmp_path):
