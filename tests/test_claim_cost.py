@@ -14,7 +14,7 @@ import pgworker
 from pgworker import JobSpec
 from pgworker._db import files
 from pgworker._db.connection import create_pool
-from pgworker._db.queries import queries
+from pgworker._db.queries import claim_statement, queries
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -23,6 +23,11 @@ PREPARE = (
     "PREPARE claim(text[], text[], int, text, float8, int[], text, text, text[], int[], boolean, "
     "int[]) AS "
 )
+
+
+def claim_sql(served: int) -> str:
+    """The claim a worker serving `served` types of queue `default` runs, 10 jobs at a time."""
+    return files.queries("pgworker")[claim_statement(served, 10)]
 
 
 def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -78,7 +83,7 @@ async def test_pending_jobs_of_unserved_types_cost_the_claim_nothing(dsn, conn, 
     pool = await create_pool(dsn, size=1, keyed=True)
     try:
         async with pool.acquire() as c:
-            await c.execute(PREPARE + files.queries("pgworker")["job_claim"])
+            await c.execute(PREPARE + claim_sql(len(types)))
             alone = await explain_claim(c, types)
             await add_pending(conn, ["unserved"], BACKLOG, "1 hour")
             await conn.execute("VACUUM ANALYZE pgworker.jobs")
@@ -101,7 +106,7 @@ async def test_a_claim_planned_on_an_empty_table_reads_by_index_once_it_fills(ds
     try:
         async with pool.acquire() as c:
             await c.execute("SET plan_cache_mode = force_generic_plan")
-            await c.execute(PREPARE + files.queries("pgworker")["job_claim"])
+            await c.execute(PREPARE + claim_sql(1))
             empty = await explain_claim(c, ["t"])  # plans it, and caches the plan
             assert empty["claimed"] == 0
             await add_pending(conn, ["t"], BACKLOG, "1 minute")
@@ -109,7 +114,7 @@ async def test_a_claim_planned_on_an_empty_table_reads_by_index_once_it_fills(ds
             cached = await explain_claim(c, ["t"])
             await conn.execute("VACUUM ANALYZE pgworker.jobs")
             await c.execute("DEALLOCATE claim")
-            await c.execute(PREPARE + files.queries("pgworker")["job_claim"])
+            await c.execute(PREPARE + claim_sql(1))
             fresh = await explain_claim(c, ["t"])
     finally:
         await pool.close()

@@ -40,7 +40,14 @@ Row = asyncpg.Record
 AttemptKey = tuple[int, int, datetime]
 """(job id, attempt number, claimed at): what fences every write about an attempt."""
 
-POOLED = ("job_claim", "job_finish_many", "worker_heartbeat", "limits_lock", "job_claim_limited")
+POOLED = (
+    "job_claim",
+    "job_claim_wide",
+    "job_finish_many",
+    "worker_heartbeat",
+    "limits_lock",
+    "job_claim_limited",
+)
 """The worker's statements that, through a transaction pooler, run as functions of the schema
 (see `Queries.pooled_functions`)."""
 
@@ -120,6 +127,14 @@ async def transaction(conn: Runner) -> AsyncIterator[Conn]:
     else:
         async with conn.transaction():
             yield conn
+
+
+def claim_statement(pairs: int, limit: int) -> str:
+    """The claim for a worker that serves `pairs` (queue, type, version) and claims up to
+    `limit` jobs: job_claim.sql reads each pair; job_claim_wide.sql, when they outnumber the
+    limit, first picks the `limit` pairs whose first jobs come first. One statement per case
+    rather than both in one: the common one plans and runs a third fewer nodes."""
+    return "job_claim" if pairs <= limit else "job_claim_wide"
 
 
 @cache
@@ -369,7 +384,7 @@ class Queries:
             served.append((name, int(version)))
         return await self._worker_rows(
             conn,
-            "job_claim",
+            claim_statement(len(queues) * len(served), limit),
             queues,
             types,
             limit,
