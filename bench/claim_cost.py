@@ -144,16 +144,27 @@ async def measure(conn: Any, types: list[str], claims: int) -> dict[str, Any]:
     return result
 
 
-async def prepared(dsn: str) -> tuple[asyncpg.Pool, Any]:
-    """A worker's pool, its connection, and the claim prepared (as SQL) in that session."""
+def claim_sql(served: int) -> str:
+    """The claim a worker serving `served` types runs (one statement for all before
+    job_claim_wide.sql)."""
+    try:
+        from pgworker._db.queries import claim_statement
+    except ImportError:
+        return SQL
+    return files.queries("pgworker")[claim_statement(served, LIMIT)]
+
+
+async def prepared(dsn: str, served: int) -> tuple[asyncpg.Pool, Any]:
+    """A worker's pool, its connection, and the claim of a worker serving `served` types
+    prepared (as SQL) in that session."""
     pool = await worker_pool(dsn)
     conn = await pool.acquire()
-    await conn.execute(PREPARE + SQL)
+    await conn.execute(PREPARE + claim_sql(served))
     return pool, conn
 
 
 async def fresh(dsn: str, types: list[str], claims: int) -> dict[str, Any]:
-    pool, conn = await prepared(dsn)
+    pool, conn = await prepared(dsn, len(types))
     try:
         return await measure(conn, types, claims)
     finally:
@@ -221,7 +232,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         types = served_types(1)
         await reset(admin)
         await admin.execute("VACUUM ANALYZE pgworker.jobs")
-        pool, conn = await prepared(dsn)
+        pool, conn = await prepared(dsn, len(types))
         try:
             await measure(conn, types, 3)  # plans the claim on the empty table
             await add_jobs(admin, types, args.backlog, "1 minute")

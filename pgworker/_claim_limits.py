@@ -1,9 +1,9 @@
 """The claim of limited jobs (issue 23): the tasks that declare `max_running`,
 `max_running_per_key` or `rate_limit`, and every task of a queue given a limit by
-`pgworker queue limit`. The plain claim (job_claim.sql) leaves them out; here each limit is
-counted from the jobs table under a transaction-scoped advisory lock of the limit
-(sql/queries/limits_lock.sql, job_claim_limited.sql), so that at no moment do the claims of all
-workers together exceed it, and no lock outlives a claim.
+`pgworker queue limit`. The plain claims (job_claim.sql, job_claim_wide.sql) leave them out;
+here each limit is counted from the jobs table under a transaction-scoped advisory lock of the
+limit (sql/queries/limits_lock.sql, job_claim_limited.sql), so that at no moment do the claims
+of all workers together exceed it, and no lock outlives a claim.
 
 A worker that a limit holds back does not claim again until something can have changed: a job
 of a limit it serves ended (once its outcome is written, the worker whose job it was claims

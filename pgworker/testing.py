@@ -510,7 +510,7 @@ async def drain(
     redact_keys: Iterable[str] = DEFAULT_KEYS,
 ) -> DrainResult:
     """Run the due jobs of `registry`'s types one at a time, in claim order, until none is
-    left, through a worker's own code: the claim (`job_claim.sql`), the executor's attempt (the
+    left, through a worker's own code: the claim (`Queries.job_claim`), the executor's attempt (the
     handler under its task's timeout, retries, `Retry`, `Snooze`, `PermanentError`, steps and
     milestones) and the outcome's write (`job_finish_many.sql`), on `conn` (an asyncpg
     Connection, or a Pool: one of its connections). Jobs that become due meanwhile (a retry
