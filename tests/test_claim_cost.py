@@ -147,7 +147,9 @@ async def test_the_worker_plans_by_index_only(dsn, monkeypatch):
     assert made and all(kw.get("keyed") for kw in made), made
 
 
-async def claim(conn: Any, limit: int, served: list[tuple[str, int]], queues=("default",)):
+async def claim(
+    conn: Any, limit: int, served: list[tuple[str, int]], queues=("default",), wide=None
+):
     return await queries("pgworker").job_claim(
         conn,
         queues=list(queues),
@@ -159,12 +161,16 @@ async def claim(conn: Any, limit: int, served: list[tuple[str, int]], queues=("d
         code_version=None,
         version_1_types=[t for t, v in served if v == 1],
         other_versions=[f"{t}@{v}" for t, v in served if v != 1],
+        wide=wide,
     )
 
 
-async def test_one_claim_order_across_types_versions_and_queues(dsn, conn):
+@pytest.mark.parametrize("wide", [None, True, False])
+async def test_one_claim_order_across_types_versions_and_queues(dsn, conn, wide):
     """Highest priority first, then oldest run_at, then id, whichever served (queue, type,
-    version) a job belongs to; a job not served is never taken, however early."""
+    version) a job belongs to; a job not served is never taken, however early. The same with
+    either statement (None: the one the worker chooses, job_claim_wide.sql for the limits below
+    the 6 pairs served)."""
     specs = [
         JobSpec("a", {"n": 1}, priority=0),
         JobSpec("b", {"n": 2}, priority=5),
@@ -182,7 +188,7 @@ async def test_one_claim_order_across_types_versions_and_queues(dsn, conn):
     served = [("a", 1), ("b", 1), ("b", 2)]
     taken = []
     for limit in (3, 1, 2, 10):
-        rows = await claim(conn, limit, served, queues=("default", "q2"))
+        rows = await claim(conn, limit, served, queues=("default", "q2"), wide=wide)
         assert len(rows) <= limit
         taken.append([n_of[r["id"]] for r in rows])
     assert taken == [[10, 2, 4], [7], [1, 5], [9]]

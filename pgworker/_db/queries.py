@@ -370,21 +370,27 @@ class Queries:
         other_versions: Sequence[str] = (),
         limited_queues: bool = False,
         most: Callable[[str], int] | None = None,
+        wide: bool | None = None,
     ) -> list[Row]:
         """Claim up to `limit` jobs in one statement; the rows are whole jobs. Unless `durable`,
         the claim commits without waiting for its WAL flush. Only jobs of the (type, version)
         pairs served are claimed: version 1 of `version_1_types` (None: of every type) and
         `other_versions`, as registry.served_key writes them; `most(type)` jobs of a type at
         most (None: `limit`). Queues with a limit are left out (job_claim_limited.sql claims
-        them) unless `limited_queues`."""
+        them) unless `limited_queues`. The statement is job_claim_wide.sql with `wide`, and
+        when `wide` is None and the (queue, type, version) served outnumber `limit`."""
         served = [(t, 1) for t in (types if version_1_types is None else version_1_types)]
         for key in other_versions:
             # served_key writes the version after the type's last `@`.
             name, _, version = key.rpartition("@")
             served.append((name, int(version)))
+        if wide is None:
+            statement = claim_statement(len(queues) * len(served), limit)
+        else:
+            statement = "job_claim_wide" if wide else "job_claim"
         return await self._worker_rows(
             conn,
-            claim_statement(len(queues) * len(served), limit),
+            statement,
             queues,
             types,
             limit,
@@ -398,6 +404,11 @@ class Queries:
             limited_queues,
             None if most is None else [most(t) for t, _ in served],
         )
+
+    async def job_claim_wide(self, conn: Runner, **claim: Any) -> list[Row]:
+        """`job_claim` by job_claim_wide.sql whatever the counts (the same arguments): first the
+        `limit` (queue, type, version) whose first due jobs come first, then their jobs."""
+        return await self.job_claim(conn, wide=True, **claim)
 
     async def limits_lock(
         self, conn: Runner, queues: Sequence[str], types: Sequence[str]
