@@ -35,9 +35,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 import pgworker
-from pgworker import _maintenance as maintenance
 from pgworker._db import files
 from pgworker._db.queries import queries
+from pgworker._maintenance.maintenance import maintenance
 from pgworker._web.charts import DIRECT_MINUTES, WINDOWS
 
 JOBS = """

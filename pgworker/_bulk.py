@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from . import _limits as limits
+from . import _validate as validate
 from ._db.connection import Executor
 from ._db.queries import Row, queries, transaction
 from ._filters import JobFilter
@@ -53,7 +53,7 @@ def batch_size() -> int:
     if not raw:
         return BATCH
     try:
-        value = limits.whole(raw)
+        value = validate.whole(raw)
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_BATCH:
@@ -146,9 +146,9 @@ async def count(
 ) -> tuple[int, int]:
     """The highest job id now (or `max_id`) and how many jobs up to it `job_filter` matches: what
     a confirmation states before `create`."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     if max_id is not None:
-        max_id = limits.count("max_id", max_id, minimum=0, maximum=limits.MAX_BIGINT)
+        max_id = validate.count("max_id", max_id, minimum=0, maximum=validate.MAX_BIGINT)
     async with transaction(conn) as c:
         await q.plan_with_values(c)
         return await q.jobs_filtered_count(c, job_filter.params(), max_id)
@@ -170,20 +170,20 @@ async def create(
     `pgworker serve`). `run_at` (a timezone-aware datetime) for `reschedule` only, and required
     there. Recorded as done by `by` (default: the OS user) for `reason`. In the caller's
     transaction when `conn` is in one."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     kind = _kind(kind)
     if not isinstance(job_filter, JobFilter):
         raise ValidationError("filter", f"must be a JobFilter, got {job_filter!r}")
     if kind == "reschedule":
         if run_at is None:
             raise ValidationError("run_at", "a reschedule needs the time to run at")
-        run_at = limits.run_at(run_at)
+        run_at = validate.run_at(run_at)
     elif run_at is not None:
         raise ValidationError("run_at", f"goes with reschedule only, not {kind}")
-    actor = limits.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
-    reason = limits.name("reason", reason, MAX_REASON_LENGTH, required=False)
+    actor = validate.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
+    reason = validate.name("reason", reason, MAX_REASON_LENGTH, required=False)
     if max_id is not None:
-        max_id = limits.count("max_id", max_id, minimum=0, maximum=limits.MAX_BIGINT)
+        max_id = validate.count("max_id", max_id, minimum=0, maximum=validate.MAX_BIGINT)
     async with transaction(conn) as c:
         await q.plan_with_values(c)
         bound, matched = await q.jobs_filtered_count(c, job_filter.params(), max_id)
@@ -205,9 +205,9 @@ async def create(
 
 async def get(conn: Executor, action_id: int, *, schema: str = DEFAULT_SCHEMA) -> BulkAction | None:
     """The action and its progress, or None."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     row = await q.bulk_action_get(
-        conn, limits.count("id", action_id, minimum=1, maximum=limits.MAX_BIGINT)
+        conn, validate.count("id", action_id, minimum=1, maximum=validate.MAX_BIGINT)
     )
     return None if row is None else BulkAction.from_row(row)
 
@@ -217,8 +217,8 @@ async def run_batch(
 ) -> BulkAction | None:
     """One batch of a running action, in one transaction; the action as it is after it. None
     when it is not running, or another runner is running a batch of it now."""
-    q = queries(limits.identifier("schema", schema))
-    size = batch_size() if batch is None else limits.count("batch", batch, minimum=1)
+    q = queries(validate.identifier("schema", schema))
+    size = batch_size() if batch is None else validate.count("batch", batch, minimum=1)
     replayed: list[Any] = []
     async with transaction(conn) as c:
         row = await q.bulk_action_lock(c, action_id)
@@ -269,7 +269,7 @@ async def run_batch(
 
 async def fail(conn: Executor, action_id: int, error: str, *, schema: str = DEFAULT_SCHEMA) -> None:
     """Give the action up, saying why (its batches done so far stay done)."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     await q.bulk_action_fail(conn, action_id, scrub(error)[:2000])
 
 

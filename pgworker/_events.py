@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _limits as limits
+from . import _validate as validate
 from ._db.connection import Executor
 from ._db.queries import queries
 from ._drivers import NATIVE, UNUSABLE, adapt, unusable
@@ -31,11 +31,11 @@ async def emit(
     how many waiting jobs it woke. On a Connection inside a transaction, in that transaction:
     nothing is delivered unless it commits. `conn` is what `enqueue` takes. A bad name (empty,
     over 200 characters, NUL) or data raises ValidationError, nothing written."""
-    name = limits.event_name(name)
+    name = validate.event_name(name)
     text = event_data(data)
     if conn.__class__ not in NATIVE:
         conn = adapt(conn)
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     try:
         return await q.event_emit(conn, name, text)
     except UNUSABLE as exc:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import _limits as limits
+from . import _validate as validate
 from . import settings
 from .errors import ValidationError
 from .models import JobStatus
@@ -103,7 +103,7 @@ class JobFilter:
                 continue
             if field in _TIMES:
                 found[field] = (
-                    limits.moment(field, value)
+                    validate.moment(field, value)
                     if isinstance(value, datetime)
                     else _moment(field, value)
                 )
@@ -195,7 +195,7 @@ def _status(field: str, value: Any) -> str:
 
 def _name(max_length: int) -> Any:
     def check(field: str, value: Any) -> str:
-        return limits.name(field, value, max_length)
+        return validate.name(field, value, max_length)
 
     return check
 
@@ -203,18 +203,18 @@ def _name(max_length: int) -> Any:
 def _id(field: str, value: Any) -> int:
     if isinstance(value, str):
         try:
-            value = limits.whole(value)
+            value = validate.whole(value)
         except ValueError:
             raise ValidationError(
                 field, f"must be a job id in ASCII digits, got {value!r}"
             ) from None
-    return limits.count(field, value, minimum=1, maximum=limits.MAX_BIGINT)
+    return validate.count(field, value, minimum=1, maximum=validate.MAX_BIGINT)
 
 
 def _moment(field: str, value: Any) -> datetime:
     """An ISO 8601 time with a time zone, or a duration back from now (`15m`, `2h`, `7d`)."""
     if isinstance(value, datetime):
-        return limits.moment(field, value)
+        return validate.moment(field, value)
     if not isinstance(value, str) or len(value) > 100:
         raise ValidationError(field, f"must be an ISO 8601 time with a time zone, got {value!r}")
     try:
@@ -231,7 +231,7 @@ def _moment(field: str, value: Any) -> datetime:
         ) from None
     if moment.tzinfo is None:
         raise ValidationError(field, f"{value!r} has no time zone; add one, e.g. {value}+00:00")
-    return limits.moment(field, moment)
+    return validate.moment(field, moment)
 
 
 def _payload(field: str, value: Any) -> str:
@@ -259,19 +259,19 @@ def _payload(field: str, value: Any) -> str:
         raise ValidationError(field, f"must be at most {MAX_PAYLOAD_TEXT} characters of JSON")
     if "\\u0000" in text:
         raise ValidationError(field, "must not contain NUL characters")
-    return limits.name(field, text, MAX_PAYLOAD_TEXT)
+    return validate.name(field, text, MAX_PAYLOAD_TEXT)
 
 
 _PARSERS: dict[str, Any] = {
     "status": _status,
-    "queue": _name(limits.MAX_QUEUE_LENGTH),
-    "type": _name(limits.MAX_TYPE_LENGTH),
+    "queue": _name(validate.MAX_QUEUE_LENGTH),
+    "type": _name(validate.MAX_TYPE_LENGTH),
     "error": _name(MAX_ERROR_TEXT),
     "created_after": _moment,
     "created_before": _moment,
     "finished_after": _moment,
     "finished_before": _moment,
-    "correlation_id": _name(limits.MAX_CORRELATION_ID_LENGTH),
+    "correlation_id": _name(validate.MAX_CORRELATION_ID_LENGTH),
     "id": _id,
     "payload": _payload,
 }

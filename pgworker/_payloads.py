@@ -17,8 +17,8 @@ import sys
 import typing
 from typing import Any
 
-from ._limits import MAX_DEPTH, json_problem
 from ._redact import describe
+from ._validate import MAX_DEPTH, json_problem
 from ._version import DISTRIBUTION
 from .errors import ConfigError, InvalidPayload, ValidationError
 

@@ -26,7 +26,7 @@ from functools import cache
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
-from ._limits import clean_text
+from ._validate import clean_text
 
 REDACTED = "[REDACTED]"
 DEFAULT_KEYS: tuple[str, ...] = (

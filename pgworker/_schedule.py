@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from . import _limits as limits
+from . import _validate as validate
 from .errors import ConfigError
 
 CatchUp = Literal["latest", "all", "none"]
@@ -220,4 +220,4 @@ def _shown(value: Any, limit: int = 80) -> str:
 
 
 def check_name(name: Any) -> str:
-    return limits.name("name", name, MAX_NAME_LENGTH, error=ConfigError)
+    return validate.name("name", name, MAX_NAME_LENGTH, error=ConfigError)

@@ -33,8 +33,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from . import _limits as limits
 from . import _threads
+from . import _validate as validate
 from ._attempt import WaitingForEvent
 from ._db.queries import AttemptKey
 from ._payloads import json_text
@@ -76,7 +76,7 @@ def lost(attempt: Attempt, what: str) -> PgWorkerError:
 
 
 def step_name(value: Any) -> str:
-    return limits.name("name", value, MAX_NAME_LENGTH)
+    return validate.name("name", value, MAX_NAME_LENGTH)
 
 
 def _json(field: str, value: Any, what: str) -> str:
@@ -224,7 +224,7 @@ class Steps:
         return await self._once(name, fn, "transactional step", run)
 
     async def progress(self, milestone: Any, detail: Any) -> None:
-        milestone = limits.name("milestone", milestone, MAX_NAME_LENGTH)
+        milestone = validate.name("milestone", milestone, MAX_NAME_LENGTH)
         not_inside_a_transactional_step(f"progress {milestone!r}")
         if detail is not None and not isinstance(detail, dict):
             raise ValidationError("detail", f"must be a dict or None, got {type(detail).__name__}")
@@ -237,8 +237,8 @@ class Steps:
     async def wait_for_event(self, name: Any, timeout: Any) -> Any:  # noqa: ASYNC109 - durable
         """The data of event `name` for this job's next wait (see JobContext.wait_for_event):
         the k-th call of an attempt is the job's wait number k, whichever attempt reaches it."""
-        name = limits.event_name(name)
-        seconds = limits.timeout(timeout)
+        name = validate.event_name(name)
+        seconds = validate.timeout(timeout)
         not_inside_a_transactional_step(f"wait_for_event {name!r}")
         self._waits += 1
         seq = self._waits

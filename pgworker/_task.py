@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._limits import Rate
+from ._validate import Rate
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from . import _limits as limits
+from . import _validate as validate
 from . import models
 from ._db.connection import CONNECTION_ERRORS, connect
 from ._db.queries import Row, queries
@@ -196,7 +196,7 @@ class _Waiter:
 
     def _on_ended(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         try:
-            job_id = limits.whole(payload)
+            job_id = validate.whole(payload)
         except ValueError:
             return  # anyone may NOTIFY the channel: what is not a job id is no end
         if job_id in self._waits:
@@ -377,9 +377,9 @@ async def wait(
     raises the builtin TimeoutError when it runs out, and changes nothing about the job.
     Raises ValidationError (`job_id`) at once when there is no such job, and PgWorkerError when
     the job is deleted (pruned) while awaited."""
-    found = limits.count("job_id", job_id, minimum=1, maximum=limits.MAX_BIGINT)
-    seconds = None if timeout is None else limits.seconds("timeout", timeout)
-    schema = limits.identifier("schema", schema)
+    found = validate.count("job_id", job_id, minimum=1, maximum=validate.MAX_BIGINT)
+    seconds = None if timeout is None else validate.seconds("timeout", timeout)
+    schema = validate.identifier("schema", schema)
     return await waiter(conn, schema).wait(found, seconds)
 
 

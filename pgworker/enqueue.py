@@ -16,7 +16,7 @@ import anyio
 import anyio.lowlevel
 import asyncpg
 
-from . import _limits as limits
+from . import _validate as validate
 from ._attempt import current_correlation_id
 from ._db.connection import Executor
 from ._db.queries import Queries, queries, transaction
@@ -64,11 +64,11 @@ def _payload(at: int | None, value: Any) -> str:
     try:
         text = "".join(_encode(value, 0))
     except RecursionError:
-        problem: str | None = f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+        problem: str | None = f"must not nest lists and objects more than {validate.MAX_DEPTH} deep"
     except (TypeError, ValueError) as exc:
         raise ValidationError(_name(at, "payload"), f"must be JSON-serialisable ({exc})") from exc
     else:
-        problem = limits.json_problem(text, value)
+        problem = validate.json_problem(text, value)
     if problem is not None:
         raise ValidationError(_name(at, "payload"), problem)
     return text
@@ -80,8 +80,8 @@ def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
     if run_at is not None:
-        return limits.run_at(run_at), None
-    return None, limits.seconds("delay", delay)
+        return validate.run_at(run_at), None
+    return None, validate.seconds("delay", delay)
 
 
 class _Fields(NamedTuple):
@@ -100,7 +100,7 @@ class _Fields(NamedTuple):
     after: tuple[int, ...] | None = None
     on_parent_failure: str | None = None
     unique_key: str | None = None
-    unique_states: int | None = None  # the bitmask stored (see _limits.unique_states)
+    unique_states: int | None = None  # the bitmask stored (see validate.unique_states)
     unique_period: float | None = None
     replace: bool = False
 
@@ -109,13 +109,13 @@ def _dependencies(
     spec: JobSpec, run_at: datetime | None, delay: float | None
 ) -> tuple[tuple[int, ...] | None, str | None]:
     """A spec's parents (ascending) and what a failed one does; None, None for a plain job."""
-    after = limits.parents(spec.after)
+    after = validate.parents(spec.after)
     if after is not None and (run_at is not None or delay is not None):
         raise ValidationError(
             "run_at" if run_at is not None else "delay",
             "a job with after= runs when its last parent ends: give after= or a schedule, not both",
         )
-    return after, limits.on_parent_failure(spec.on_parent_failure, after)
+    return after, validate.on_parent_failure(spec.on_parent_failure, after)
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -133,24 +133,24 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
         if spec.after is not None or spec.on_parent_failure is not None:
             after, on_failure = _dependencies(spec, run_at, delay)
         return _Fields(
-            limits.name("type", spec.type, limits.MAX_TYPE_LENGTH),
-            limits.name("queue", spec.queue, limits.MAX_QUEUE_LENGTH, required=False)
+            validate.name("type", spec.type, validate.MAX_TYPE_LENGTH),
+            validate.name("queue", spec.queue, validate.MAX_QUEUE_LENGTH, required=False)
             or DEFAULT_QUEUE,
-            limits.priority("priority", spec.priority),
-            None if max_retries is None else limits.count("max_retries", max_retries),
-            limits.name(
+            validate.priority("priority", spec.priority),
+            None if max_retries is None else validate.count("max_retries", max_retries),
+            validate.name(
                 "idempotency_key",
                 spec.idempotency_key,
-                limits.MAX_IDEMPOTENCY_KEY_LENGTH,
+                validate.MAX_IDEMPOTENCY_KEY_LENGTH,
                 required=False,
             ),
-            limits.name(
-                "correlation_id", correlation, limits.MAX_CORRELATION_ID_LENGTH, required=False
+            validate.name(
+                "correlation_id", correlation, validate.MAX_CORRELATION_ID_LENGTH, required=False
             ),
             run_at,
             delay,
-            1 if version is None else limits.count("version", version, minimum=1),
-            limits.concurrency_key(spec.concurrency_key),
+            1 if version is None else validate.count("version", version, minimum=1),
+            validate.concurrency_key(spec.concurrency_key),
             after,
             on_failure,
             *_unique(spec),
@@ -161,7 +161,7 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
 
 def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
     """A spec's unique key, states (the bitmask), period and replace, checked together."""
-    key = limits.unique_key(spec.unique_key)
+    key = validate.unique_key(spec.unique_key)
     replace = spec.replace
     if not isinstance(replace, bool):
         raise ValidationError("replace", f"must be True or False, got {replace!r}")
@@ -187,8 +187,8 @@ def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
             'give idempotency_key or unique_key, not both (see "Unique jobs or idempotency keys" '
             "in the guide)",
         )
-    period = limits.unique_period(spec.unique_period)
-    return key, limits.unique_states(spec.unique_states, period), period, replace
+    period = validate.unique_period(spec.unique_period)
+    return key, validate.unique_states(spec.unique_states, period), period, replace
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:
@@ -266,7 +266,7 @@ async def enqueue(
     )
     f = _fields(spec, None)
     text = _payload(None, spec.payload)
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     try:
         if f.after is not None:
             return await _insert_after(conn, q, f, text, idempotency_key, None)
@@ -455,7 +455,7 @@ async def enqueue_many(
             unique = True
     if not specs:
         return []
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     try:
         if linked:
             return await _insert_linked(conn, q, specs)
@@ -841,7 +841,7 @@ def _actor(by: str | None) -> str:
             by = getpass.getuser()
         except Exception:  # no name for this uid (a container without a passwd entry)
             by = "unknown"
-    return limits.name("by", by, 200)
+    return validate.name("by", by, 200)
 
 
 async def update_job(
@@ -863,12 +863,12 @@ async def update_job(
     Refused, with nothing changed: a job that runs or ended (JobNotPending), a `run_at` for a
     parked job (run_at infinity: it waits for its parents or for an event; ValidationError
     naming `run_at`), an unknown id (ValidationError naming `job_id`)."""
-    q = queries(limits.identifier("schema", schema))
-    job_id = limits.count("job_id", job_id, minimum=1, maximum=limits.MAX_BIGINT)
+    q = queries(validate.identifier("schema", schema))
+    job_id = validate.count("job_id", job_id, minimum=1, maximum=validate.MAX_BIGINT)
     if run_at is None and priority is None and payload is None:
         raise ValidationError("fields", "give at least one of run_at, priority, payload to change")
-    when = None if run_at is None else limits.run_at(run_at)
-    prio = None if priority is None else limits.priority("priority", priority)
+    when = None if run_at is None else validate.run_at(run_at)
+    prio = None if priority is None else validate.priority("priority", priority)
     text = None if payload is None else _payload(None, payload)
     actor = _actor(by)
     row = await q.job_update(conn, job_id, when, prio, text, actor)

@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 
-from . import _limits as limits
+from . import _validate as validate
 from . import settings
 from ._db import migrations
 from ._db.connection import Conn, Executor
@@ -42,13 +42,13 @@ class CancelResult(StrEnum):
 def _job_id(value: object) -> int:
     """A job id: an int that a bigint holds (a bool or a float is not one: `True` would read job
     1, `5.0` be rounded)."""
-    return limits.count("job_id", value, minimum=1, maximum=limits.MAX_BIGINT)
+    return validate.count("job_id", value, minimum=1, maximum=validate.MAX_BIGINT)
 
 
 async def get_job(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> Job | None:
     """The job's current row (status, result, error, retry_count, progress) with the results of
     the steps it has done (`Job.steps`, by name), or None."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     row = await q.job_get(conn, _job_id(job_id))
     if row is None:
         return None
@@ -64,7 +64,7 @@ async def job_steps(
 ) -> list[dict[str, Any]]:
     """The steps the job has done, in the order they finished: dicts with `name`, `result`
     (decoded), `attempt`, `started_at` and `finished_at`. Empty for an unknown job."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     return [
         {**dict(r), "result": _decoded(r["result"], f"the result of step {r['name']!r}")}
         for r in await q.job_steps_of(conn, _job_id(job_id))
@@ -76,7 +76,7 @@ async def job_milestones(
 ) -> list[dict[str, Any]]:
     """Every milestone the job reported (`ctx.progress`), oldest first: dicts with `seq`,
     `attempt`, `milestone`, `detail` (decoded) and `at`. Empty for an unknown job."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     return [
         {**dict(r), "detail": _decoded(r["detail"], f"the detail of milestone {r['seq']}")}
         for r in await q.job_milestones_of(conn, _job_id(job_id))
@@ -100,7 +100,7 @@ def _decoded(text: str | None, what: str = "a value") -> Any:
 async def cancel(conn: Executor, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> CancelResult:
     """Cancel a job and say what happened (see CancelResult). Raises ValidationError when there
     is no such job."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     row = await q.job_cancel(conn, _job_id(job_id))
     if row is None:
         raise ValidationError("job_id", f"there is no job {job_id}")
@@ -119,7 +119,7 @@ async def migrate(
     versions applied. `pooler=True` through a transaction pooler (PgBouncer in transaction
     mode): the pending migrations are applied in one transaction, under a transaction-level
     lock."""
-    schema = limits.identifier("schema", schema)
+    schema = validate.identifier("schema", schema)
     if isinstance(conn, asyncpg.Pool):
         # One connection throughout: the advisory lock is taken and released on the session
         # that applies the migrations.
@@ -133,8 +133,8 @@ async def status(
 ) -> dict[str, list[Any]]:
     """What `pgworker status` shows: counts per queue and status, the oldest pending job per
     queue, queues no live worker serves, and the live workers."""
-    q = queries(limits.identifier("schema", schema))
-    live_within = limits.seconds("live_within", live_within, zero=False)
+    q = queries(validate.identifier("schema", schema))
+    live_within = validate.seconds("live_within", live_within, zero=False)
     return {
         "counts": await q.status_counts(conn),
         "oldest_pending": await q.status_oldest_pending(conn),
@@ -192,7 +192,7 @@ def since_moment(field: str, value: object) -> datetime | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        return limits.moment(field, value)
+        return validate.moment(field, value)
     if isinstance(value, str):
         try:
             return datetime.now(UTC) - timedelta(seconds=settings.duration(field, value))
@@ -210,8 +210,8 @@ def since_moment(field: str, value: object) -> datetime | None:
             raise ValidationError(
                 field, f"{value!r} has no time zone; add one, e.g. {value.strip()}+00:00"
             )
-        return limits.moment(field, moment)
-    return datetime.now(UTC) - timedelta(seconds=limits.seconds(field, value))
+        return validate.moment(field, moment)
+    return datetime.now(UTC) - timedelta(seconds=validate.seconds(field, value))
 
 
 def _summary(error: str | None) -> str | None:
@@ -230,11 +230,11 @@ async def list_failed(
 ) -> list[FailedJob]:
     """The failed jobs (the dead-letter set), newest failure first: of a type, of a queue,
     failed since a duration ago or a time (see `since_moment`), at most `limit`."""
-    q = queries(limits.identifier("schema", schema))
-    type = limits.name("type", type, limits.MAX_TYPE_LENGTH, required=False)
-    queue = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False)
+    q = queries(validate.identifier("schema", schema))
+    type = validate.name("type", type, validate.MAX_TYPE_LENGTH, required=False)
+    queue = validate.name("queue", queue, validate.MAX_QUEUE_LENGTH, required=False)
     cutoff = since_moment("since", since)
-    limit = limits.count("limit", limit, minimum=1, maximum=limits.MAX_INT)
+    limit = validate.count("limit", limit, minimum=1, maximum=validate.MAX_INT)
     rows = await q.jobs_failed(conn, type, queue, cutoff, limit)
     return [
         FailedJob(
@@ -267,7 +267,7 @@ def _ids(value: object) -> list[int]:
     if not ids:
         raise ValidationError("ids", "must name at least one job")
     for i in ids:
-        limits.count("ids", i, minimum=1, maximum=limits.MAX_BIGINT)
+        validate.count("ids", i, minimum=1, maximum=validate.MAX_BIGINT)
     return list(dict.fromkeys(ids))
 
 
@@ -293,7 +293,7 @@ async def replay(
     one line without the payload. An unknown id is a ValidationError naming `ids`, and nothing
     is written. With `dry_run`, nothing is written either: the result says what would be done.
     Runs in its own transactions: pass a connection outside a transaction, or a pool."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     actor, reason = _replayer(by, reason)
     if not isinstance(dry_run, bool):
         raise ValidationError("dry_run", f"must be True or False, got {dry_run!r}")
@@ -307,8 +307,8 @@ async def replay(
             "give the ids of the jobs to replay, or type= to replay the failed jobs of a type",
         )
     else:
-        type = limits.name("type", type, limits.MAX_TYPE_LENGTH)
-        queue = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False)
+        type = validate.name("type", type, validate.MAX_TYPE_LENGTH)
+        queue = validate.name("queue", queue, validate.MAX_QUEUE_LENGTH, required=False)
         wanted = await q.jobs_failed_ids(conn, type, queue, since_moment("since", since))
     if dry_run:
         found = await q.jobs_statuses(conn, wanted)
@@ -341,7 +341,7 @@ async def replay_uncommitted(
     """`replay(conn, ids)` in the caller's transaction (a request of `serve`): its result, and
     what logs each replay, to call once that transaction has committed. A request given up is
     rolled back: it replayed nothing, and no line may say it did."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     actor, reason = _replayer(by, reason)
     wanted = _ids(ids)
     rows = await q.jobs_replay(conn, wanted, actor, reason)
@@ -350,8 +350,8 @@ async def replay_uncommitted(
 
 
 def _replayer(by: str | None, reason: str | None) -> tuple[str, str | None]:
-    actor = limits.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
-    return actor, limits.name("reason", reason, MAX_REASON_LENGTH, required=False)
+    actor = validate.name("by", os_user() if by is None else by, MAX_ACTOR_LENGTH)
+    return actor, validate.name("reason", reason, MAX_REASON_LENGTH, required=False)
 
 
 def _replayed(rows: Sequence[Any]) -> ReplayResult:
@@ -416,11 +416,11 @@ async def prune(
     returns how many of each status went (with `dry_run`: would go, nothing deleted). Their
     idempotency keys become free. What the elected worker does by itself (Settings'
     retain_completed, retain_failed); run it outside a transaction, so each batch commits."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     if isinstance(older_than, str):
         age = settings.duration("older_than", older_than)
     else:
-        age = limits.seconds("older_than", older_than)
+        age = validate.seconds("older_than", older_than)
     if age == 0:
         raise ValidationError("older_than", "must be more than 0 (1s prunes every finished job)")
     wanted = _statuses(statuses)
@@ -454,12 +454,12 @@ async def show_job(
     waits (ctx.wait_for_event); None when there is no such job. A job enqueued with after= also
     lists `parents` (id -> status, None for one pruned since) and `waits_for`, the parents that
     have not ended."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     job_id = _job_id(job_id)
     if isinstance(redact_keys, str) or not isinstance(redact_keys, Sequence):
         raise ValidationError("redact_keys", f"must be a list of key names, got {redact_keys!r}")
     for key in redact_keys:
-        limits.name("redact_keys", key, limits.MAX_QUEUE_LENGTH)
+        validate.name("redact_keys", key, validate.MAX_QUEUE_LENGTH)
     row = await q.job_get(conn, job_id)
     if row is None:
         return None
@@ -523,8 +523,8 @@ async def list_periodic(
     conn: Executor, *, limit: int = 1000, schema: str = DEFAULT_SCHEMA
 ) -> list[PeriodicSchedule]:
     """The periodic schedules recorded in the database, by name, at most `limit`."""
-    q = queries(limits.identifier("schema", schema))
-    limit = limits.count("limit", limit, minimum=1, maximum=limits.MAX_INT)
+    q = queries(validate.identifier("schema", schema))
+    limit = validate.count("limit", limit, minimum=1, maximum=validate.MAX_INT)
     rows = await q.periodic_list(conn, limit)
     return [
         PeriodicSchedule(
@@ -600,7 +600,7 @@ def rate_text(count: int | None, period: int | None) -> str | None:
     if count is None or period is None:
         return None
     if period in (1, 60, 3600, 86400):
-        return str(limits.Rate(count, period))
+        return str(validate.Rate(count, period))
     return f"{count}/{period}s"
 
 
@@ -622,7 +622,7 @@ def _queue_state(row: Any, *, counted: bool = False) -> QueueState:
 def _controller(queue: object, by: str | None, reason: str | None) -> tuple[str, str, str | None]:
     """The queue, actor and reason of a pause or resume, checked as enqueue and replay check
     them."""
-    name = limits.name("queue", queue, limits.MAX_QUEUE_LENGTH)
+    name = validate.name("queue", queue, validate.MAX_QUEUE_LENGTH)
     actor, reason = _replayer(by, reason)
     return name, actor, reason
 
@@ -642,7 +642,7 @@ async def pause_queue(
     A queue no pending job or worker names yet is paused all the same, its controls created
     (`known` False), so that it can be paused before its first job. In the caller's transaction
     when `conn` is in one (the pause takes effect when it commits)."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     name, actor, reason = _controller(queue, by, reason)
     for _ in range(2):  # a second time when a concurrent pause created the row meanwhile
         async with transaction(conn) as c:
@@ -664,7 +664,7 @@ async def resume_queue(
     its backlog at once. Recorded in `operator_log` with `by` (default: the OS user), `reason`
     and the pause it ended. A queue not paused is left as it is and nothing is logged
     (`changed` False)."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     name, actor, reason = _controller(queue, by, reason)
     async with transaction(conn) as c:
         row = await q.queue_resume(c, name, actor, reason)
@@ -684,20 +684,20 @@ UNCHANGED = Unchanged.UNCHANGED
 def _max_running(value: object) -> int | None:
     if value is None:
         return None
-    return limits.count("max_running", value, minimum=1, maximum=limits.MAX_INT)
+    return validate.count("max_running", value, minimum=1, maximum=validate.MAX_INT)
 
 
-def _rate(value: object) -> limits.Rate | None:
+def _rate(value: object) -> validate.Rate | None:
     """A rate as text (`600/m`) or a `Rate`, checked as a task's rate_limit is."""
     if value is None:
         return None
-    if isinstance(value, limits.Rate):
+    if isinstance(value, validate.Rate):
         if value.period not in (1, 60, 3600, 86400):
             raise ValidationError(
                 "rate", f"must have a period of 1, 60, 3600 or 86400 seconds, got {value!r}"
             )
         value = str(value)
-    return limits.rate("rate", value)
+    return validate.rate("rate", value)
 
 
 async def limit_queue(
@@ -705,7 +705,7 @@ async def limit_queue(
     queue: str,
     *,
     max_running: int | Unchanged | None = UNCHANGED,
-    rate: str | limits.Rate | Unchanged | None = UNCHANGED,
+    rate: str | validate.Rate | Unchanged | None = UNCHANGED,
     reason: str | None = None,
     by: str | None = None,
     schema: str = DEFAULT_SCHEMA,
@@ -720,7 +720,7 @@ async def limit_queue(
     gets its controls all the same (`known` False), as pause_queue does. A bad value is a
     ValidationError naming `max_running` or `rate`, and nothing is written. In the caller's
     transaction when `conn` is in one."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     name, actor, reason = _controller(queue, by, reason)
     if max_running is UNCHANGED and rate is UNCHANGED:
         raise ValidationError(
@@ -749,7 +749,7 @@ async def queue_controls(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> lis
     """The controls of the queues that have any (a pause or a limit, past or present), by name,
     without counting their jobs (`pending` and `running` None): for pages that count them
     already."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     return [_queue_state(r) for r in await q.queue_controls(conn)]
 
 
@@ -757,5 +757,5 @@ async def list_queues(conn: Executor, *, schema: str = DEFAULT_SCHEMA) -> list[Q
     """Every queue that a job names or that has controls, by name: paused or not (by whom, since
     when, why), its limits, and its pending and running jobs. Counts the whole jobs table, as
     `status` does."""
-    q = queries(limits.identifier("schema", schema))
+    q = queries(validate.identifier("schema", schema))
     return [_queue_state(r, counted=True) for r in await q.queue_list(conn)]

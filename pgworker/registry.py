@@ -15,8 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from . import _limits as limits
 from . import _schedule
+from . import _validate as validate
 from ._payloads import payload_type
 from ._schedule import Schedule
 from ._task import Handler as Handler
@@ -205,20 +205,20 @@ class Registry:
                     f"{max_retries} differs from retry.max_retries={retry.max_retries}; give one",
                 )
             policy = dataclasses.replace(policy, max_retries=max_retries)
-        prio = limits.priority("priority", priority, error=ConfigError)
-        version = limits.count("version", version, minimum=1, error=ConfigError)
+        prio = validate.priority("priority", priority, error=ConfigError)
+        version = validate.count("version", version, minimum=1, error=ConfigError)
         upgraders = _upgraders(upgrade, version)
         if max_running is not None:
-            max_running = limits.count("max_running", max_running, minimum=1, error=ConfigError)
+            max_running = validate.count("max_running", max_running, minimum=1, error=ConfigError)
         if max_running_per_key is not None:
-            max_running_per_key = limits.count(
+            max_running_per_key = validate.count(
                 "max_running_per_key", max_running_per_key, minimum=1, error=ConfigError
             )
         rate = None
         if rate_limit is not None:
-            rate = limits.rate("rate_limit", rate_limit, error=ConfigError)
-        period = limits.unique_period(unique_period, error=ConfigError)
-        limits.unique_states(unique_states, period, error=ConfigError)
+            rate = validate.rate("rate_limit", rate_limit, error=ConfigError)
+        period = validate.unique_period(unique_period, error=ConfigError)
+        validate.unique_states(unique_states, period, error=ConfigError)
         states = None if unique_states is None else tuple(unique_states)
 
         def register(fn: Callable[P, R]) -> TaskHandle[P, R]:
@@ -298,13 +298,13 @@ class Registry:
         expression = None if cron is None else _schedule.check_cron(cron, zone)
         period = None if every is None else _schedule.check_every(every)
         policy = _schedule.check_catch_up(catch_up)
-        lane = limits.name(
-            "queue", queue, limits.MAX_QUEUE_LENGTH, required=False, error=ConfigError
+        lane = validate.name(
+            "queue", queue, validate.MAX_QUEUE_LENGTH, required=False, error=ConfigError
         )
         prio = (
             found.priority
             if priority is None
-            else limits.priority("priority", priority, error=ConfigError)
+            else validate.priority("priority", priority, error=ConfigError)
         )
         try:
             checked = _checked(found, {} if payload is None else payload, "payload")
@@ -378,7 +378,7 @@ class Registry:
         the closest names first), and the function that enqueues any type."""
         names = sorted(self._tasks)
         close: list[str] = []
-        if isinstance(type, str) and len(type) <= limits.MAX_TYPE_LENGTH:
+        if isinstance(type, str) and len(type) <= validate.MAX_TYPE_LENGTH:
             close = difflib.get_close_matches(type, names, n=3)
         shown = [*close, *(n for n in names if n not in close)][:_SHOWN_TASKS]
         if not names:

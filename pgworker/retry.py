@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from . import _limits as limits
+from . import _validate as validate
 from .errors import ConfigError
 
 
@@ -14,7 +14,7 @@ from .errors import ConfigError
 class RetryPolicy:
     """Capped exponential backoff with jitter. The delay before retry n (from 1) is
     min(initial_delay * 2**(n-1), max_delay) * (1 ± jitter), in seconds. Delays are at most
-    `limits.MAX_DELAY` (ten years), so that every computed time can be stored.
+    `validate.MAX_DELAY` (ten years), so that every computed time can be stored.
 
     `max_elapsed` (seconds, or a timedelta; None: no limit) caps retries in time as
     `max_retries` does in number: once that long has passed since the job's first attempt
@@ -27,9 +27,9 @@ class RetryPolicy:
     max_elapsed: float | None = None
 
     def __post_init__(self) -> None:
-        limits.count("max_retries", self.max_retries, error=ConfigError)
+        validate.count("max_retries", self.max_retries, error=ConfigError)
         for name, zero in (("initial_delay", False), ("max_delay", True)):
-            value = limits.seconds(name, getattr(self, name), zero=zero, error=ConfigError)
+            value = validate.seconds(name, getattr(self, name), zero=zero, error=ConfigError)
             object.__setattr__(self, name, value)  # a timedelta becomes seconds
         if self.max_delay < self.initial_delay:
             raise ConfigError(
@@ -40,14 +40,14 @@ class RetryPolicy:
         if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter <= 1:
             raise ConfigError("jitter", f"must be a number from 0 to 1, got {jitter!r}")
         if self.max_elapsed is not None:
-            budget = limits.seconds("max_elapsed", self.max_elapsed, error=ConfigError)
+            budget = validate.seconds("max_elapsed", self.max_elapsed, error=ConfigError)
             object.__setattr__(self, "max_elapsed", budget)
 
     def delay(self, retry: int, rand: random.Random | None = None) -> float:
         """Seconds to wait before retry number `retry` (1 for the first retry)."""
         base = min(self.initial_delay * 2.0 ** min(max(retry - 1, 0), 64), self.max_delay)
         spread = (rand or random).uniform(-self.jitter, self.jitter)
-        return min(base * (1.0 + spread), limits.MAX_DELAY)
+        return min(base * (1.0 + spread), validate.MAX_DELAY)
 
 
 def next_retry(
@@ -66,7 +66,7 @@ def next_retry(
     retries = policy.max_retries if max_retries is None else max_retries
     if retry_count >= retries or budget_spent(policy, elapsed):
         return None
-    return limits.clamp_delay(policy.delay(retry_count + 1) if after is None else after)
+    return validate.clamp_delay(policy.delay(retry_count + 1) if after is None else after)
 
 
 def budget_spent(policy: RetryPolicy, elapsed: float | None) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from . import _limits as limits
+from . import _validate as validate
 from ._redact import DEFAULT_KEYS, shown_dsn
 from .errors import ConfigError, ValidationError
 from .models import DEFAULT_QUEUE, DEFAULT_SCHEMA
@@ -40,7 +40,7 @@ def duration(field: str, raw: str, *, error: type[Exception] = ValidationError) 
             field,
             f"must be a duration such as 30s, 15m, 2h, 7d or a number of seconds, got {raw!r}",
         )
-    return limits.seconds(field, float(found.group(1)) * _UNITS[found.group(2)], error=error)
+    return validate.seconds(field, float(found.group(1)) * _UNITS[found.group(2)], error=error)
 
 
 def retention(field: str, raw: str, *, error: type[Exception] = ConfigError) -> float | None:
@@ -66,7 +66,7 @@ class Settings:
     written) and its claims before those leases can expire, until a heartbeat is answered: it
     fences itself (docs/reliability.md).
 
-    Bounds (_limits.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
+    Bounds (_validate.py): concurrency 1 to 10,000; lease > 0 up to a day; poll_interval > 0 up
     to an hour; shutdown_timeout 0 up to a day; queue names up to 63 characters, worker_id up
     to 200.
 
@@ -121,19 +121,19 @@ class Settings:
             raise ConfigError(
                 "dsn", "no database given; pass --dsn or set PGWORKER_DSN or DATABASE_URL"
             )
-        limits.count(
+        validate.count(
             "concurrency",
             self.concurrency,
             minimum=1,
-            maximum=limits.MAX_CONCURRENCY,
+            maximum=validate.MAX_CONCURRENCY,
             error=ConfigError,
         )
         for name, maximum, zero in (
-            ("poll_interval", limits.MAX_POLL_INTERVAL, False),
-            ("shutdown_timeout", limits.MAX_LEASE, True),
-            ("lease", limits.MAX_LEASE, False),
+            ("poll_interval", validate.MAX_POLL_INTERVAL, False),
+            ("shutdown_timeout", validate.MAX_LEASE, True),
+            ("lease", validate.MAX_LEASE, False),
         ):
-            value = limits.seconds(
+            value = validate.seconds(
                 name, getattr(self, name), maximum=maximum, zero=zero, error=ConfigError
             )
             object.__setattr__(self, name, value)
@@ -145,7 +145,7 @@ class Settings:
                 )
             object.__setattr__(self, "queues", tuple(self.queues))
             for q in self.queues:
-                limits.name("queues", q, limits.MAX_QUEUE_LENGTH, error=ConfigError)
+                validate.name("queues", q, validate.MAX_QUEUE_LENGTH, error=ConfigError)
         for name in FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -154,12 +154,12 @@ class Settings:
             raise ConfigError(
                 "listen_dsn", "must be a PostgreSQL connection URL reaching the server directly"
             )
-        limits.name("worker_id", self.worker_id, limits.MAX_WORKER_ID_LENGTH, error=ConfigError)
-        limits.identifier("schema", self.schema, error=ConfigError)
-        limits.name(
+        validate.name("worker_id", self.worker_id, validate.MAX_WORKER_ID_LENGTH, error=ConfigError)
+        validate.identifier("schema", self.schema, error=ConfigError)
+        validate.name(
             "code_version",
             self.code_version,
-            limits.MAX_WORKER_ID_LENGTH,
+            validate.MAX_WORKER_ID_LENGTH,
             required=False,
             error=ConfigError,
         )
@@ -168,26 +168,26 @@ class Settings:
             if isinstance(age, str):  # as on the command line: 7d, 12h, 0 or none
                 age = retention(name, age)
             elif age is not None:
-                age = limits.seconds(name, age, error=ConfigError) or None
+                age = validate.seconds(name, age, error=ConfigError) or None
             object.__setattr__(self, name, age)
         keys: object = self.redact_keys
         if isinstance(keys, str) or not isinstance(keys, tuple | list):
             raise ConfigError("redact_keys", f"must be a list of key names, got {keys!r}")
         for key in keys:
-            limits.name("redact_keys", key, limits.MAX_QUEUE_LENGTH, error=ConfigError)
+            validate.name("redact_keys", key, validate.MAX_QUEUE_LENGTH, error=ConfigError)
         object.__setattr__(self, "redact_keys", tuple(k.lower() for k in keys))
         health_file: object = self.health_file
         if isinstance(health_file, os.PathLike):
             health_file = os.fspath(health_file)
-        health_file = limits.name(
-            "health_file", health_file, limits.MAX_PATH_LENGTH, required=False, error=ConfigError
+        health_file = validate.name(
+            "health_file", health_file, validate.MAX_PATH_LENGTH, required=False, error=ConfigError
         )
         object.__setattr__(self, "health_file", health_file)
         if self.metrics_port is not None:
-            limits.count(
+            validate.count(
                 "metrics_port", self.metrics_port, minimum=1, maximum=65535, error=ConfigError
             )
-        limits.name("metrics_host", self.metrics_host, 253, error=ConfigError)
+        validate.name("metrics_host", self.metrics_host, 253, error=ConfigError)
         if any(c.isspace() or not c.isprintable() for c in self.metrics_host):
             raise ConfigError(
                 "metrics_host", f"must be a host name or an IP address, got {self.metrics_host!r}"
@@ -223,9 +223,9 @@ def _shown(name: str, value: Any) -> str:
 def _parse(name: str, raw: str) -> Any:
     try:
         if name in ("concurrency", "metrics_port"):
-            return limits.whole(raw.strip())
+            return validate.whole(raw.strip())
         if name in ("poll_interval", "shutdown_timeout", "lease"):
-            return limits.real(raw.strip())
+            return validate.real(raw.strip())
     except ValueError as exc:
         raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
     if name == "queues":

@@ -33,11 +33,11 @@ import asyncpg
 import pytest
 import structlog
 
-from . import _limits as limits
+from . import _validate as validate
 from ._attempt import Attempt
 from ._db.queries import AttemptKey, Queries, queries
-from ._executor import execute
 from ._redact import DEFAULT_KEYS, redactor
+from ._runtime.executor import execute
 from ._step_store import StepStore
 from ._steps import MAX_NAME_LENGTH
 from .enqueue import _payload
@@ -106,11 +106,11 @@ def _json_text(field_name: str, value: Any) -> str:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise ValidationError(
-            field_name, f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+            field_name, f"must not nest lists and objects more than {validate.MAX_DEPTH} deep"
         ) from None
     except (TypeError, ValueError) as exc:
         raise ValidationError(field_name, f"must be JSON-serialisable ({exc})") from None
-    problem = limits.json_problem(text, value)
+    problem = validate.json_problem(text, value)
     if problem is not None:
         raise ValidationError(field_name, problem)
     return text
@@ -123,7 +123,7 @@ def _names(field_name: str, values: Iterable[str], max_length: int) -> tuple[str
         raise ValidationError(
             field_name, f"must be a list of names, got the string {values!r}; write [{values!r}]"
         )
-    return tuple(limits.name(field_name, v, max_length) for v in values)
+    return tuple(validate.name(field_name, v, max_length) for v in values)
 
 
 def _filters(
@@ -137,8 +137,8 @@ def _filters(
     correlation_id: str | None,
 ) -> dict[str, Any]:
     return {
-        "type_": limits.name("type", type, limits.MAX_TYPE_LENGTH, required=False),
-        "queue": limits.name("queue", queue, limits.MAX_QUEUE_LENGTH, required=False),
+        "type_": validate.name("type", type, validate.MAX_TYPE_LENGTH, required=False),
+        "queue": validate.name("queue", queue, validate.MAX_QUEUE_LENGTH, required=False),
         "statuses": _statuses(status),
         # None is stored {} on every path (README, Enqueue): a job enqueued with None is {}.
         "payload": None
@@ -147,13 +147,13 @@ def _filters(
         "payload_contains": (
             None if payload_contains is None else _json_text("payload_contains", payload_contains)
         ),
-        "idempotency_key": limits.name(
-            "idempotency_key", idempotency_key, limits.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
+        "idempotency_key": validate.name(
+            "idempotency_key", idempotency_key, validate.MAX_IDEMPOTENCY_KEY_LENGTH, required=False
         ),
-        "correlation_id": limits.name(
-            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        "correlation_id": validate.name(
+            "correlation_id", correlation_id, validate.MAX_CORRELATION_ID_LENGTH, required=False
         ),
-        "priority": None if priority is None else limits.priority("priority", priority),
+        "priority": None if priority is None else validate.priority("priority", priority),
     }
 
 
@@ -297,9 +297,9 @@ async def assert_not_enqueued(
 def _seconds(field_name: str, value: timedelta | float | datetime) -> float:
     """A span of time as seconds >= 0; an aware datetime is the span from now until it."""
     if isinstance(value, datetime):
-        moment = limits.moment(field_name, value)
+        moment = validate.moment(field_name, value)
         return max((moment - datetime.now(UTC)).total_seconds(), 0.0)
-    return limits.seconds(field_name, value)
+    return validate.seconds(field_name, value)
 
 
 async def advance(
@@ -523,17 +523,17 @@ async def drain(
 
     Bounded: after `max_attempts` attempts with jobs still due, it stops with a DrainError
     naming the jobs that ran most (everything run until then is written). Returns what ran."""
-    count = limits.count("max_attempts", max_attempts, minimum=1)
+    count = validate.count("max_attempts", max_attempts, minimum=1)
     if not isinstance(registry, Registry):
         raise ValidationError("registry", f"must be a pgworker.Registry, got {registry!r}")
     served = (
-        _names("queues", queues, limits.MAX_QUEUE_LENGTH)
+        _names("queues", queues, validate.MAX_QUEUE_LENGTH)
         if queues is not None
         else (*registry.queues(), DEFAULT_QUEUE)
     )
     served = tuple(dict.fromkeys(served))
     horizon = 0.0 if until is None else _seconds("until", until)
-    keys = _names("redact_keys", redact_keys, limits.MAX_QUEUE_LENGTH)
+    keys = _names("redact_keys", redact_keys, validate.MAX_QUEUE_LENGTH)
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as held:
             return await _drain(held, registry, served, horizon, count, schema, keys)
@@ -745,11 +745,13 @@ async def _run_job(
     job's (`ctx.job.concurrency_key`)."""
     task = _task(registry, type)
     text = _payload(None, {} if payload is None else payload)
-    number = limits.count("attempt", attempt, minimum=1)
-    retried = attempt - 1 if retry_count is None else limits.count("retry_count", retry_count)
+    number = validate.count("attempt", attempt, minimum=1)
+    retried = attempt - 1 if retry_count is None else validate.count("retry_count", retry_count)
     allowed = task.retry.max_retries if max_retries is None else max_retries
-    allowed = limits.count("max_retries", allowed)
-    given_version = task.version if version is None else limits.count("version", version, minimum=1)
+    allowed = validate.count("max_retries", allowed)
+    given_version = (
+        task.version if version is None else validate.count("version", version, minimum=1)
+    )
     if given_version not in task.versions:
         raise ValidationError(
             "version",
@@ -757,7 +759,7 @@ async def _run_job(
             f"(its own and those its upgraders lead from), not {given_version}",
         )
     done = {
-        limits.name("steps", name, MAX_NAME_LENGTH): _json_text(f"steps[{name!r}]", value)
+        validate.name("steps", name, MAX_NAME_LENGTH): _json_text(f"steps[{name!r}]", value)
         for name, value in (steps or {}).items()
     }
     progress = None if last_progress is None else _json_text("last_progress", dict(last_progress))
@@ -765,22 +767,24 @@ async def _run_job(
     record = _record(
         task,
         text,
-        job_id=limits.count("job_id", job_id, minimum=1),
+        job_id=validate.count("job_id", job_id, minimum=1),
         attempt=number,
         retry_count=retried,
         max_retries=allowed,
-        correlation_id=limits.name(
-            "correlation_id", correlation_id, limits.MAX_CORRELATION_ID_LENGTH, required=False
+        correlation_id=validate.name(
+            "correlation_id", correlation_id, validate.MAX_CORRELATION_ID_LENGTH, required=False
         )
         or str(uuid.uuid4()),
         version=given_version,
         progress=progress,
-        scheduled_at=None if scheduled_at is None else limits.moment("scheduled_at", scheduled_at),
-        concurrency_key=limits.concurrency_key(concurrency_key),
+        scheduled_at=None
+        if scheduled_at is None
+        else validate.moment("scheduled_at", scheduled_at),
+        concurrency_key=validate.concurrency_key(concurrency_key),
     )
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):
-        keys = _names("redact_keys", redact_keys, limits.MAX_QUEUE_LENGTH)
+        keys = _names("redact_keys", redact_keys, validate.MAX_QUEUE_LENGTH)
         result = await execute(running, task, WORKER_ID, redactor(keys))
     if running.task_cancelled:  # the test's own cancellation: it goes on to the test
         raise asyncio.CancelledError

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import _limits as limits
+from . import _validate as validate
 from ._web.operators import ROLES, Operator, Role, header_name, role, unique
 from .errors import ConfigError
 
@@ -73,7 +73,7 @@ def create_app(
         raise ConfigError("dsn_or_pool", "give a DSN (str) or an asyncpg pool")
     config = WebConfig(
         dsn=dsn,
-        schema=limits.identifier("schema", schema, error=ConfigError),
+        schema=validate.identifier("schema", schema, error=ConfigError),
         operators=found,
         insecure_no_auth=insecure_no_auth,
         read_only=read_only,

@@ -18,8 +18,7 @@ import anyio.abc
 import anyio.to_thread
 import asyncpg
 
-from . import _health_file, _threads
-from ._completer import Completer
+from . import _threads
 from ._db.connection import (
     DSN_OPTIONS,
     create_pool,
@@ -30,22 +29,24 @@ from ._db.connection import (
 )
 from ._db.migrations import check_direct, check_privileges, check_schema
 from ._db.queries import queries
-from ._heartbeat import Heartbeat
 from ._logs import get_logger
-from ._maintenance import Maintenance
-from ._notifier import LISTEN_DSN_OPTIONS, Notifier, Wakeup
-from ._periodic import Periodic
-from ._producer import Producer
+from ._maintenance.maintenance import Maintenance
+from ._maintenance.periodic import Periodic
 from ._redact import describe
-from ._service import Health, supervise
-from ._turns import Turns
+from ._runtime import health_file as _health_file
+from ._runtime.completer import Completer
+from ._runtime.heartbeat import Heartbeat
+from ._runtime.notifier import LISTEN_DSN_OPTIONS, Notifier, Wakeup
+from ._runtime.producer import Producer
+from ._runtime.service import Health, supervise
+from ._runtime.turns import Turns
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
 from .registry import Registry, served_key
 from .settings import Settings, dsn_from_env
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics
+    from ._runtime.metrics import Metrics
 
 POOL_SIZE = 2
 """The claims' connection and the one the rest take turns on (SharedConnection)."""
@@ -165,7 +166,7 @@ class Worker:
         jobs were handed back; their tasks still run in this event loop)."""
         self._log = get_logger(worker_id=settings.worker_id)
         if settings.metrics_port is not None:
-            from . import _metrics
+            from ._runtime import metrics as _metrics
 
             _metrics.require()
 
@@ -243,7 +244,7 @@ class Worker:
             self._write_health_file(strict=True)
             metrics = None
             if s.metrics_port is not None:
-                from ._metrics import Metrics
+                from ._runtime.metrics import Metrics
 
                 metrics = Metrics(s)
                 metrics.start()

@@ -12,7 +12,7 @@ import pytest
 
 import pgworker
 from pgworker import ConfigError, RetryPolicy, Settings
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 
 
 @pytest.mark.parametrize(
@@ -156,12 +156,12 @@ def test_settings_queues_default_to_none_meaning_the_registrys_queues():
 def test_settings_accept_their_bounds_and_timedeltas():
     s = Settings(
         dsn="postgresql://x",
-        concurrency=limits.MAX_CONCURRENCY,
+        concurrency=validate.MAX_CONCURRENCY,
         poll_interval=timedelta(hours=1),
         shutdown_timeout=0,
         lease=timedelta(days=1),
-        worker_id="w" * limits.MAX_WORKER_ID_LENGTH,
-        queues=["q" * limits.MAX_QUEUE_LENGTH],
+        worker_id="w" * validate.MAX_WORKER_ID_LENGTH,
+        queues=["q" * validate.MAX_QUEUE_LENGTH],
     )
     assert (s.poll_interval, s.shutdown_timeout, s.lease) == (3600.0, 0.0, 86400.0)
     with pytest.raises(ConfigError) as info:
@@ -172,14 +172,14 @@ def test_settings_accept_their_bounds_and_timedeltas():
 
 
 def test_retry_policy_takes_timedeltas_and_caps_its_delays():
-    policy = RetryPolicy(initial_delay=timedelta(seconds=2), max_delay=limits.MAX_DELAY, jitter=1)
+    policy = RetryPolicy(initial_delay=timedelta(seconds=2), max_delay=validate.MAX_DELAY, jitter=1)
     assert policy.initial_delay == 2.0
-    assert all(policy.delay(100, random.Random(n)) <= limits.MAX_DELAY for n in range(50))
+    assert all(policy.delay(100, random.Random(n)) <= validate.MAX_DELAY for n in range(50))
 
 
 def test_payload_size_limit_is_read_from_the_environment():
     out = subprocess.run(
-        [sys.executable, "-c", "from pgworker import _limits; print(_limits.MAX_PAYLOAD_BYTES)"],
+        [sys.executable, "-c", "from pgworker import _limits; print(validate.MAX_PAYLOAD_BYTES)"],
         capture_output=True,
         text=True,
         env={**os.environ, "PGWORKER_MAX_PAYLOAD_BYTES": "12345"},

@@ -32,7 +32,7 @@ from markdown.extensions.toc import slugify
 import pgworker
 import pgworker.sync
 import pgworker.testing
-from pgworker import _health_file
+from pgworker._runtime import health_file as _health_file
 from pgworker.cli import build_parser
 
 from .docs import DOCS, README, ROOT, Block, all_blocks, blocks, rendered

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgworker
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 
 json_values = st.recursive(
     st.none()
@@ -188,7 +188,7 @@ valid_json = st.recursive(
 )
 valid_priorities = (
     st.none()
-    | st.integers(limits.MIN_INT, limits.MAX_INT)
+    | st.integers(validate.MIN_INT, validate.MAX_INT)
     | st.sampled_from(list(pgworker.PRIORITY_LABELS))
 )
 valid_schedules = st.one_of(
@@ -201,10 +201,10 @@ valid_schedules = st.one_of(
             timezones=st.just(UTC) | st.just(timezone(timedelta(hours=-7, minutes=-30))),
         ),
     ),
-    st.builds(lambda d: ("delay", d), st.floats(0, limits.MAX_DELAY) | st.integers(0, 10**6)),
+    st.builds(lambda d: ("delay", d), st.floats(0, validate.MAX_DELAY) | st.integers(0, 10**6)),
     st.builds(
         lambda d: ("delay", d),
-        st.timedeltas(min_value=timedelta(0), max_value=timedelta(seconds=limits.MAX_DELAY)),
+        st.timedeltas(min_value=timedelta(0), max_value=timedelta(seconds=validate.MAX_DELAY)),
     ),
 )
 _keys = itertools.count()
@@ -212,13 +212,13 @@ _keys = itertools.count()
 
 @replayable
 @given(
-    type_=names(limits.MAX_TYPE_LENGTH),
+    type_=names(validate.MAX_TYPE_LENGTH),
     payload=valid_json,
-    queue=st.none() | names(limits.MAX_QUEUE_LENGTH),
+    queue=st.none() | names(validate.MAX_QUEUE_LENGTH),
     priority=valid_priorities,
-    retries=st.none() | st.integers(0, limits.MAX_INT),
-    key=st.none() | names(limits.MAX_IDEMPOTENCY_KEY_LENGTH - 12),
-    correlation=st.none() | names(limits.MAX_CORRELATION_ID_LENGTH),
+    retries=st.none() | st.integers(0, validate.MAX_INT),
+    key=st.none() | names(validate.MAX_IDEMPOTENCY_KEY_LENGTH - 12),
+    correlation=st.none() | names(validate.MAX_CORRELATION_ID_LENGTH),
     schedule=valid_schedules,
     path=st.sampled_from(["enqueue", "enqueue_many"]),
 )

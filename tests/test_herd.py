@@ -17,7 +17,7 @@ import pytest
 
 import pgworker
 from pgworker._db.queries import Queries
-from pgworker._turns import Turns, _peer
+from pgworker._runtime.turns import Turns, _peer
 
 from .helpers import wait_for
 

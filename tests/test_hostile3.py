@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 
 import pgworker
-from pgworker import _maintenance, _notifier
 from pgworker._db import files
-from pgworker._maintenance import Maintenance
+from pgworker._maintenance.maintenance import Maintenance
+from pgworker._maintenance.maintenance import maintenance as _maintenance
+from pgworker._runtime import notifier as _notifier
 from pgworker.operations import status
 
 from .helpers import has_status, serving_guarded, wait_for

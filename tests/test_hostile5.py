@@ -258,7 +258,7 @@ def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_b
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pgworker._metrics import Metrics
+    from pgworker._runtime.metrics import Metrics
     from pgworker.settings import Settings
 
     bound = 1000  # _metrics.MAX_LOST_SERIES

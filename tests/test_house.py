@@ -238,7 +238,7 @@ def test_the_retry_rule_retries_while_retries_remain_then_fails():
     assert next_retry(policy, 0, 0) is None
     assert next_retry(policy, 0, None, after=3.5) == 3.5
     assert next_retry(policy, 0, None, after=float("nan")) == 0.0
-    assert next_retry(policy, 0, None, after=1e13) == pgworker._limits.MAX_DELAY
+    assert next_retry(policy, 0, None, after=1e13) == pgworker._validate.MAX_DELAY
     jittered = RetryPolicy(initial_delay=10, jitter=0.5)
     rand = random.Random(1)
     for _ in range(100):

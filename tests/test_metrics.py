@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgworker
-from pgworker import _metrics
+from pgworker._runtime import metrics as _metrics
 from pgworker._version import DISTRIBUTION
 
 from .apps.metrics import HOSTILE
@@ -229,7 +229,8 @@ async def test_metrics_off_opens_no_port_and_imports_no_prometheus_client(dsn, c
     code = (
         "import sys, pgworker, tests.apps.metrics as app\n"
         "w = pgworker.Worker(app.registry, 'postgresql://nowhere/x')\n"
-        "print(sorted(m for m in sys.modules if 'prometheus' in m or m == 'pgworker._metrics'))\n"
+        "print(sorted(m for m in sys.modules\n"
+        "             if 'prometheus' in m or m == 'pgworker._runtime.metrics'))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60

@@ -1,5 +1,5 @@
 """Every number a person types (a URL, a form, an argument, a variable) is read one way: ASCII
-digits (_limits.whole and _limits.real). `int()` also takes fullwidth and Arabic-Indic digits,
+digits (validate.whole and validate.real). `int()` also takes fullwidth and Arabic-Indic digits,
 `1_0` and spaces around; `str.isdigit()` says yes to superscripts, which `int()` then refuses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import pgworker
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 from pgworker.settings import Settings
 
 from .helpers import ROOT
@@ -40,13 +40,13 @@ NOT_WHOLE = [
 
 
 def test_whole_and_real_read_ascii_digits_only() -> None:
-    wholes = [limits.whole(t) for t in ("0", "7", "-12", "0042", str(2**63))]
+    wholes = [validate.whole(t) for t in ("0", "7", "-12", "0042", str(2**63))]
     assert wholes == [0, 7, -12, 42, 2**63]
-    reals = [limits.real(t) for t in ("1", "-0.5", "2.5e3", ".5", "3.")]
+    reals = [validate.real(t) for t in ("1", "-0.5", "2.5e3", ".5", "3.")]
     assert reals == [1.0, -0.5, 2500.0, 0.5, 3.0]
     for text in [*NOT_WHOLE, "9" * 41, None, 5]:
         with pytest.raises(ValueError):
-            limits.whole(text)
+            validate.whole(text)
     for text in [
         "²",
         "\uff11",
@@ -62,7 +62,7 @@ def test_whole_and_real_read_ascii_digits_only() -> None:
         None,
     ]:
         with pytest.raises(ValueError):
-            limits.real(text)
+            validate.real(text)
 
 
 @session
@@ -127,7 +127,7 @@ def test_variables_are_ascii_digits() -> None:
 
 
 def test_the_payload_byte_limit_variable_is_ascii_digits() -> None:
-    code = "import pgworker._limits as l; print(l.MAX_PAYLOAD_BYTES)"
+    code = "import pgworker._validate as l; print(l.MAX_PAYLOAD_BYTES)"
     for raw, ok in [
         ("2048", True),
         (" 2048\n", True),
@@ -149,7 +149,7 @@ def test_the_payload_byte_limit_variable_is_ascii_digits() -> None:
 def test_a_cancel_notification_is_a_job_id_in_ascii_digits_or_nothing() -> None:
     """Anyone may NOTIFY the cancel channel: `²` raised in the listener's callback (isdigit then
     int), and an Arabic-Indic one stopped job 1."""
-    from pgworker._notifier import Notifier
+    from pgworker._runtime.notifier import Notifier
 
     asked: list[int] = []
     notifier = Notifier("postgresql://u@h/d", "pgworker", ("default",), None, asked.append, "w")  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """The OpenAPI document is the contract the server keeps: every bound the server checks is in
-it (built from _limits.py), and an independent client, schemathesis, generates requests from it
+it (built from _validate.py), and an independent client, schemathesis, generates requests from it
 and finds no answer that breaks it: every check (`--checks all`: no 5xx, schema-valid requests
 accepted, schema-invalid ones refused, documented status codes, content types and bodies, 405
 with `Allow` for other methods, auth enforced), examples, coverage, fuzzing and the stateful
@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import pgworker
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 from pgworker._web.app import create_app
 from pgworker._web.config import WebConfig
 from pgworker._web.schemas import NO_NUL
@@ -106,12 +106,12 @@ async def test_the_document_states_every_bound_the_server_checks() -> None:
             ), at
     body = document["components"]["schemas"]
     lease = body["ClaimBody"]["properties"]["lease"]["anyOf"][0]
-    assert (lease["exclusiveMinimum"], lease["maximum"]) == (0, limits.MAX_LEASE)
+    assert (lease["exclusiveMinimum"], lease["maximum"]) == (0, validate.MAX_LEASE)
     queue = body["EnqueueBody"]["properties"]["queue"]["anyOf"][0]
-    assert (queue["minLength"], queue["maxLength"]) == (1, limits.MAX_QUEUE_LENGTH)
+    assert (queue["minLength"], queue["maxLength"]) == (1, validate.MAX_QUEUE_LENGTH)
     assert queue["pattern"] == NO_NUL
     delay = body["FailBody"]["properties"]["retry_after"]["anyOf"][0]
-    assert (delay["minimum"], delay["maximum"]) == (0, limits.MAX_DELAY)
+    assert (delay["minimum"], delay["maximum"]) == (0, validate.MAX_DELAY)
     links = document["paths"]["/jobs/claim"]["post"]["responses"]["200"]["links"]
     assert {"Heartbeat", "Complete", "Fail"} <= set(links)
 

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 import pgworker
 import pgworker.testing
-from pgworker._periodic import Periodic, grace
+from pgworker._maintenance.periodic import Periodic, grace
 from pgworker._schedule import MAX_CATCH_UP, key, set_name
 from pgworker.settings import Settings
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pgworker._periodic import grace
+from pgworker._maintenance.periodic import grace
 
 from .helpers import spawn_worker, wait_for
 

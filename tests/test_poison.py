@@ -551,7 +551,7 @@ async def test_J_a_sync_handler_that_never_returns_does_not_keep_the_process(dsn
 async def test_J_an_async_handler_ignoring_its_cancellation_is_abandoned(dsn, conn):
     """An embedded worker stops within the grace period plus ABANDON_AFTER, hands the job back,
     and counts the abandoned handler."""
-    from pgworker._producer import ABANDON_AFTER
+    from pgworker._runtime.producer import ABANDON_AFTER
 
     gate["release"] = anyio.Event()
     r = await pgworker.enqueue(conn, "stubborn", {})

@@ -16,7 +16,7 @@ import pytest
 
 import pgworker
 from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 
 from .helpers import ROOT, database_of
 from .test_cli import cli, cli_env
@@ -59,13 +59,13 @@ async def refused(conn: asyncpg.Connection, field: str, **kwargs: object) -> Non
 
 
 def test_I_retry_after_that_cannot_be_scheduled_is_a_validation_error():
-    bad = [math.inf, -math.inf, math.nan, -1, 1e13, timedelta.max, limits.MAX_DELAY + 1, "1"]
+    bad = [math.inf, -math.inf, math.nan, -1, 1e13, timedelta.max, validate.MAX_DELAY + 1, "1"]
     for after in bad:
         with pytest.raises(ValidationError) as info:
             Retry(after=after)
         assert info.value.field == "after", after
         assert isinstance(info.value, pgworker.PgWorkerError)
-    assert Retry(after=limits.MAX_DELAY).after == limits.MAX_DELAY
+    assert Retry(after=validate.MAX_DELAY).after == validate.MAX_DELAY
     assert Retry(after=timedelta(minutes=2)).after == 120.0
     assert Retry().after == 0.0
 
@@ -91,25 +91,25 @@ def test_I_retry_policy_delays_and_counts_are_bounded(kwargs, field):
 @pytest.mark.asyncio
 async def test_K_job_type_of_3000_characters_is_refused_at_enqueue(conn):
     await refused(conn, "type", type="t" * 3000)
-    await refused(conn, "type", type="t" * (limits.MAX_TYPE_LENGTH + 1))
-    at_limit = await pgworker.enqueue(conn, "t" * limits.MAX_TYPE_LENGTH, {})
-    assert (await pgworker.get_job(conn, at_limit.job.id)).type == "t" * limits.MAX_TYPE_LENGTH
+    await refused(conn, "type", type="t" * (validate.MAX_TYPE_LENGTH + 1))
+    at_limit = await pgworker.enqueue(conn, "t" * validate.MAX_TYPE_LENGTH, {})
+    assert (await pgworker.get_job(conn, at_limit.job.id)).type == "t" * validate.MAX_TYPE_LENGTH
 
 
 @pytest.mark.asyncio
 async def test_K_long_idempotency_key_and_correlation_id_are_refused(conn):
     await refused(conn, "idempotency_key", idempotency_key="k" * 3000)
     await refused(
-        conn, "correlation_id", correlation_id="c" * (limits.MAX_CORRELATION_ID_LENGTH + 1)
+        conn, "correlation_id", correlation_id="c" * (validate.MAX_CORRELATION_ID_LENGTH + 1)
     )
-    key = "k" * limits.MAX_IDEMPOTENCY_KEY_LENGTH
+    key = "k" * validate.MAX_IDEMPOTENCY_KEY_LENGTH
     assert (await pgworker.enqueue(conn, "t", {}, idempotency_key=key)).created
 
 
 def test_K_settings_beyond_their_documented_maximum_are_a_config_error():
     for field, value in [
         ("lease", 1e13),
-        ("lease", limits.MAX_LEASE + 1),
+        ("lease", validate.MAX_LEASE + 1),
         ("poll_interval", 1e13),
         ("shutdown_timeout", 1e13),
         ("concurrency", 10**9),
@@ -122,7 +122,7 @@ def test_K_settings_beyond_their_documented_maximum_are_a_config_error():
             Settings(dsn="postgresql://x", **{field: value})
         assert info.value.field == field, (field, value)
     assert Settings(dsn="postgresql://x", lease=1).lease == 1
-    assert Settings(dsn="postgresql://x", lease=limits.MAX_LEASE).lease == limits.MAX_LEASE
+    assert Settings(dsn="postgresql://x", lease=validate.MAX_LEASE).lease == validate.MAX_LEASE
 
 
 # --- L: every promised ValidationError comes out as one ----------------------------------------
@@ -153,11 +153,11 @@ async def test_L_lone_surrogate_in_a_name_is_a_validation_error(conn, field):
 
 @pytest.mark.asyncio
 async def test_L_delay_above_the_maximum_is_a_validation_error(conn):
-    for delay in (1e13, timedelta.max, limits.MAX_DELAY + 1):
+    for delay in (1e13, timedelta.max, validate.MAX_DELAY + 1):
         await refused(conn, "delay", delay=delay)
-    r = await pgworker.enqueue(conn, "t", {}, delay=limits.MAX_DELAY)
+    r = await pgworker.enqueue(conn, "t", {}, delay=validate.MAX_DELAY)
     job = await pgworker.get_job(conn, r.job.id)
-    assert (job.run_at - job.created_at).total_seconds() == pytest.approx(limits.MAX_DELAY)
+    assert (job.run_at - job.created_at).total_seconds() == pytest.approx(validate.MAX_DELAY)
 
 
 @pytest.mark.asyncio
@@ -175,14 +175,14 @@ async def test_L_run_at_outside_the_storable_range_is_a_validation_error(conn, r
 @pytest.mark.asyncio
 async def test_L_queue_longer_than_notify_allows_is_a_validation_error(conn):
     await refused(conn, "queue", queue="q" * 8001)
-    await refused(conn, "queue", queue="q" * (limits.MAX_QUEUE_LENGTH + 1))
-    r = await pgworker.enqueue(conn, "t", {}, queue="q" * limits.MAX_QUEUE_LENGTH)
-    assert r.job.queue == "q" * limits.MAX_QUEUE_LENGTH
+    await refused(conn, "queue", queue="q" * (validate.MAX_QUEUE_LENGTH + 1))
+    r = await pgworker.enqueue(conn, "t", {}, queue="q" * validate.MAX_QUEUE_LENGTH)
+    assert r.job.queue == "q" * validate.MAX_QUEUE_LENGTH
 
 
 @pytest.mark.asyncio
 async def test_L_payload_over_the_size_limit_is_a_validation_error(conn, monkeypatch):
-    monkeypatch.setattr(limits, "MAX_PAYLOAD_BYTES", 1000)
+    monkeypatch.setattr(validate, "MAX_PAYLOAD_BYTES", 1000)
     await refused(conn, "payload", payload={"s": "x" * 1000})
     await refused(conn, "payload", payload={"s": "é" * 499})  # 1,006 bytes as JSON
     assert (await pgworker.enqueue(conn, "t", {"s": "x" * 900})).created
@@ -193,8 +193,8 @@ async def test_L_payload_nested_beyond_the_depth_limit_is_refused_at_enqueue(con
     """A payload nested ~985 deep used to be stored, then `result.job` and every claim raised
     RecursionError."""
     await refused(conn, "payload", payload=nested(985))
-    await refused(conn, "payload", payload={"a": nested(limits.MAX_DEPTH)})
-    deepest = nested(limits.MAX_DEPTH - 1)
+    await refused(conn, "payload", payload={"a": nested(validate.MAX_DEPTH)})
+    deepest = nested(validate.MAX_DEPTH - 1)
     r = await pgworker.enqueue(conn, "t", deepest)
     assert r.job.payload == deepest
     assert (await pgworker.get_job(conn, r.job.id)).payload == deepest

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 import pgworker
 from pgworker import JobSpec, RetryPolicy
-from pgworker import _notifier as notifier
+from pgworker._runtime import notifier
 
 from .helpers import (
     ROOT,

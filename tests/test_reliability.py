@@ -65,7 +65,7 @@ async def test_only_the_leader_rescues_even_when_it_lost_the_lease_after_renewin
     """The rescue is fenced by the leadership in its own statement, not only by the renewal
     before it: a worker that does not lead, and one whose lease another worker took between
     its renewal and its rescue (a pause longer than the lease), rescue nothing."""
-    from pgworker._maintenance import Maintenance
+    from pgworker._maintenance.maintenance import Maintenance
 
     job = (await pgworker.enqueue(pool, "t", {})).job.id
     await fake_claim(pool, job)  # its lease expired a second ago
@@ -316,7 +316,7 @@ async def test_an_uncertain_batch_is_checked_on_the_shared_connection(dsn, conn)
     not write had committed. A worker's pool holds two connections, both kept by their users
     (the claims', and the shared one): asking the pool for a third waited forever, and every
     later outcome of the worker with it (seen in `make scale` after a silent cut)."""
-    from pgworker._completer import Completer
+    from pgworker._runtime.completer import Completer
 
     r = await pgworker.enqueue(conn, "t", {})
     first = await fake_claim(conn, r.job.id)

@@ -11,9 +11,9 @@ import pytest
 from structlog.testing import capture_logs
 
 import pgworker
-from pgworker import _maintenance
 from pgworker._db.queries import queries
-from pgworker._maintenance import Maintenance
+from pgworker._maintenance.maintenance import Maintenance
+from pgworker._maintenance.maintenance import maintenance as _maintenance
 
 from .helpers import has_status, logged, serving_guarded, wait_for
 from .test_cli import cli

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import pgworker
-from pgworker import _maintenance
 from pgworker._db.connection import SharedConnection
 from pgworker._db.queries import Queries
-from pgworker._maintenance import Maintenance
+from pgworker._maintenance.maintenance import Maintenance
+from pgworker._maintenance.maintenance import maintenance as _maintenance
 
 from .helpers import serving_guarded, wait_for
 from .test_hostile3 import lost_jobs

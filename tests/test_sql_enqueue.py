@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pgworker
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 
 from .helpers import serving_guarded, wait_for
 
@@ -217,13 +217,14 @@ REFUSED = [
     ("SELECT * FROM pgworker.enqueue('')", "type", {"type": ""}),
     ("SELECT * FROM pgworker.enqueue(NULL)", "type", {"type": None}),
     (
-        f"SELECT * FROM pgworker.enqueue(repeat('t', {limits.MAX_TYPE_LENGTH + 1}))",
+        f"SELECT * FROM pgworker.enqueue(repeat('t', {validate.MAX_TYPE_LENGTH + 1}))",
         "type",
         {"type": "t" * 201},
     ),
     ("SELECT * FROM pgworker.enqueue('t', queue => '')", "queue", {"queue": ""}),
     (
-        f"SELECT * FROM pgworker.enqueue('t', queue => repeat('q', {limits.MAX_QUEUE_LENGTH + 1}))",
+        "SELECT * FROM pgworker.enqueue('t', queue => "
+        f"repeat('q', {validate.MAX_QUEUE_LENGTH + 1}))",
         "queue",
         {"queue": "q" * 64},
     ),
@@ -317,20 +318,20 @@ async def test_the_function_refuses_what_python_refuses_naming_the_argument(
 async def test_the_limits_are_pythons(conn):
     """The bounds themselves are accepted by both."""
     at_limits = dict(
-        queue="q" * limits.MAX_QUEUE_LENGTH,
-        priority=limits.MIN_INT,
-        max_retries=limits.MAX_INT,
-        idempotency_key="k" * limits.MAX_IDEMPOTENCY_KEY_LENGTH,
-        correlation_id="c" * limits.MAX_CORRELATION_ID_LENGTH,
-        delay=limits.MAX_DELAY,
-        version=limits.MAX_INT,
+        queue="q" * validate.MAX_QUEUE_LENGTH,
+        priority=validate.MIN_INT,
+        max_retries=validate.MAX_INT,
+        idempotency_key="k" * validate.MAX_IDEMPOTENCY_KEY_LENGTH,
+        correlation_id="c" * validate.MAX_CORRELATION_ID_LENGTH,
+        delay=validate.MAX_DELAY,
+        version=validate.MAX_INT,
     )
     row = await sql_enqueue(
-        conn, "t" * limits.MAX_TYPE_LENGTH, _deep(limits.MAX_DEPTH), **at_limits
+        conn, "t" * validate.MAX_TYPE_LENGTH, _deep(validate.MAX_DEPTH), **at_limits
     )
     assert row["created"]
     py = await pgworker.enqueue(
-        conn, "t" * limits.MAX_TYPE_LENGTH, _deep(limits.MAX_DEPTH), **at_limits
+        conn, "t" * validate.MAX_TYPE_LENGTH, _deep(validate.MAX_DEPTH), **at_limits
     )
     assert (py.created, py.job.id) == (False, row["id"])
 
@@ -632,7 +633,7 @@ keys = st.one_of(
     st.just("taken"),
     valid_text,
     st.just(""),
-    at_limit(limits.MAX_IDEMPOTENCY_KEY_LENGTH),
+    at_limit(validate.MAX_IDEMPOTENCY_KEY_LENGTH),
 )
 json_values = st.recursive(
     st.none()
@@ -654,7 +655,7 @@ payloads = st.one_of(
     st.sampled_from([_deep(500), _deep(501), {"a": _deep(499)}, {"a": _deep(500)}]),
 )
 types = st.one_of(
-    *[st.just("t")] * 3, valid_text, valid_text, st.just(""), at_limit(limits.MAX_TYPE_LENGTH)
+    *[st.just("t")] * 3, valid_text, valid_text, st.just(""), at_limit(validate.MAX_TYPE_LENGTH)
 )
 priorities = st.one_of(
     st.none(),
@@ -759,11 +760,11 @@ async def _outcome(conn: Any, enqueue: Any) -> tuple[Any, ...]:
 @given(
     type_=types,
     payload=payloads,
-    queue=names(limits.MAX_QUEUE_LENGTH),
+    queue=names(validate.MAX_QUEUE_LENGTH),
     priority=priorities,
     retries=retries,
     key=keys,
-    correlation=names(limits.MAX_CORRELATION_ID_LENGTH),
+    correlation=names(validate.MAX_CORRELATION_ID_LENGTH),
     schedule=schedules,
     version=versions,
 )

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import pgworker
-from pgworker import _maintenance
 from pgworker._db.queries import queries
-from pgworker._maintenance import Maintenance
+from pgworker._maintenance.maintenance import Maintenance
+from pgworker._maintenance.maintenance import maintenance as _maintenance
 from pgworker._web import charts
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

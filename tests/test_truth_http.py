@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 import pgworker
-from pgworker import _limits as limits
+from pgworker import _validate as validate
 
 from .helpers import PgProxy, attempts, status_of, wait_for
 from .test_cli import cli
@@ -52,7 +52,7 @@ def worker_body(job: dict[str, Any], worker_id: str = "w", **fields: Any) -> dic
 # --- A: no 500 for a write that committed ------------------------------------------------------
 
 
-@pytest.mark.parametrize("depth", [255, 256, 300, limits.MAX_DEPTH])
+@pytest.mark.parametrize("depth", [255, 256, 300, validate.MAX_DEPTH])
 async def test_every_route_answers_a_deep_payload_or_result_whole(
     server: Served, conn: Any, depth: int
 ) -> None:
@@ -108,7 +108,7 @@ async def test_every_route_answers_a_deep_payload_or_result_whole(
 async def test_one_level_past_the_limit_is_422_and_writes_nothing(
     server: Served, conn: Any
 ) -> None:
-    too_deep = nested(limits.MAX_DEPTH + 1)
+    too_deep = nested(validate.MAX_DEPTH + 1)
     async with server.client(timeout=60) as c:
         before = await count_jobs(conn)
         refused = await c.post("/jobs", json={"type": "deep", "payload": too_deep})
@@ -146,7 +146,7 @@ async def test_json_deeper_than_the_limit_written_in_sql_is_unreadable_not_a_500
             one = await c.get(f"/jobs/{poison}")
             assert one.status_code == 200, one.text[:500]
             assert one.json()["payload"] is None
-        assert str(limits.MAX_DEPTH) in jobs[over]["unreadable"]["payload"]
+        assert str(validate.MAX_DEPTH) in jobs[over]["unreadable"]["payload"]
         assert jobs[good]["payload"] == {} and "unreadable" not in jobs[good]
 
 

@@ -17,7 +17,7 @@ from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 
-from .. import _limits
+from .. import _validate as validate
 from ..models import DEFAULT_SCHEMA, JOB_FIELDS, JSON_COLUMNS
 
 
@@ -48,7 +48,7 @@ def job_columns() -> str:
 
 
 def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
-    _limits.identifier("schema", schema)
+    validate.identifier("schema", schema)
     for name, fragment in fragments.items():
         text = text.replace("{" + name + "}", fragment)
     return (

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from .. import _limits as limits
+from .. import _validate as validate
 from ..models import DEFAULT_SCHEMA, AttemptResult
 from . import files
 from .connection import (
@@ -65,7 +65,7 @@ def attempt_conflict(exc: BaseException) -> int | None:
 
 def _with_database(sql: str, database: str) -> str:
     """`sql` with its `{database}` placeholder set to `database`, checked as a plain identifier."""
-    return sql.replace("{database}", f'"{limits.identifier("database", database)}"')
+    return sql.replace("{database}", f'"{validate.identifier("database", database)}"')
 
 
 class Beat(NamedTuple):
@@ -579,7 +579,7 @@ class Queries:
             worker_id,
         )
 
-    # --- periodic schedules (pgworker/_periodic.py) -------------------------------------------
+    # --- periodic schedules (pgworker/_maintenance/periodic.py) ------------------------------
 
     async def periodic_lease(
         self, conn: Runner, worker_id: str, lease: float, name: str

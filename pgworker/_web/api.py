@@ -7,7 +7,7 @@ Every route's database work is one transaction, bounded (bounds.py), and its ans
 (with the stdlib json, never re-serialised by FastAPI) inside that transaction, before the write
 it reports commits: an answer that cannot be produced rolls the write back, and a write that
 committed is never answered 500. One nesting limit holds for all the API reads and writes,
-enqueue's (limits.MAX_DEPTH): deeper JSON is refused on the way in (422) and shown null, with
+enqueue's (validate.MAX_DEPTH): deeper JSON is refused on the way in (422) and shown null, with
 `unreadable`, on the way out.
 
 HTTP claims are durable (synchronous_commit on), so the attempt number alone, with the worker's
@@ -29,16 +29,16 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
 from .. import _bulk as bulk
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.connection import create_pool
 from .._db.migrations import check_schema
 from .._db.queries import Row, queries
 from .._events import emit
 from .._filters import JobFilter
 from .._logs import get_logger
-from .._maintenance import Maintenance
+from .._maintenance.maintenance import Maintenance
 from .._redact import detail, redactor, summary
-from .._service import Health, supervise
+from .._runtime.service import Health, supervise
 from .._waits import close as close_waiters
 from .._waits import wait as wait_for_end
 from ..enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
@@ -283,9 +283,9 @@ def _decoded(text: str | None) -> tuple[Any, str | None]:
         value = json.loads(text)
     except (RecursionError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {summary(str(exc), 200)}"
-    deep = len(text) > limits.MAX_DEPTH and text.count("[") + text.count("{") > limits.MAX_DEPTH
-    if deep and limits.too_deep(value):
-        return None, f"it nests lists and objects more than {limits.MAX_DEPTH} deep"
+    deep = len(text) > validate.MAX_DEPTH and text.count("[") + text.count("{") > validate.MAX_DEPTH
+    if deep and validate.too_deep(value):
+        return None, f"it nests lists and objects more than {validate.MAX_DEPTH} deep"
     return value, None
 
 
@@ -308,7 +308,7 @@ def _time_json(value: Any) -> Any:
 def _answer(
     content: Any, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    """The answer, rendered now: any value within limits.MAX_DEPTH fits the stdlib encoder."""
+    """The answer, rendered now: any value within validate.MAX_DEPTH fits the stdlib encoder."""
     return _Rendered(content, status_code=status_code, headers=headers)
 
 
@@ -330,7 +330,7 @@ def _names(field: str, values: list[str] | None, max_length: int) -> list[str] |
         return None
     if not values:
         raise ValidationError(field, "must list at least one name; leave it out for any")
-    return [str(limits.name(field, v, max_length)) for v in values]
+    return [str(validate.name(field, v, max_length)) for v in values]
 
 
 def _result_text(value: Any) -> str:
@@ -339,11 +339,11 @@ def _result_text(value: Any) -> str:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except RecursionError:
         raise ValidationError(
-            "result", f"must not nest lists and objects more than {limits.MAX_DEPTH} deep"
+            "result", f"must not nest lists and objects more than {validate.MAX_DEPTH} deep"
         ) from None
     except ValueError as exc:
         raise ValidationError("result", f"cannot be stored as JSON: {exc}") from None
-    problem = limits.json_problem(text, value)
+    problem = validate.json_problem(text, value)
     if problem is not None:
         raise ValidationError("result", problem)
     return text
@@ -352,14 +352,14 @@ def _result_text(value: Any) -> str:
 def _error_parts(text: str, payload: Any) -> tuple[str, str, str | None]:
     """An HTTP worker's error as stored: `Type: message` when it reads so (else the type is
     `Error`), redacted as a handler's, and the whole text as the detail when it has more lines."""
-    clean = limits.clean_text(text)
+    clean = validate.clean_text(text)
     first, _, rest = clean.partition("\n")
     kind, sep, message = first.partition(": ")
     if not sep or not kind.replace(".", "").replace("_", "").isalnum() or len(kind) > 200:
         kind, message = "Error", first
     keys = redactor()
     stored = summary(keys.text(summary(message, 64 * 1024), payload))
-    full = detail(limits.clean_text(keys.text(clean[: 64 * 1024], payload))) if rest else None
+    full = detail(validate.clean_text(keys.text(clean[: 64 * 1024], payload))) if rest else None
     return kind, stored, full
 
 
@@ -392,8 +392,8 @@ def install(app: FastAPI, config: WebConfig) -> None:
 
     async def held(conn: Any, job_id: int, body: Any, request: Request) -> Row:
         """The job, while the attempt `body` names (worker_id, attempt) holds it; else 404/409."""
-        worker_id = limits.name("worker_id", body.worker_id, limits.MAX_WORKER_ID_LENGTH)
-        limits.count("attempt", body.attempt, minimum=1)
+        worker_id = validate.name("worker_id", body.worker_id, validate.MAX_WORKER_ID_LENGTH)
+        validate.count("attempt", body.attempt, minimum=1)
         row = await q.job_get(conn, job_id)
         if row is None:
             raise _NotFound(job_id)
@@ -424,7 +424,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                 conn,
                 kind,
                 job_filter,
-                run_at=None if run_at is None else limits.run_at(run_at),
+                run_at=None if run_at is None else validate.run_at(run_at),
                 by=guard.actor(request.scope, body.by, "api"),
                 reason=body.reason,
                 schema=config.schema,
@@ -510,7 +510,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
                     max_retries=body.max_retries,
                     idempotency_key=body.idempotency_key,
                     correlation_id=body.correlation_id,
-                    run_at=limits.moment("run_at", body.run_at)
+                    run_at=validate.moment("run_at", body.run_at)
                     if body.run_at is not None
                     else None,
                     delay=body.delay,
@@ -539,21 +539,21 @@ def install(app: FastAPI, config: WebConfig) -> None:
     )
     async def claim(body: ClaimBody, request: Request) -> Response:
         """Claim the next due job: 200 with it and its `attempt`, 204 when nothing is due."""
-        worker_id = str(limits.name("worker_id", body.worker_id, limits.MAX_WORKER_ID_LENGTH))
-        types = _names("types", body.types, limits.MAX_TYPE_LENGTH)
-        queues = _names("queues", body.queues, limits.MAX_QUEUE_LENGTH)
-        lease = limits.seconds(
+        worker_id = str(validate.name("worker_id", body.worker_id, validate.MAX_WORKER_ID_LENGTH))
+        types = _names("types", body.types, validate.MAX_TYPE_LENGTH)
+        queues = _names("queues", body.queues, validate.MAX_QUEUE_LENGTH)
+        lease = validate.seconds(
             "lease",
             DEFAULT_LEASE if body.lease is None else body.lease,
-            maximum=limits.MAX_LEASE,
+            maximum=validate.MAX_LEASE,
             zero=False,
         )
         versions: dict[str, list[int]] = {}
         for type_, allowed in (body.versions or {}).items():
-            limits.name("versions", type_, limits.MAX_TYPE_LENGTH)
+            validate.name("versions", type_, validate.MAX_TYPE_LENGTH)
             if not allowed:
                 raise ValidationError("versions", "must list at least one version per type")
-            versions[type_] = [limits.count("versions", v, minimum=1) for v in allowed]
+            versions[type_] = [validate.count("versions", v, minimum=1) for v in allowed]
         async with database() as conn:
             await q.http_worker_seen(conn, worker_id, _host(request), queues, types, lease)
             for _ in range(POISON_SKIPS):
@@ -594,10 +594,10 @@ def install(app: FastAPI, config: WebConfig) -> None:
         """Extend the attempt's lease (by `lease` seconds, default 30): 200 with the job and
         `cancel_requested` (an operator asked to stop it), 409 when the attempt no longer holds
         the job, 503 when its row is locked by another session (the lease was not extended)."""
-        lease = limits.seconds(
+        lease = validate.seconds(
             "lease",
             DEFAULT_LEASE if body.lease is None else body.lease,
-            maximum=limits.MAX_LEASE,
+            maximum=validate.MAX_LEASE,
             zero=False,
         )
         async with database() as conn:
@@ -650,7 +650,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
         failed at once when `permanent`. A job an operator asked to cancel ends cancelled
         either way (never retried, nor replayed with the failed ones)."""
         after = (
-            None if body.retry_after is None else limits.seconds("retry_after", body.retry_after)
+            None if body.retry_after is None else validate.seconds("retry_after", body.retry_after)
         )
         async with database() as conn:
             row = await held(conn, id, body, request)
@@ -831,7 +831,7 @@ def install(app: FastAPI, config: WebConfig) -> None:
             job = await update_job(
                 conn,
                 id,
-                run_at=limits.moment("run_at", body.run_at) if body.run_at is not None else None,
+                run_at=validate.moment("run_at", body.run_at) if body.run_at is not None else None,
                 priority=body.priority,
                 payload=body.payload,
                 by=guard.actor(request.scope, None, "api"),

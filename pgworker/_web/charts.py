@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.queries import Queries
 from ..errors import ValidationError
 
@@ -88,8 +88,8 @@ async def stats(
     seconds since the epoch), every bucket of the window present (0 or null when empty)."""
     if window not in WINDOWS:
         raise ValidationError("window", f"must be one of {', '.join(WINDOWS)}, got {window!r}")
-    queue = None if queue is None else limits.name("queue", queue, limits.MAX_QUEUE_LENGTH)
-    type_ = None if type_ is None else limits.name("type", type_, limits.MAX_TYPE_LENGTH)
+    queue = None if queue is None else validate.name("queue", queue, validate.MAX_QUEUE_LENGTH)
+    type_ = None if type_ is None else validate.name("type", type_, validate.MAX_TYPE_LENGTH)
     length, bucket = WINDOWS[window]
     now = datetime.now(UTC)
     last = int(now.timestamp()) // bucket * bucket

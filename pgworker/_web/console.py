@@ -24,7 +24,7 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .. import _limits as limits
+from .. import _validate as validate
 from ..errors import ValidationError
 from ..operations import queue_controls
 from . import charts
@@ -135,7 +135,7 @@ class Console:
         pause and limits."""
         raw = request.path_params.get("name") or request.url.path.rsplit("/", 1)[1]
         try:
-            name = limits.name("queue", raw, limits.MAX_QUEUE_LENGTH)
+            name = validate.name("queue", raw, validate.MAX_QUEUE_LENGTH)
         except ValidationError as exc:
             raise _Refused(404, "No such queue", str(exc)) from None
         board = self.board

@@ -32,7 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from .. import _bulk as bulk
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.queries import queries
 from .._filters import FIELDS as FILTER_FIELDS
 from .._filters import JobFilter
@@ -458,7 +458,7 @@ class _Dashboard:
         async def render(session: Session) -> Response:
             job_filter = _filter_of(request.query_params)
             limit = _whole(request.query_params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE) or PAGE_SIZE
-            before = _whole(request.query_params, "before", None, 1, limits.MAX_BIGINT)
+            before = _whole(request.query_params, "before", None, 1, validate.MAX_BIGINT)
             keys = redactor(tuple(self.redact_keys))
             async with self.database() as conn:
                 await self.q.plan_with_values(conn)
@@ -577,7 +577,7 @@ class _Dashboard:
                 if form.get(field) is not None and not isinstance(form.get(field), str):
                     raise ValidationError(field, "must be text")
             job_filter = JobFilter.parse({k: form.get(k) for k in FILTER_FIELDS})
-            max_id = _whole(form, "max_id", None, 0, limits.MAX_BIGINT)
+            max_id = _whole(form, "max_id", None, 0, validate.MAX_BIGINT)
             run_at = None
             if kind == "reschedule":
                 run_at = _moment_of(form.get("run_at"))
@@ -602,7 +602,7 @@ class _Dashboard:
         """A bulk action's progress, refreshing itself while it runs."""
 
         async def render(session: Session) -> Response:
-            action_id = _whole(request.path_params, "action_id", None, 1, limits.MAX_BIGINT)
+            action_id = _whole(request.path_params, "action_id", None, 1, validate.MAX_BIGINT)
             assert action_id is not None
             async with self.database() as conn:
                 action = await bulk.get(conn, action_id, schema=self.config.schema)
@@ -861,7 +861,7 @@ class _Dashboard:
         if session is None:
             return self._redirect(self.url(request, f"{PREFIX}/login"))
         try:
-            queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
+            queue = validate.name("queue", form.get("queue"), validate.MAX_QUEUE_LENGTH)
         except ValidationError as exc:
             raise _Refused(400, "Bad queue", str(exc)) from None
         act = pause_queue if verb == "pause" else resume_queue
@@ -891,13 +891,13 @@ class _Dashboard:
         if session is None:
             return self._redirect(self.url(request, f"{PREFIX}/login"))
         try:
-            queue = limits.name("queue", form.get("queue"), limits.MAX_QUEUE_LENGTH)
+            queue = validate.name("queue", form.get("queue"), validate.MAX_QUEUE_LENGTH)
             most = _form_text(form, "max_running")
             rate = _form_text(form, "rate")
             max_running = None
             if most is not None:
                 try:
-                    max_running = limits.whole(most)
+                    max_running = validate.whole(most)
                 except ValueError:
                     raise ValidationError(
                         "max_running", f"must be a whole number from 1, got {most!r}"
@@ -1046,11 +1046,11 @@ def _log_cursor(text: str) -> tuple[datetime, str, int] | None:
     try:
         if len(parts) != 3 or parts[1] not in ("queue", "job"):
             raise ValueError(text)
-        at, number = datetime.fromisoformat(parts[0]), limits.whole(parts[2])
-        if at.tzinfo is None or not 1 <= number <= limits.MAX_BIGINT:
+        at, number = datetime.fromisoformat(parts[0]), validate.whole(parts[2])
+        if at.tzinfo is None or not 1 <= number <= validate.MAX_BIGINT:
             raise ValueError(text)
         # a time past year 1 or 9999 once in UTC: asyncpg could not send it (was a 503)
-        limits.moment("before", at, error=ValueError)
+        validate.moment("before", at, error=ValueError)
     except ValueError:
         raise _Refused(
             400, "Bad page", "before: not a page of the operator log; start from the newest"
@@ -1060,10 +1060,10 @@ def _log_cursor(text: str) -> tuple[datetime, str, int] | None:
 
 def _job_id(value: object) -> int:
     try:
-        job_id = limits.whole(value)
+        job_id = validate.whole(value)
     except ValueError:
         raise _NotFound(value) from None
-    if not 1 <= job_id <= limits.MAX_BIGINT or str(job_id) != value:
+    if not 1 <= job_id <= validate.MAX_BIGINT or str(job_id) != value:
         raise _NotFound(value)
     return job_id
 
@@ -1075,7 +1075,7 @@ def _whole(
     if not text:
         return default
     try:
-        number = limits.whole(text)
+        number = validate.whole(text)
     except ValueError:
         number = low - 1
     if not low <= number <= high:
@@ -1106,4 +1106,4 @@ def _moment_of(value: object) -> datetime:
         ) from None
     if moment.tzinfo is None:
         raise ValidationError("run_at", f"{value!r} has no time zone; add one, e.g. +00:00")
-    return limits.run_at(moment)
+    return validate.run_at(moment)

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Mount, Route
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.connection import CONNECTION_ERRORS
 from .._logs import get_logger
 from .._redact import describe, scrub, summary
@@ -269,7 +269,7 @@ class Guard:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
-                    length = limits.whole(value.decode("latin-1"))
+                    length = validate.whole(value.decode("latin-1"))
                 except ValueError:
                     return problem(400, "Content-Length is not a number", "Content-Length")
                 if length > config.body_limit:
@@ -340,7 +340,7 @@ def _priority_problem(value: Any) -> str:
     if isinstance(value, str):
         return f"priority: unknown label; use an int or one of {labels}"
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"priority: must be an int from {limits.MIN_INT} to {limits.MAX_INT}, or a label"
+        return f"priority: must be an int from {validate.MIN_INT} to {validate.MAX_INT}, or a label"
     return f"priority: must be an int or a label ({labels})"
 
 

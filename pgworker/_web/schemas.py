@@ -1,13 +1,13 @@
 """The request bodies and URL numbers of the HTTP API: one set of typed models behind both the
 validation and the OpenAPI document, so that the document is the contract the server keeps. The
-bounds written here are those of _limits.py (and operations.py); pgworker's own validators (the
+bounds written here are those of _validate.py (and operations.py); pgworker's own validators (the
 ones the Python API and the CLI use) then check what a schema cannot say: lone surrogates, JSON
 nested more than MAX_DEPTH deep or past MAX_PAYLOAD_BYTES, a `run_at` that overflows once in UTC.
 
 Integers: a JSON number without a fraction is an integer (JSON Schema counts `3.0` as the
 integer 3, and so does JSON's number model), so an integer field takes `3` and `3.0` alike and
 refuses `3.5`, `"3"` and `true`. A number in a URL (a job id, `limit`, `before`) is ASCII digits
-only (_limits.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
+only (validate.whole): no `+`, spaces, `1.0`, `1_0` or non-ASCII digits."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._filters import MAX_ERROR_TEXT
 from ..models import JobStatus
 from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
@@ -54,7 +54,7 @@ def _decimal(value: Any) -> Any:
     """A number from a URL: ASCII digits only, as the dashboard and the CLI read them."""
     if isinstance(value, str):
         try:
-            return limits.whole(value)
+            return validate.whole(value)
         except ValueError:
             raise PydanticCustomError(
                 "whole_number", "must be a whole number in ASCII digits"
@@ -66,7 +66,7 @@ def _real(value: Any) -> Any:
     """A number of seconds from a URL: a decimal number in ASCII digits (`2`, `0.5`)."""
     if isinstance(value, str):
         try:
-            return limits.real(value)
+            return validate.real(value)
         except ValueError:
             raise PydanticCustomError(
                 "number", "must be a number of seconds in ASCII digits, e.g. 10 or 0.5"
@@ -108,51 +108,51 @@ def _run_at(value: Any) -> Any:
 Integral = BeforeValidator(_integral)
 Decimal = BeforeValidator(_decimal)
 
-Seconds = Annotated[StrictFloat, Interval(ge=0, le=limits.MAX_DELAY)]
+Seconds = Annotated[StrictFloat, Interval(ge=0, le=validate.MAX_DELAY)]
 """Seconds: a JSON number (not a string, not a boolean)."""
-Lease = Annotated[StrictFloat, Interval(gt=0, le=limits.MAX_LEASE)]
-Int = Annotated[StrictInt, Interval(ge=0, le=limits.MAX_INT), Integral]
-Positive = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_INT), Integral]
-JobId = Annotated[StrictInt, Interval(ge=1, le=limits.MAX_BIGINT), Integral]
+Lease = Annotated[StrictFloat, Interval(gt=0, le=validate.MAX_LEASE)]
+Int = Annotated[StrictInt, Interval(ge=0, le=validate.MAX_INT), Integral]
+Positive = Annotated[StrictInt, Interval(ge=1, le=validate.MAX_INT), Integral]
+JobId = Annotated[StrictInt, Interval(ge=1, le=validate.MAX_BIGINT), Integral]
 MAX_JSON_ID = 2**53 - 1
 """The largest job id a JSON body names (`after`): the largest integer every JSON reader holds
 exactly (a validator comparing as doubles would take 2**63 + 191 for 2**63 - 1)."""
 BodyJobId = Annotated[StrictInt, Interval(ge=1, le=MAX_JSON_ID), Integral]
-PriorityInt = Annotated[StrictInt, Interval(ge=limits.MIN_INT, le=limits.MAX_INT), Integral]
+PriorityInt = Annotated[StrictInt, Interval(ge=validate.MIN_INT, le=validate.MAX_INT), Integral]
 MAX_WAIT = 60.0
 """The longest long poll of GET /jobs/{id}?wait=, in seconds."""
 WaitSeconds = Annotated[float, Interval(gt=0, le=MAX_WAIT), BeforeValidator(_real)]
 """GET /jobs/{id}?wait=: more than 0 and at most MAX_WAIT seconds."""
-UrlId = Annotated[int, Interval(ge=1, le=limits.MAX_BIGINT), BeforeValidator(_id)]
+UrlId = Annotated[int, Interval(ge=1, le=validate.MAX_BIGINT), BeforeValidator(_id)]
 """A job's id in a URL."""
 TypeName = Annotated[
-    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_TYPE_LENGTH, pattern=NO_NUL)
+    StrictStr, StringConstraints(min_length=1, max_length=validate.MAX_TYPE_LENGTH, pattern=NO_NUL)
 ]
 QueueName = Annotated[
-    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_QUEUE_LENGTH, pattern=NO_NUL)
+    StrictStr, StringConstraints(min_length=1, max_length=validate.MAX_QUEUE_LENGTH, pattern=NO_NUL)
 ]
 EventName = Annotated[
-    StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_EVENT_NAME, pattern=NO_NUL)
+    StrictStr, StringConstraints(min_length=1, max_length=validate.MAX_EVENT_NAME, pattern=NO_NUL)
 ]
 WorkerId = Annotated[
     StrictStr,
-    StringConstraints(min_length=1, max_length=limits.MAX_WORKER_ID_LENGTH, pattern=NO_NUL),
+    StringConstraints(min_length=1, max_length=validate.MAX_WORKER_ID_LENGTH, pattern=NO_NUL),
 ]
 Key = Annotated[
     StrictStr,
-    StringConstraints(min_length=1, max_length=limits.MAX_IDEMPOTENCY_KEY_LENGTH, pattern=NO_NUL),
+    StringConstraints(min_length=1, max_length=validate.MAX_IDEMPOTENCY_KEY_LENGTH, pattern=NO_NUL),
 ]
 Correlation = Annotated[
     StrictStr,
-    StringConstraints(min_length=1, max_length=limits.MAX_CORRELATION_ID_LENGTH, pattern=NO_NUL),
+    StringConstraints(min_length=1, max_length=validate.MAX_CORRELATION_ID_LENGTH, pattern=NO_NUL),
 ]
 ConcurrencyKey = Annotated[
     StrictStr,
-    StringConstraints(min_length=1, max_length=limits.MAX_CONCURRENCY_KEY_LENGTH, pattern=NO_NUL),
+    StringConstraints(min_length=1, max_length=validate.MAX_CONCURRENCY_KEY_LENGTH, pattern=NO_NUL),
 ]
 UniqueKey = Annotated[
     StrictStr,
-    StringConstraints(min_length=1, max_length=limits.MAX_UNIQUE_KEY_LENGTH, pattern=NO_NUL),
+    StringConstraints(min_length=1, max_length=validate.MAX_UNIQUE_KEY_LENGTH, pattern=NO_NUL),
 ]
 UniqueStates = Annotated[
     list[Literal["pending", "running", "completed", "failed", "cancelled"]],
@@ -164,7 +164,7 @@ UniqueStates = Annotated[
         }
     ),
 ]
-Period = Annotated[StrictFloat, Interval(ge=limits.MIN_UNIQUE_PERIOD, le=limits.MAX_DELAY)]
+Period = Annotated[StrictFloat, Interval(ge=validate.MIN_UNIQUE_PERIOD, le=validate.MAX_DELAY)]
 Actor = Annotated[
     StrictStr, StringConstraints(min_length=1, max_length=MAX_ACTOR_LENGTH, pattern=NO_NUL)
 ]
@@ -197,7 +197,7 @@ JsonObject = Annotated[
 
 JSON_SCHEMA: dict[str, Any] = {
     "description": "any JSON value without a NUL character in its strings or keys (jsonb cannot "
-    f"store one), nested at most {limits.MAX_DEPTH} deep",
+    f"store one), nested at most {validate.MAX_DEPTH} deep",
     "anyOf": [
         {"type": ["null", "boolean", "number"]},
         {"type": "string", "pattern": NO_NUL},
@@ -318,7 +318,7 @@ class EnqueueBody(_Body):
     after: list[BodyJobId] | None = Field(
         None,
         min_length=1,
-        max_length=limits.MAX_PARENTS,
+        max_length=validate.MAX_PARENTS,
         json_schema_extra={"uniqueItems": True},
         description="ids of the jobs this one runs after, each once, at most 2**53 - 1 "
         "(default: none); not with run_at or delay",
@@ -406,8 +406,8 @@ class QueueControlBody(_Body):
 
 
 RATE_UNITS = "s|sec|second|m|min|minute|h|hour|d|day"
-RATE = f"(?:[1-9][0-9]{{0,3}}|{limits.MAX_RATE_COUNT})/(?:{RATE_UNITS})"
-"""A rate as the API takes it: `_limits.rate`'s text in one spelling (no spaces, no leading
+RATE = f"(?:[1-9][0-9]{{0,3}}|{validate.MAX_RATE_COUNT})/(?:{RATE_UNITS})"
+"""A rate as the API takes it: `validate.rate`'s text in one spelling (no spaces, no leading
 zeros, a lower-case unit), so that the document says exactly which texts are taken."""
 
 
@@ -415,7 +415,7 @@ def _rate(value: Any) -> Any:
     if isinstance(value, str) and not re.fullmatch(RATE, value):
         raise PydanticCustomError(
             "rate",
-            f"must be N/unit, N from 1 to {limits.MAX_RATE_COUNT} and a unit of s, m, h or d "
+            f"must be N/unit, N from 1 to {validate.MAX_RATE_COUNT} and a unit of s, m, h or d "
             "(e.g. 600/m)",
         )
     return value
@@ -441,7 +441,7 @@ class QueueLimitBody(_Body):
     rate: RateText | None = Field(
         None,
         description=f"the most starts per period: N/s, N/m, N/h or N/d, N from 1 to "
-        f"{limits.MAX_RATE_COUNT} (e.g. 600/m); null: no rate",
+        f"{validate.MAX_RATE_COUNT} (e.g. 600/m); null: no rate",
     )
     by: Actor | None = Field(None, description="who changes the limits (default: api)")
     reason: Reason | None = Field(None, description="why, kept in the operator log")

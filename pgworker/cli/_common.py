@@ -16,8 +16,8 @@ from typing import NoReturn
 import asyncpg
 
 from .. import _bulk as bulk
-from .. import _limits as limits
 from .. import _terminal
+from .. import _validate as validate
 from .._db.connection import connect, pooler_refusal
 from .._filters import FIELDS as FILTER_FIELDS
 from .._filters import JobFilter
@@ -45,25 +45,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 def integer(raw: str) -> int:
-    return limits.whole(raw)
+    return validate.whole(raw)
 
 
 def number(raw: str) -> float:
-    return limits.real(raw)
+    return validate.real(raw)
 
 
 def _job_id(raw: str) -> int:
     try:
-        return limits.count("ID", limits.whole(raw), minimum=1, maximum=limits.MAX_BIGINT)
+        return validate.count("ID", validate.whole(raw), minimum=1, maximum=validate.MAX_BIGINT)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"a job id is a whole number from 1 to {limits.MAX_BIGINT}, got {raw!r}"
+            f"a job id is a whole number from 1 to {validate.MAX_BIGINT}, got {raw!r}"
         ) from None
 
 
 def _schema_name(raw: str) -> str:
     try:
-        return limits.identifier("--schema", raw)
+        return validate.identifier("--schema", raw)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--schema: ")) from None
 
@@ -151,7 +151,7 @@ def _schema(args: argparse.Namespace) -> str:
     if args.schema:
         return str(args.schema)
     found = os.environ.get("PGWORKER_SCHEMA") or DEFAULT_SCHEMA
-    return limits.identifier("PGWORKER_SCHEMA", found, error=ConfigError)
+    return validate.identifier("PGWORKER_SCHEMA", found, error=ConfigError)
 
 
 def _user_error(exc: BaseException) -> PgWorkerError | None:
@@ -223,7 +223,7 @@ def json_option(flag: str, raw: str) -> object:
     except RecursionError:
         raise ValidationError(
             flag.removeprefix("--"),
-            f"must not nest lists and objects more than {limits.MAX_DEPTH} deep",
+            f"must not nest lists and objects more than {validate.MAX_DEPTH} deep",
         ) from None
     except ValueError as exc:
         raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None
@@ -384,7 +384,9 @@ def add_bulk_options(parser: argparse.ArgumentParser) -> None:
 
 def _batch(raw: str) -> int:
     try:
-        return limits.count("--batch-size", limits.whole(raw), minimum=1, maximum=bulk.MAX_BATCH)
+        return validate.count(
+            "--batch-size", validate.whole(raw), minimum=1, maximum=bulk.MAX_BATCH
+        )
     except (ValueError, ValidationError):
         raise argparse.ArgumentTypeError(
             f"a batch size is a whole number from 1 to {bulk.MAX_BATCH}, got {raw!r}"

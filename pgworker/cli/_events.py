@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._events import emit
 from ._common import _command, _connect, _Parser, _schema, json_option, say
 
@@ -33,7 +33,7 @@ def add_emit(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
 
 async def _emit(args: argparse.Namespace) -> int:
     data = None if args.data is None else json_option("--data", args.data)
-    name = limits.event_name(args.name)
+    name = validate.event_name(args.name)
     conn = await _connect(args)
     try:
         woken = await emit(conn, name, data, schema=_schema(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import cast
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._logs import LogFormat, configure_logging
 from ..errors import ValidationError
 from ..operations import list_failed, replay, since_moment
@@ -130,7 +130,7 @@ def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
 async def _failed(args: argparse.Namespace) -> int:
     """`failed list` (the only subcommand of `failed`)."""
     since = since_moment("--since", args.since)
-    limit = limits.count("--limit", args.limit, minimum=1)
+    limit = validate.count("--limit", args.limit, minimum=1)
     conn = await _connect(args)
     try:
         found = await list_failed(

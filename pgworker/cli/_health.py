@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .. import _health_file
+from .._runtime import health_file as _health_file
 from ..errors import ValidationError
 from ._common import _command, _Parser, say
 

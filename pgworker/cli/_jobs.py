@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import cast
 
-from .. import _limits as limits
+from .. import _validate as validate
 from ..enqueue import enqueue, update_job
 from ..errors import PgWorkerError, ValidationError
 from ..models import PRIORITY_LABELS
@@ -53,17 +53,17 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
     enq.add_argument(
         "type",
         metavar="TYPE",
-        help=f"the job type, a task of the registry, at most {limits.MAX_TYPE_LENGTH} "
+        help=f"the job type, a task of the registry, at most {validate.MAX_TYPE_LENGTH} "
         "characters (required)",
     )
     enq.add_argument(
         "--payload",
         default="{}",
-        help=f"the payload as JSON, nested at most {limits.MAX_DEPTH} deep (default: {{}})",
+        help=f"the payload as JSON, nested at most {validate.MAX_DEPTH} deep (default: {{}})",
     )
     enq.add_argument(
         "--queue",
-        help=f"the job's queue, at most {limits.MAX_QUEUE_LENGTH} characters (default: default)",
+        help=f"the job's queue, at most {validate.MAX_QUEUE_LENGTH} characters (default: default)",
     )
     enq.add_argument(
         "--priority",
@@ -88,7 +88,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
     enq.add_argument(
         "--concurrency-key",
         help="the key the task's max_running_per_key counts running jobs by, at most "
-        f"{limits.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
+        f"{validate.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
     )
     enq.add_argument(
         "--after",
@@ -96,11 +96,11 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
         type=_job_id,
         action="append",
         help="run only once the job ID has ended; repeat for each parent, at most "
-        f"{limits.MAX_PARENTS:,}; not with --delay or --run-at (default: none)",
+        f"{validate.MAX_PARENTS:,}; not with --delay or --run-at (default: none)",
     )
     enq.add_argument(
         "--on-parent-failure",
-        choices=limits.PARENT_FAILURE_CHOICES,
+        choices=validate.PARENT_FAILURE_CHOICES,
         help="with --after: a parent that failed or was cancelled cancels this job (cancel) or "
         "lets it run (run) (default: cancel)",
     )
@@ -108,7 +108,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
         "--unique-key",
         help="while a job of this type and queue holding this key is in one of --unique-states, "
         "return it (created false) instead of a new job; at most "
-        f"{limits.MAX_UNIQUE_KEY_LENGTH} characters, not with --idempotency-key (default: none)",
+        f"{validate.MAX_UNIQUE_KEY_LENGTH} characters, not with --idempotency-key (default: none)",
     )
     enq.add_argument(
         "--unique-states",
@@ -130,7 +130,7 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
     enq.add_argument(
         "--delay",
         type=number,
-        help=f"run no sooner than this many seconds from now, at most {limits.MAX_DELAY:,.0f} "
+        help=f"run no sooner than this many seconds from now, at most {validate.MAX_DELAY:,.0f} "
         "(ten years) (default: now)",
     )
     enq.add_argument(
@@ -287,14 +287,14 @@ async def _update(args: argparse.Namespace) -> int:
 
 
 def _priority(raw: str) -> int:
-    """--priority: an int, or a label limits.priority knows."""
+    """--priority: an int, or a label validate.priority knows."""
     value: int | str
     try:
-        value = limits.whole(raw)
+        value = validate.whole(raw)
     except ValueError:
         value = raw
     try:
-        return limits.priority("priority", value)
+        return validate.priority("priority", value)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("priority: ")) from None
 

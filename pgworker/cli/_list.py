@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.queries import queries, transaction
 from .._redact import redactor
 from ..settings import Settings
@@ -83,7 +83,7 @@ def add_jobs(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
 
 async def _list(args: argparse.Namespace) -> int:
     job_filter = filter_of(args)
-    limit = limits.count("--limit", args.limit, minimum=1, maximum=MAX_LIMIT)
+    limit = validate.count("--limit", args.limit, minimum=1, maximum=MAX_LIMIT)
     dsn = _dsn(args)
     keys = redactor(Settings.from_env(dsn=dsn).redact_keys)
     q = queries(_schema(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import cast
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.migrations import check_schema
 from ..errors import ValidationError
 from ..operations import (
@@ -166,7 +166,7 @@ def add_queue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None
         command.add_argument(
             "queue",
             metavar="QUEUE",
-            help=f"the queue, at most {limits.MAX_QUEUE_LENGTH} characters",
+            help=f"the queue, at most {validate.MAX_QUEUE_LENGTH} characters",
         )
         command.add_argument(
             "--reason",
@@ -221,18 +221,18 @@ def add_limit(queue_sub: argparse._SubParsersAction[_Parser], common: _Parser) -
     )
     limit.prog = "pgworker queue limit"
     limit.add_argument(
-        "queue", metavar="QUEUE", help=f"the queue, at most {limits.MAX_QUEUE_LENGTH} characters"
+        "queue", metavar="QUEUE", help=f"the queue, at most {validate.MAX_QUEUE_LENGTH} characters"
     )
     limit.add_argument(
         "max_running",
         metavar="N",
         nargs="?",
-        help=f"the most of its jobs running at once, 1 to {limits.MAX_INT} (default: unchanged)",
+        help=f"the most of its jobs running at once, 1 to {validate.MAX_INT} (default: unchanged)",
     )
     limit.add_argument(
         "--rate",
         help=f"the most starts per period: N/s, N/m, N/h or N/d, N from 1 to "
-        f"{limits.MAX_RATE_COUNT}, e.g. 600/m; `none` clears it (default: unchanged)",
+        f"{validate.MAX_RATE_COUNT}, e.g. 600/m; `none` clears it (default: unchanged)",
     )
     limit.add_argument(
         "--none",
@@ -252,9 +252,9 @@ def add_limit(queue_sub: argparse._SubParsersAction[_Parser], common: _Parser) -
 
 async def _limit(args: argparse.Namespace) -> int:
     # Checked before connecting, named as typed: a bad argument is refused without a database.
-    limits.name("QUEUE", args.queue, limits.MAX_QUEUE_LENGTH)
-    limits.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
-    limits.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
+    validate.name("QUEUE", args.queue, validate.MAX_QUEUE_LENGTH)
+    validate.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
+    validate.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
     if args.clear:
         if args.max_running is not None or args.rate is not None:
             raise ValidationError("--none", "clears every limit: give it without N or --rate")
@@ -269,7 +269,7 @@ async def _limit(args: argparse.Namespace) -> int:
         rate = UNCHANGED
         if args.rate is not None:
             none = args.rate.strip().lower() == "none"
-            rate = None if none else str(limits.rate("--rate", args.rate))
+            rate = None if none else str(validate.rate("--rate", args.rate))
     conn = await _connect(args)
     try:
         state = await limit_queue(
@@ -289,12 +289,12 @@ async def _limit(args: argparse.Namespace) -> int:
 
 def _max_running(raw: str) -> int:
     """N as typed: ASCII digits, 1 to MAX_INT."""
-    problem = f"the most running jobs (max_running) is a whole number from 1 to {limits.MAX_INT}"
+    problem = f"the most running jobs (max_running) is a whole number from 1 to {validate.MAX_INT}"
     try:
-        n = limits.whole(raw)
+        n = validate.whole(raw)
     except ValueError:
         raise ValidationError("N", f"{problem}, got {raw!r}") from None
-    if not 1 <= n <= limits.MAX_INT:
+    if not 1 <= n <= validate.MAX_INT:
         raise ValidationError("N", f"{problem}, got {raw}")
     return n
 
@@ -310,9 +310,9 @@ async def _resume(args: argparse.Namespace) -> int:
 async def _control(args: argparse.Namespace, verb: str) -> int:
     act = pause_queue if verb == "pause" else resume_queue
     # Checked before connecting, named as typed: a bad argument is refused without a database.
-    limits.name("QUEUE", args.queue, limits.MAX_QUEUE_LENGTH)
-    limits.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
-    limits.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
+    validate.name("QUEUE", args.queue, validate.MAX_QUEUE_LENGTH)
+    validate.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
+    validate.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
     conn = await _connect(args)
     try:
         state = await act(conn, args.queue, args.reason, by=args.by, schema=_schema(args))

@@ -10,7 +10,7 @@ from typing import cast
 
 import anyio
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._logs import LEVELS, LogFormat, configure_logging, get_logger
 from ..errors import ValidationError
 from ..settings import Settings, retention
@@ -55,7 +55,7 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     run.add_argument(
         "--concurrency",
         type=integer,
-        help=f"jobs run at once, 1 to {limits.MAX_CONCURRENCY:,} (default: "
+        help=f"jobs run at once, 1 to {validate.MAX_CONCURRENCY:,} (default: "
         "$PGWORKER_CONCURRENCY, else 10)",
     )
     run.add_argument(
@@ -68,26 +68,26 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     run.add_argument(
         "--worker-id",
         help=f"this worker's name in `pgworker status` and the logs, at most "
-        f"{limits.MAX_WORKER_ID_LENGTH} characters (default: $PGWORKER_WORKER_ID, else "
+        f"{validate.MAX_WORKER_ID_LENGTH} characters (default: $PGWORKER_WORKER_ID, else "
         "host-pid-random)",
     )
     run.add_argument(
         "--poll-interval",
         type=number,
         help=f"seconds between polls when no notification arrives, more than 0 and at most "
-        f"{limits.MAX_POLL_INTERVAL:g} (default: $PGWORKER_POLL_INTERVAL, else 1)",
+        f"{validate.MAX_POLL_INTERVAL:g} (default: $PGWORKER_POLL_INTERVAL, else 1)",
     )
     run.add_argument(
         "--shutdown-timeout",
         type=number,
-        help=f"seconds running jobs get to finish after SIGTERM, 0 to {limits.MAX_LEASE:g} "
+        help=f"seconds running jobs get to finish after SIGTERM, 0 to {validate.MAX_LEASE:g} "
         "(default: $PGWORKER_SHUTDOWN_TIMEOUT, else 30)",
     )
     run.add_argument(
         "--lease",
         type=number,
         help=f"seconds a claimed job is held without a heartbeat, more than 0 and at most "
-        f"{limits.MAX_LEASE:g} (default: $PGWORKER_LEASE, else 30)",
+        f"{validate.MAX_LEASE:g} (default: $PGWORKER_LEASE, else 30)",
     )
     run.add_argument(
         "--no-listen",

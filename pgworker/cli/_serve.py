@@ -7,7 +7,7 @@ import os
 import re
 from typing import TYPE_CHECKING, cast
 
-from .. import _limits as limits
+from .. import _validate as validate
 from .._db.connection import create_pool
 from .._db.migrations import check_direct, check_schema
 from .._logs import LEVELS, LogFormat, configure_logging
@@ -186,9 +186,9 @@ async def _serve(args: argparse.Namespace) -> int:
         ),
         level,
     )
-    limits.count("--port", args.port, minimum=1, maximum=65535)
-    limits.count("--body-limit", args.body_limit, minimum=1)
-    limits.name("--host", args.host, 253)
+    validate.count("--port", args.port, minimum=1, maximum=65535)
+    validate.count("--body-limit", args.body_limit, minimum=1)
+    validate.name("--host", args.host, 253)
     tokens = _tokens(args)
     try:
         from .._web.config import WebConfig

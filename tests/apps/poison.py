@@ -38,9 +38,9 @@ async def mail_only(ctx: pgworker.JobContext, payload: dict) -> str:
 FREEZE_DIR = os.environ.get("POISON_FREEZE_DIR")
 
 if FREEZE_DIR:
-    from pgworker import _maintenance
     from pgworker._db.queries import Queries
-    from pgworker._leadership import Leadership
+    from pgworker._maintenance.maintenance import maintenance as _maintenance
+    from pgworker._runtime.leadership import Leadership
 
     def _take(point: str) -> bool:
         """Whether `point` is armed and this process took it (then says its id)."""

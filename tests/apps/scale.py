@@ -11,7 +11,7 @@ import os
 import time
 
 import pgworker
-from pgworker import _maintenance
+from pgworker._maintenance.maintenance import maintenance as _maintenance
 
 registry = pgworker.Registry()
 QUICK = pgworker.RetryPolicy(max_retries=5, initial_delay=0.2, max_delay=1.0, jitter=0.0)

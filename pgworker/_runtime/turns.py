@@ -32,9 +32,9 @@ from typing import NamedTuple
 
 import anyio
 
-from ._db.connection import Executor
-from ._db.queries import queries
-from .settings import Settings
+from .._db.connection import Executor
+from .._db.queries import queries
+from ..settings import Settings
 
 PASSES = 3
 """How many times a notification is passed on by chosen workers that are full."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from ._db.connection import Conn
-from ._db.queries import Queries, Row, transaction
-from ._task import Task
-from .models import AttemptResult
-from .registry import Registry
-from .settings import Settings
+from .._db.connection import Conn
+from .._db.queries import Queries, Row, transaction
+from .._task import Task
+from ..models import AttemptResult
+from ..registry import Registry
+from ..settings import Settings
 
 
 class LimitedClaims:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._db.queries import queries
-from ._logs import get_logger
-from .settings import Settings
+from .._db.queries import queries
+from .._logs import get_logger
+from ..settings import Settings
 
 
 class Leadership:

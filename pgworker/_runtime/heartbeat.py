@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 import anyio
 import anyio.abc
 
-from ._db.connection import Executor, classify, recover
-from ._db.queries import AttemptKey, Beat, queries
-from ._logs import get_logger
-from ._producer import Producer
-from ._redact import describe
-from .models import Outcome
-from .settings import Settings
+from .._db.connection import Executor, classify, recover
+from .._db.queries import AttemptKey, Beat, queries
+from .._logs import get_logger
+from .._redact import describe
+from ..models import Outcome
+from ..settings import Settings
+from .producer import Producer
 
 BEAT_TIMEOUT_CAP = 10.0
 """The longest a heartbeat waits for the database, whatever the lease."""

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import asyncpg
 
-from . import _limits as limits
-from ._db.connection import DSN_OPTIONS, connect
-from ._db.queries import queries
-from ._logs import get_logger
-from ._turns import Turns
-from .errors import ConfigError
+from .. import _validate as validate
+from .._db.connection import DSN_OPTIONS, connect
+from .._db.queries import queries
+from .._logs import get_logger
+from ..errors import ConfigError
+from .turns import Turns
 
 CHECK_EVERY = 5.0
 CHECK_TIMEOUT = 5.0
@@ -92,7 +92,7 @@ class Notifier:
 
     def _on_cancel_request(self, _conn: Any, _pid: int, _channel: str, job_id: object) -> None:
         try:
-            found = limits.whole(job_id)
+            found = validate.whole(job_id)
         except ValueError:
             return  # anyone may NOTIFY the channel: what is not a job id is no request
         self._on_cancel(found)

@@ -14,16 +14,16 @@ from typing import Any
 
 import anyio
 
-from . import _threads
-from ._attempt import Attempt, WaitingForEvent, current_correlation_id
-from ._limits import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
-from ._logs import base_logger, enabled
-from ._redact import MESSAGE_LIMIT, Redactor, describe, error_parts, error_texts, redactor
-from ._task import Task
-from .context import JobContext
-from .errors import PermanentError, Retry, Snooze
-from .models import AttemptResult, JobStatus, Outcome
-from .retry import budget_spent, next_retry, why_final
+from .. import _threads
+from .._attempt import Attempt, WaitingForEvent, current_correlation_id
+from .._logs import base_logger, enabled
+from .._redact import MESSAGE_LIMIT, Redactor, describe, error_parts, error_texts, redactor
+from .._task import Task
+from .._validate import MAX_DEPTH, clamp_delay, clean_text, has_surrogates, json_problem
+from ..context import JobContext
+from ..errors import PermanentError, Retry, Snooze
+from ..models import AttemptResult, JobStatus, Outcome
+from ..retry import budget_spent, next_retry, why_final
 
 _SCANNED_MESSAGE = 64 * 1024
 """An exception's message is read up to this length, then redacted, then summarised."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ._limits import MAX_LEASE
+from .._validate import MAX_LEASE
 
 HEALTHY_STATES = ("ok", "retrying")
 MAX_BYTES = 1024 * 1024

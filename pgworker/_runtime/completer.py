@@ -20,11 +20,11 @@ from typing import Any
 import anyio
 import asyncpg
 
-from ._db.connection import SharedConnection, classify, recover
-from ._db.queries import queries
-from ._logs import get_logger
-from ._redact import describe
-from .models import AttemptResult, JobStatus, Outcome
+from .._db.connection import SharedConnection, classify, recover
+from .._db.queries import queries
+from .._logs import get_logger
+from .._redact import describe
+from ..models import AttemptResult, JobStatus, Outcome
 
 LINGER = 0.003
 

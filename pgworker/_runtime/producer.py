@@ -19,25 +19,25 @@ import anyio
 import asyncpg
 import structlog
 
-from . import _tracing
-from ._attempt import Attempt
-from ._claim_limits import LimitedClaims, wake_ups
-from ._completer import Completer
-from ._db.connection import HeldConnection, SharedConnection, recover
-from ._db.queries import attempt_conflict, queries
-from ._executor import execute, failed_by_worker
-from ._logs import get_logger
-from ._notifier import Wakeup
-from ._redact import redactor
-from ._service import Health, supervise
-from ._step_store import StepStore
-from ._turns import Turns
-from .models import AttemptResult, JobStatus, Outcome
-from .registry import Registry, served_key
-from .settings import Settings
+from .. import _tracing
+from .._attempt import Attempt
+from .._db.connection import HeldConnection, SharedConnection, recover
+from .._db.queries import attempt_conflict, queries
+from .._logs import get_logger
+from .._redact import redactor
+from .._step_store import StepStore
+from ..models import AttemptResult, JobStatus, Outcome
+from ..registry import Registry, served_key
+from ..settings import Settings
+from .completer import Completer
+from .executor import execute, failed_by_worker
+from .fleet_limits import LimitedClaims, wake_ups
+from .notifier import Wakeup
+from .service import Health, supervise
+from .turns import Turns
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics
+    from .metrics import Metrics
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ class Producer:
         self.limited = LimitedClaims(registry, settings, self._q)
         # The (type, payload version) pairs claimed: version 1 by type name, the others (none
         # unless a task declares a version or upgraders) as `type@version`. Tasks with limits
-        # are claimed apart (_claim_limits.py).
+        # are claimed apart (_runtime/fleet_limits.py).
         served = registry.served()
         plain = [(t, v) for t, v in served if t not in self.limited.limited_types]
         self._version_1_types = [t for t, v in plain if v == 1]

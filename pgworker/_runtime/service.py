@@ -17,8 +17,8 @@ from typing import Any, Literal, Protocol
 
 import anyio
 
-from ._db.connection import classify
-from ._redact import describe
+from .._db.connection import classify
+from .._redact import describe
 
 State = Literal["ok", "retrying", "stopped"]
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import anyio
 
-from ._db.connection import SharedConnection, recover
-from ._db.queries import queries
-from ._logs import get_logger
-from ._maintenance import interval
-from ._schedule import Schedule, key, set_name
-from .settings import Settings
+from .._db.connection import SharedConnection, recover
+from .._db.queries import queries
+from .._logs import get_logger
+from .._schedule import Schedule, key, set_name
+from ..settings import Settings
+from .maintenance import interval
 
 WAKE_LATE = 0.002
 """Seconds slept past a slot, so that the clock read on waking is past it."""

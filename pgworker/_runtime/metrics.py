@@ -7,8 +7,8 @@ turns those into metric families. Each Worker has a CollectorRegistry of its own
 workers of one process serve their own figures on their own ports.
 
 Labels are queues and job types only, never ids; prometheus_client escapes whatever a type name
-holds. The queue gauges come from the elected worker alone (see _maintenance.py) and are cleared
-when it stops leading."""
+holds. The queue gauges come from the elected worker alone (see the _maintenance package) and
+are cleared when it stops leading."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._version import DISTRIBUTION
-from .errors import ConfigError
-from .models import AttemptResult, JobStatus, Outcome
-from .settings import Settings
+from .._version import DISTRIBUTION
+from ..errors import ConfigError
+from ..models import AttemptResult, JobStatus, Outcome
+from ..settings import Settings
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from ._attempt import Attempt
+    from .._attempt import Attempt
 
 BUCKETS: tuple[float, ...] = (
     0.005,

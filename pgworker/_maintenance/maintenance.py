@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import asyncpg
 
-from ._db.connection import SharedConnection, classify, recover
-from ._db.queries import AttemptKey, Row, queries
-from ._leadership import Leadership
-from ._logs import get_logger
-from ._redact import describe
-from .registry import Registry
-from .retry import RetryPolicy, next_retry
-from .settings import Settings
+from .._db.connection import SharedConnection, classify, recover
+from .._db.queries import AttemptKey, Row, queries
+from .._logs import get_logger
+from .._redact import describe
+from .._runtime.leadership import Leadership
+from ..registry import Registry
+from ..retry import RetryPolicy, next_retry
+from ..settings import Settings
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics
+    from .._runtime.metrics import Metrics
 
 WORKERS_FORGOTTEN_AFTER = 24 * 3600.0
 PRUNE_EVERY = 60
@@ -211,7 +211,7 @@ class Maintenance:
         return last is not None
 
     async def _refresh_gauges(self, metrics: Metrics) -> None:
-        from ._metrics import MAX_QUEUES
+        from .._runtime.metrics import MAX_QUEUES
 
         started = anyio.current_time()
         rows = await self._q.metrics_queues(self._pool, MAX_QUEUES)

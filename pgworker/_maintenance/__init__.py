@@ -1,0 +1,1 @@
+"""What the elected worker does for the fleet, each duty a service of its own."""
