@@ -1,4 +1,4 @@
-"""The one filter of the job lists (issue 25, item 2), shared by the dashboard (its query string),
+"""The one filter of the job lists, shared by the dashboard (its query string),
 `GET /jobs` (its query parameters), `pgworker jobs list` (its options) and the bulk actions (the
 `filter` of their body, stored with the action): status, queue, type (a prefix), error text,
 created and finished time ranges, correlation id, job id and payload containment.

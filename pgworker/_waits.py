@@ -1,4 +1,4 @@
-"""Awaiting jobs (issue 24, item 2): `wait(conn, job_id)` returns the job once it is completed,
+"""Awaiting jobs: `wait(conn, job_id)` returns the job once it is completed,
 failed or cancelled.
 
 One waiter per process, event loop, database target and schema holds one connection of its own,

@@ -1,4 +1,4 @@
-"""Every request's database work, bounded (issue 20, item D): one transaction per request, on a
+"""Every request's database work, bounded: one transaction per request, on a
 connection taken from the pool under the same bound, each statement under a lock and statement
 timeout, and the whole of it under REQUEST_TIMEOUT. A request the server gives up on is rolled
 back (its connection, perhaps stuck in a statement, is terminated, never reused) and answered

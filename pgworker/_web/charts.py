@@ -1,4 +1,4 @@
-"""The numbers of the console's charts (issue 25, item 4), for GET /stats and the dashboard's
+"""The numbers of the console's charts, for GET /stats and the dashboard's
 /ui/stats: per bucket of a window (the last hour by minute, the last day by ten minutes), the
 jobs enqueued, the attempts completed and failed, and the p50 and p95 of the attempts' wait and
 run time.

@@ -1,4 +1,4 @@
-"""The operator console's live parts (issue 25, items 4 and 5): the charts' numbers, the counts
+"""The operator console's live parts: the charts' numbers, the counts
 the pages poll, a page per queue, and the workers page's judgement of who is gone.
 
 Live by polling, not server-sent events: every few seconds the page's script (static/console.js)

@@ -1,4 +1,4 @@
-"""The web dashboard (issue 14, item 4): server-rendered pages at / of `pgworker serve`.
+"""The web dashboard: server-rendered pages at / of `pgworker serve`.
 
 Jinja2 templates (autoescaped: a payload, type or error holding markup is shown as text) and plain
 HTML forms; no script, no build step. The pages read the database through `operations` and the
@@ -529,7 +529,7 @@ class _Dashboard:
 
         return await self._with_session(request, render)
 
-    # --- bulk actions over the list's filter (issue 25) ----------------------------------------
+    # --- bulk actions over the list's filter ----------------------------------------
 
     async def bulk_confirm(self, request: Request) -> Response:
         """The confirmation of a bulk action: what it does, to how many jobs (counted now, up

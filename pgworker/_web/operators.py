@@ -1,4 +1,4 @@
-"""Named operators (issue 25, item 6): who may use `pgworker serve` or a mounted dashboard, each
+"""Named operators: who may use `pgworker serve` or a mounted dashboard, each
 with a name (what the operator log and job_events record) and a role: `read` sees everything and
 changes nothing, `operate` may also press buttons and send every write of the API.
 

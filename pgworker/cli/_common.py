@@ -229,7 +229,7 @@ def json_option(flag: str, raw: str) -> object:
         raise PgWorkerError(f"{flag} is not valid JSON: {exc}") from None
 
 
-# --- the job lists' filter, and bulk actions over it (issue 25) ----------------------------------
+# --- the job lists' filter, and bulk actions over it ----------------------------------
 
 _FILTER_HELP = {
     "status": "only jobs in this state: pending, running, completed, failed or cancelled",

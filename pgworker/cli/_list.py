@@ -1,4 +1,4 @@
-"""jobs list: the jobs matching a filter (issue 25), newest first, a page at a time."""
+"""jobs list: the jobs matching a filter, newest first, a page at a time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-/* pgworker's dashboard, live (issue 25, items 4 and 5): counts polled from <base>/live every
+/* pgworker's dashboard, live: counts polled from <base>/live every
  * few seconds and charts from <base>/stats, drawn with uPlot (vendored, MIT). Polling stops
  * while the tab is hidden (document.visibilityState) and starts again when it is shown. Text
  * from the server is only ever set as textContent, never parsed as HTML. Every URL is built from
