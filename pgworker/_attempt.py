@@ -21,7 +21,7 @@ from ._redact import describe
 from .models import AttemptResult, Job, JobStatus, Outcome
 
 if TYPE_CHECKING:
-    from ._step_store import StepStore
+    from ._steps.store import StepStore
     from ._task import Task
 
 current_correlation_id: ContextVar[str | None] = ContextVar("pgworker_correlation_id", default=None)

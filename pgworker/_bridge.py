@@ -1,6 +1,6 @@
 """A transactional step's function for plain `def` handlers: a plain `fn(conn, ...)` run in a
 thread with a synchronous connection, each of whose calls runs on the worker's event loop against
-the step's own connection (`_step_connection.StepConnection`, with its refusals) while the thread
+the step's own connection (`_steps.connection.StepConnection`, with its refusals) while the thread
 waits. `block(what, make)` is the handler context's: it runs `make()` on the loop and returns its
 value (see `JobContext._call`)."""
 

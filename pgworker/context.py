@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._attempt import Stopping
 from ._attempt import current_correlation_id as current_correlation_id
 from ._bridge import SyncStep
-from ._steps import Steps, step_name
+from ._steps.steps import Steps, step_name
 from .errors import PgWorkerError
 from .models import Job
 

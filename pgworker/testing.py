@@ -38,8 +38,8 @@ from ._attempt import Attempt
 from ._db.queries import AttemptKey, Queries, queries
 from ._redact import DEFAULT_KEYS, redactor
 from ._runtime.executor import execute
-from ._step_store import StepStore
-from ._steps import MAX_NAME_LENGTH
+from ._steps.steps import MAX_NAME_LENGTH
+from ._steps.store import StepStore
 from .enqueue import _payload
 from .errors import PgWorkerError, ValidationError
 from .models import (

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import pgworker
-from pgworker._step_store import IDLE_LIFETIME
+from pgworker._steps.store import IDLE_LIFETIME
 
 from .connections import Sample, sample
 from .helpers import all_finished, spawn_worker, wait_for

@@ -16,7 +16,7 @@ import pytest_asyncio
 import pgworker
 from pgworker._attempt import Attempt
 from pgworker._db.queries import queries
-from pgworker._step_store import StepStore
+from pgworker._steps.store import StepStore
 from pgworker.context import JobContext
 
 from .helpers import fake_claim, has_status, serving_guarded, wait_for

@@ -26,7 +26,7 @@ import pytest
 
 import pgworker
 from pgworker import ValidationError
-from pgworker._step_connection import transaction_control
+from pgworker._steps.connection import transaction_control
 
 from .helpers import attempts, status_of, wait_for
 from .test_metrics import free_port, scrape

@@ -304,7 +304,7 @@ async def test_a_step_whose_transaction_changed_unseen_is_not_recorded(
 ):
     """The guard's lexer switched off (as a path it cannot see would be): the command reaches
     the server, and the transaction-id check of the checkpoint refuses to record the step."""
-    monkeypatch.setattr("pgworker._step_connection.transaction_control", lambda sql: None)
+    monkeypatch.setattr("pgworker._steps.connection.transaction_control", lambda sql: None)
     await conn.execute("CREATE TABLE effects (n int)")
     ctx = await contexts.new()
 

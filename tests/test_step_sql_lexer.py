@@ -1,4 +1,4 @@
-"""The reader behind a transactional step's connection (pgworker/_step_connection.py): which
+"""The reader behind a transactional step's connection (pgworker/_steps/connection.py): which
 statements of a text control a transaction, as PostgreSQL would split and read the text. No
 database: the refusals themselves are tested with real steps in test_step_escape.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgworker._step_connection import transaction_control
+from pgworker._steps.connection import transaction_control
 
 REFUSED = {
     "COMMIT; BEGIN": "COMMIT",

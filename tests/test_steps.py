@@ -20,7 +20,7 @@ import pgworker
 from pgworker import ValidationError
 from pgworker._attempt import Attempt
 from pgworker._db.queries import queries
-from pgworker._step_store import StepStore
+from pgworker._steps.store import StepStore
 from pgworker.context import JobContext
 
 from .helpers import fake_claim, has_status, serving_guarded, spawn_worker, wait_for

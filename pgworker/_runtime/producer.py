@@ -25,7 +25,7 @@ from .._db.connection import HeldConnection, SharedConnection, recover
 from .._db.queries import attempt_conflict, queries
 from .._logs import get_logger
 from .._redact import redactor
-from .._step_store import StepStore
+from .._steps.store import StepStore
 from ..models import AttemptResult, JobStatus, Outcome
 from ..registry import Registry, served_key
 from ..settings import Settings

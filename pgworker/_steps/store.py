@@ -7,8 +7,8 @@ from typing import Any
 
 import asyncpg
 
-from ._db.connection import Runner
-from ._db.queries import queries
+from .._db.connection import Runner
+from .._db.queries import queries
 
 CLOSE_TIMEOUT = 5.0
 """Seconds a stopping worker waits for steps still holding a connection before closing it."""

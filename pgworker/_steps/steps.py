@@ -7,13 +7,13 @@ and its step raises so that its handler stops. The steps a job has done are read
 attempt, at its first step; a handler that uses none costs nothing.
 
 A step's reads and records are single statements on the worker's shared connection (see
-_step_store.py). A transactional step takes a connection of the steps' own pool for its
+_steps/store.py). A transactional step takes a connection of the steps' own pool for its
 transaction only: it holds it while the user's function runs, which on the shared connection would
 starve the heartbeat (and lose the lease), and the user's SQL must not run under the session
 settings tuned for pgworker's own statements (generic plans, no bitmap scans, a lock timeout).
 
 A transactional step's function cannot end the step's transaction: its connection refuses
-transaction control before it is sent (`_step_connection.StepConnection`), and the checkpoint is
+transaction control before it is sent (`_steps.connection.StepConnection`), and the checkpoint is
 written only if the step is still in the transaction it began in (its id, read when it began,
 compared by the checkpoint's insert itself). The read costs one round trip per transactional step
 (BEGIN, that read, the function's statements, the checkpoint, COMMIT: measured at about 40 µs on
@@ -33,17 +33,17 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from . import _threads
-from . import _validate as validate
-from ._attempt import WaitingForEvent
-from ._db.queries import AttemptKey
-from ._payloads import json_text
-from ._step_connection import StepConnection
-from ._step_store import StepStore
-from .errors import PgWorkerError, ValidationError
+from .. import _threads
+from .. import _validate as validate
+from .._attempt import WaitingForEvent
+from .._db.queries import AttemptKey
+from .._payloads import json_text
+from ..errors import PgWorkerError, ValidationError
+from .connection import StepConnection
+from .store import StepStore
 
 if TYPE_CHECKING:
-    from ._attempt import Attempt
+    from .._attempt import Attempt
 
 MAX_NAME_LENGTH = 200
 """The longest step name or milestone, in characters."""

@@ -38,7 +38,7 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from .errors import ValidationError
+from ..errors import ValidationError
 
 _START = r"A-Za-z_\x80-\U0010ffff"
 _TAG_PART = _START + r"0-9"
