@@ -656,13 +656,9 @@ class Queries:
 
     async def job_cancel(self, conn: Runner, job_id: int) -> Row | None:
         """Cancel a job; returns its previous status (and worker), or None when it does not
-        exist. A running job's worker is notified when the transaction commits."""
-        with schema_errors(self.schema):
-            async with transaction(conn) as c:
-                row = await c.fetchrow(self._sql["job_cancel"], job_id)
-                if row is not None and row["previous"] == "running":
-                    await self.notify(c, self.cancel_channel, str(job_id))
-                return row
+        exist. A running job's worker is notified by the statement, when it commits."""
+        rows = await self._rows(conn, "job_cancel", job_id)
+        return rows[0] if rows else None
 
     async def status_counts(self, conn: Runner) -> list[Row]:
         with schema_errors(self.schema):
@@ -907,6 +903,8 @@ class Queries:
     async def jobs_cancel_many(
         self, conn: Conn, ids: Sequence[int], actor: str, reason: str | None, action_id: int
     ) -> list[int]:
+        """Cancel the pending and running jobs of `ids` (a running job's worker is notified when
+        the transaction commits); the ids changed."""
         rows = await self._rows(conn, "jobs_cancel_many", list(ids), actor, reason, action_id)
         return [r["id"] for r in rows]
 
