@@ -19,7 +19,9 @@ from typing import Any, Literal, NamedTuple, overload
 from .errors import MAX_DELAY as MAX_DELAY
 from .errors import ConfigError, ValidationError
 from .errors import seconds as seconds
-from .models import PRIORITY_LABELS
+
+PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}
+"""The priorities that have a name (higher runs first)."""
 
 _WHOLE = re.compile(r"-?[0-9]+")
 _REAL = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")

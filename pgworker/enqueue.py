@@ -24,8 +24,8 @@ from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
 from ._tracing import current_traceparent
 from .errors import IdempotencyConflict, JobNotPending, PgWorkerError, ValidationError
 from .models import (
-    DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
+    ENQUEUE_OPTIONS,
     EnqueueResult,
     Job,
     JobSpec,
@@ -74,14 +74,30 @@ def _payload(at: int | None, value: Any) -> str:
     return text
 
 
+# Each option's validator, as EnqueueOptions declares it.
+_check_queue = ENQUEUE_OPTIONS["queue"].check
+_check_priority = ENQUEUE_OPTIONS["priority"].check
+_check_max_retries = ENQUEUE_OPTIONS["max_retries"].check
+_check_idempotency_key = ENQUEUE_OPTIONS["idempotency_key"].check
+_check_correlation_id = ENQUEUE_OPTIONS["correlation_id"].check
+_check_run_at = ENQUEUE_OPTIONS["run_at"].check
+_check_delay = ENQUEUE_OPTIONS["delay"].check
+_check_version = ENQUEUE_OPTIONS["version"].check
+_check_concurrency_key = ENQUEUE_OPTIONS["concurrency_key"].check
+_check_after = ENQUEUE_OPTIONS["after"].check
+_check_on_parent_failure = ENQUEUE_OPTIONS["on_parent_failure"].check
+_check_unique_key = ENQUEUE_OPTIONS["unique_key"].check
+_check_unique_states = ENQUEUE_OPTIONS["unique_states"].check
+_check_unique_period = ENQUEUE_OPTIONS["unique_period"].check
+_check_replace = ENQUEUE_OPTIONS["replace"].check
+
+
 def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
     if run_at is None and delay is None:
         return None, None
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
-    if run_at is not None:
-        return validate.run_at(run_at), None
-    return None, validate.seconds("delay", delay)
+    return _check_run_at(run_at), _check_delay(delay)
 
 
 class _Fields(NamedTuple):
@@ -109,13 +125,13 @@ def _dependencies(
     spec: JobSpec, run_at: datetime | None, delay: float | None
 ) -> tuple[tuple[int, ...] | None, str | None]:
     """A spec's parents (ascending) and what a failed one does; None, None for a plain job."""
-    after = validate.parents(spec.after)
+    after = _check_after(spec.after)
     if after is not None and (run_at is not None or delay is not None):
         raise ValidationError(
             "run_at" if run_at is not None else "delay",
             "a job with after= runs when its last parent ends: give after= or a schedule, not both",
         )
-    return after, validate.on_parent_failure(spec.on_parent_failure, after)
+    return after, _check_on_parent_failure(spec.on_parent_failure, after)
 
 
 def _fields(spec: JobSpec, at: int | None) -> _Fields:
@@ -126,31 +142,21 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
         correlation = spec.correlation_id
         if correlation is None:
             correlation = current_correlation_id.get()
-        max_retries = spec.max_retries
-        version = spec.version
         after: tuple[int, ...] | None = None
         on_failure: str | None = None
         if spec.after is not None or spec.on_parent_failure is not None:
             after, on_failure = _dependencies(spec, run_at, delay)
         return _Fields(
             validate.name("type", spec.type, validate.MAX_TYPE_LENGTH),
-            validate.name("queue", spec.queue, validate.MAX_QUEUE_LENGTH, required=False)
-            or DEFAULT_QUEUE,
-            validate.priority("priority", spec.priority),
-            None if max_retries is None else validate.count("max_retries", max_retries),
-            validate.name(
-                "idempotency_key",
-                spec.idempotency_key,
-                validate.MAX_IDEMPOTENCY_KEY_LENGTH,
-                required=False,
-            ),
-            validate.name(
-                "correlation_id", correlation, validate.MAX_CORRELATION_ID_LENGTH, required=False
-            ),
+            _check_queue(spec.queue),
+            _check_priority(spec.priority),
+            _check_max_retries(spec.max_retries),
+            _check_idempotency_key(spec.idempotency_key),
+            _check_correlation_id(correlation),
             run_at,
             delay,
-            1 if version is None else validate.count("version", version, minimum=1),
-            validate.concurrency_key(spec.concurrency_key),
+            _check_version(spec.version),
+            _check_concurrency_key(spec.concurrency_key),
             after,
             on_failure,
             *_unique(spec),
@@ -161,10 +167,8 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
 
 def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
     """A spec's unique key, states (the bitmask), period and replace, checked together."""
-    key = validate.unique_key(spec.unique_key)
-    replace = spec.replace
-    if not isinstance(replace, bool):
-        raise ValidationError("replace", f"must be True or False, got {replace!r}")
+    key = _check_unique_key(spec.unique_key)
+    replace = _check_replace(spec.replace)
     if key is None:
         if spec.unique_states is not None:
             raise ValidationError("unique_states", "needs a unique_key")
@@ -187,8 +191,8 @@ def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
             'give idempotency_key or unique_key, not both (see "Unique jobs or idempotency keys" '
             "in the guide)",
         )
-    period = validate.unique_period(spec.unique_period)
-    return key, validate.unique_states(spec.unique_states, period), period, replace
+    period = _check_unique_period(spec.unique_period)
+    return key, _check_unique_states(spec.unique_states, period), period, replace
 
 
 def _result(row: Any, key: str | None) -> EnqueueResult:

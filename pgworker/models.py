@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, NamedTuple, TypedDict
 
-from .errors import PgWorkerError
+from . import _validate as validate
+from ._validate import PRIORITY_LABELS as PRIORITY_LABELS
+from .errors import PgWorkerError, ValidationError
 
 
 class JobStatus(StrEnum):
@@ -35,8 +41,6 @@ class Outcome(StrEnum):
     WAITING = "waiting"
     """The handler waits for an event (ctx.wait_for_event): the job is pending until it comes."""
 
-
-PRIORITY_LABELS: dict[str, int] = {"low": 0, "medium": 10, "high": 20, "critical": 30}
 
 DEFAULT_QUEUE = "default"
 DEFAULT_SCHEMA = "pgworker"
@@ -135,6 +139,230 @@ JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.metadata.ge
 """The columns of `jobs` a Job holds, in order (its fields but those marked not a column)."""
 JSON_COLUMNS = frozenset({"payload", "progress", "result"})
 """The jsonb columns of `jobs`, read as text: pgworker decodes them itself, only when needed."""
+
+
+OptionKind = Literal[
+    "text", "int", "priority", "time", "seconds", "ids", "choice", "states", "flag"
+]
+"""How a value of an option is read from text or JSON (the CLI's flags and the HTTP body's
+fields are made from it): text, a whole number, an int or a priority label, an ISO 8601 time
+with a time zone, seconds, job ids, one of `choices`, a list of job states, on or off."""
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One enqueue option, as every surface offers it (see EnqueueOptions). `check` is its
+    validator: the value checked and made what is stored, or a ValidationError naming the option
+    (on_parent_failure's also takes the parents checked, unique_states' the period: each means
+    something only with the other). `help` says what it means and its default, naming other
+    options in backticks, which each surface writes its own way (`--run-at` on the command
+    line)."""
+
+    kind: OptionKind
+    help: str
+    check: Callable[..., Any]
+    default: Any = None
+    max_length: int | None = None
+    choices: tuple[str, ...] = ()
+    name: str = ""
+    """Filled in from EnqueueOptions."""
+
+
+def _queue(value: Any) -> str:
+    return validate.name("queue", value, validate.MAX_QUEUE_LENGTH, required=False) or DEFAULT_QUEUE
+
+
+def _max_retries(value: Any) -> int | None:
+    return None if value is None else validate.count("max_retries", value)
+
+
+def _text(name: str, max_length: int) -> Callable[[Any], str | None]:
+    return functools.partial(validate.name, name, max_length=max_length, required=False)
+
+
+def _run_at(value: Any) -> datetime | None:
+    return None if value is None else validate.run_at(value)
+
+
+def _delay(value: Any) -> float | None:
+    return None if value is None else validate.seconds("delay", value)
+
+
+def _version(value: Any) -> int:
+    return 1 if value is None else validate.count("version", value, minimum=1)
+
+
+def _replace(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError("replace", f"must be True or False, got {value!r}")
+    return value
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of an enqueue, each declared once: its type, and as an Option its kind, help,
+    validator and default. `enqueue`, `pgworker.sync.enqueue`, JobSpec, the task handles'
+    `enqueue`, `run_job`, the CLI's `pgworker enqueue`, the HTTP API's `POST /jobs` and the SQL
+    function `enqueue()` take these; tests/test_options.py fails when one of them differs (each
+    exception listed there with its reason). A wrapper of `enqueue` can take them as
+    `**options: Unpack[EnqueueOptions]`."""
+
+    queue: Annotated[
+        str | None,
+        Option(
+            "text",
+            f"the job's queue, at most {validate.MAX_QUEUE_LENGTH} characters (default: the "
+            "task's, else default)",
+            _queue,
+            max_length=validate.MAX_QUEUE_LENGTH,
+        ),
+    ]
+    priority: Annotated[
+        int | str | None,
+        Option(
+            "priority",
+            f"an int or one of {', '.join(PRIORITY_LABELS)} "
+            f"({', '.join(str(v) for v in PRIORITY_LABELS.values())}); higher runs first "
+            "(default: the task's, else 0)",
+            functools.partial(validate.priority, "priority"),
+        ),
+    ]
+    max_retries: Annotated[
+        int | None,
+        Option(
+            "int",
+            "retries after the first attempt (default: the task's, else 3)",
+            _max_retries,
+        ),
+    ]
+    idempotency_key: Annotated[
+        str | None,
+        Option(
+            "text",
+            "a later enqueue with this key, the same type and the same payload returns this job "
+            f"instead; at most {validate.MAX_IDEMPOTENCY_KEY_LENGTH} characters (default: none)",
+            _text("idempotency_key", validate.MAX_IDEMPOTENCY_KEY_LENGTH),
+            max_length=validate.MAX_IDEMPOTENCY_KEY_LENGTH,
+        ),
+    ]
+    correlation_id: Annotated[
+        str | None,
+        Option(
+            "text",
+            "carried by the job's log lines and the jobs it enqueues, at most "
+            f"{validate.MAX_CORRELATION_ID_LENGTH} characters (default: the running job's, else "
+            "a new UUID)",
+            _text("correlation_id", validate.MAX_CORRELATION_ID_LENGTH),
+            max_length=validate.MAX_CORRELATION_ID_LENGTH,
+        ),
+    ]
+    run_at: Annotated[
+        datetime | None,
+        Option(
+            "time",
+            "run no sooner than this ISO 8601 time with a timezone, e.g. "
+            "2030-01-01T09:00:00+00:00; not with `delay` (default: now)",
+            _run_at,
+        ),
+    ]
+    delay: Annotated[
+        timedelta | float | None,
+        Option(
+            "seconds",
+            f"run no sooner than this many seconds from now, at most {validate.MAX_DELAY:,.0f} "
+            "(ten years); not with `run_at` (default: now)",
+            _delay,
+        ),
+    ]
+    version: Annotated[
+        int | None,
+        Option(
+            "int",
+            "the payload's version: only workers whose task runs that version claim the job "
+            "(default: the task's, else 1)",
+            _version,
+        ),
+    ]
+    concurrency_key: Annotated[
+        str | None,
+        Option(
+            "text",
+            "the key the task's max_running_per_key counts running jobs by, at most "
+            f"{validate.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
+            validate.concurrency_key,
+            max_length=validate.MAX_CONCURRENCY_KEY_LENGTH,
+        ),
+    ]
+    after: Annotated[
+        Sequence[int] | None,
+        Option(
+            "ids",
+            "run only once each of these jobs (their ids) has ended, at most "
+            f"{validate.MAX_PARENTS:,} of them; not with `delay` or `run_at` (default: none)",
+            validate.parents,
+        ),
+    ]
+    on_parent_failure: Annotated[
+        str | None,
+        Option(
+            "choice",
+            "with `after`: a parent that failed or was cancelled cancels this job (cancel) or "
+            "lets it run (run) (default: cancel)",
+            validate.on_parent_failure,
+            choices=validate.PARENT_FAILURE_CHOICES,
+        ),
+    ]
+    unique_key: Annotated[
+        str | None,
+        Option(
+            "text",
+            "while a job of this type and queue holding this key is in one of `unique_states`, "
+            "return it (created false) instead of a new job; at most "
+            f"{validate.MAX_UNIQUE_KEY_LENGTH} characters, not with `idempotency_key` "
+            "(default: none)",
+            validate.unique_key,
+            max_length=validate.MAX_UNIQUE_KEY_LENGTH,
+        ),
+    ]
+    unique_states: Annotated[
+        Sequence[str] | None,
+        Option(
+            "states",
+            "the states holding the key; both pending and running are required, a final state "
+            "needs `unique_period` (default: the task's, else pending,running)",
+            validate.unique_states,
+            choices=tuple(validate.UNIQUE_STATES),
+        ),
+    ]
+    unique_period: Annotated[
+        timedelta | float | None,
+        Option(
+            "seconds",
+            "seconds: the key is held per period bucket of the enqueue time (default: the "
+            "task's, else none)",
+            validate.unique_period,
+        ),
+    ]
+    replace: Annotated[
+        bool,
+        Option(
+            "flag",
+            "with a pending job holding the key, give it this payload, priority and run time "
+            "instead; refused while it runs (default: off)",
+            _replace,
+            default=False,
+        ),
+    ]
+
+
+def _declared(options: type) -> dict[str, Option]:
+    hints = typing.get_type_hints(options, include_extras=True)
+    return {
+        name: dataclasses.replace(hint.__metadata__[0], name=name) for name, hint in hints.items()
+    }
+
+
+ENQUEUE_OPTIONS: Mapping[str, Option] = MappingProxyType(_declared(EnqueueOptions))
+"""EnqueueOptions' options by name, in their order."""
 
 
 @dataclass(slots=True)

@@ -32,13 +32,16 @@ def enqueue(
     delay: timedelta | float | None = None,
     version: int | None = None,
     concurrency_key: str | None = None,
+    after: Sequence[int] | None = None,
+    on_parent_failure: str | None = None,
     unique_key: str | None = None,
     unique_states: Sequence[str] | None = None,
     unique_period: timedelta | float | None = None,
     replace: bool = False,
     schema: str = DEFAULT_SCHEMA,
 ) -> EnqueueResult:
-    """`pgworker.enqueue` for a synchronous connection (see the module's docstring)."""
+    """`pgworker.enqueue` for a synchronous connection (see the module's docstring): the same
+    arguments (pgworker.models.EnqueueOptions), checks, results and errors."""
     return run_sync(
         _enqueue(
             adapt_sync(conn),
@@ -53,6 +56,8 @@ def enqueue(
             delay=delay,
             version=version,
             concurrency_key=concurrency_key,
+            after=after,
+            on_parent_failure=on_parent_failure,
             unique_key=unique_key,
             unique_states=unique_states,
             unique_period=unique_period,
