@@ -1,7 +1,7 @@
 -- A bulk delete's batch: of the jobs $1, those finished (completed, failed, cancelled) are deleted
--- with everything recorded about them, as retention deletes them (jobs_prune.sql), and the ids
--- deleted are recorded in operator_log (action `delete`, actor $2, reason $3, the bulk action $4):
--- their job_events go with them. Returns the ids deleted.
+-- with everything recorded about them, as retention deletes them (_deleted_with_jobs.sql), and
+-- the ids deleted are recorded in operator_log (action `delete`, actor $2, reason $3, the bulk
+-- action $4): their job_events go with them. Returns the ids deleted.
 WITH doomed AS (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.id = ANY($1::bigint[]) AND j.status IN ('completed', 'failed', 'cancelled')
@@ -12,20 +12,7 @@ WITH doomed AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM doomed))
       AND j.status IN ('completed', 'failed', 'cancelled')
     RETURNING j.id, j.has_dependants
-), dependencies AS (
-    DELETE FROM {schema}.job_dependencies AS d
-    WHERE d.parent_id = ANY(ARRAY(SELECT id FROM gone WHERE has_dependants))
-), attempts AS (
-    DELETE FROM {schema}.job_attempts AS a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))
-), steps AS (
-    DELETE FROM {schema}.job_steps AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
-), milestones AS (
-    DELETE FROM {schema}.job_milestones AS m WHERE m.job_id = ANY(ARRAY(SELECT id FROM gone))
-), events AS (
-    DELETE FROM {schema}.job_events AS e WHERE e.job_id = ANY(ARRAY(SELECT id FROM gone))
-), waits AS (
-    DELETE FROM {schema}.job_event_waits AS w WHERE w.job_id = ANY(ARRAY(SELECT id FROM gone))
-), logged AS (
+), {deleted_with_jobs}, logged AS (
     INSERT INTO {schema}.operator_log (actor, action, reason, detail)
     SELECT $2::text, 'delete', $3::text,
            jsonb_build_object('bulk_action', $4::bigint,

@@ -29,19 +29,5 @@ WITH rules AS (
     DELETE FROM {schema}.jobs AS j
     WHERE j.id = ANY(ARRAY(SELECT id FROM doomed))
     RETURNING j.id, j.status, j.has_dependants
-), dependencies AS (
-    -- A parent's links to its dependants (migration 19): only parents have any.
-    DELETE FROM {schema}.job_dependencies AS d
-    WHERE d.parent_id = ANY(ARRAY(SELECT id FROM gone WHERE has_dependants))
-), attempts AS (
-    DELETE FROM {schema}.job_attempts AS a WHERE a.job_id = ANY(ARRAY(SELECT id FROM gone))
-), steps AS (
-    DELETE FROM {schema}.job_steps AS s WHERE s.job_id = ANY(ARRAY(SELECT id FROM gone))
-), milestones AS (
-    DELETE FROM {schema}.job_milestones AS m WHERE m.job_id = ANY(ARRAY(SELECT id FROM gone))
-), events AS (
-    DELETE FROM {schema}.job_events AS e WHERE e.job_id = ANY(ARRAY(SELECT id FROM gone))
-), waits AS (
-    DELETE FROM {schema}.job_event_waits AS w WHERE w.job_id = ANY(ARRAY(SELECT id FROM gone))
-)
+), {deleted_with_jobs}
 SELECT g.status, count(*) AS jobs FROM gone AS g GROUP BY g.status

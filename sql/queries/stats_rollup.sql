@@ -7,14 +7,11 @@
 -- The minute's attempts (those started in it) are read along the BRIN index of
 -- job_attempts.started_at, its jobs enqueued along that of jobs.created_at; an attempt written
 -- before migration 23 needs one probe of jobs' primary key for its wait: the cost is linear in
--- the minute's traffic. The numbers are those of stats_window.sql for the minutes it reads
--- directly (keep them alike): the completed and failed attempts, the run time (run_ms, the
--- handler's; before migration 23 the claim to the outcome's write) and the wait (wait_ms, the
--- claim - the run_at it was claimed at; before migration 23 only the job's latest attempt
--- still has it), each value counted in
--- histogram bucket 0 (under 0.1 ms) or 1 + floor(4 * log2(value / 0.1 ms)), at most 132.
--- Each attempt and job is counted under its (queue, type), its queue (type ''), its type
--- (queue '') and the whole ('', '').
+-- the minute's traffic. The numbers are those stats_window.sql computes for the minutes it reads
+-- directly, from the same fragments: the completed and failed attempts, the run and wait times
+-- (_attempt_times.sql) and their histogram buckets (_time_buckets.sql). Each attempt and job is
+-- counted under its (queue, type), its queue (type ''), its type (queue '') and the whole
+-- ('', '').
 WITH fence AS (
     SELECT $2::text IS NULL
            OR EXISTS (SELECT FROM {schema}.leader
@@ -22,22 +19,13 @@ WITH fence AS (
                         AND expires_at > now()) AS held
 ), raw AS MATERIALIZED (
     SELECT a.queue, a.type, a.outcome,
-           coalesce(a.run_ms / 1000.0,
-                    greatest(date_part('epoch', a.finished_at - a.started_at), 0)) AS run,
-           coalesce(a.wait_ms / 1000.0,
-                    (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
-                     FROM {schema}.jobs AS j
-                     WHERE j.id = a.job_id AND j.attempts = a.attempt
-                       AND j.status <> 'pending')) AS wait
+           {attempt_times}
     FROM {schema}.job_attempts AS a
     WHERE a.started_at >= $1::timestamptz AND a.started_at < $1::timestamptz + interval '1 minute'
       AND (SELECT held FROM fence)
 ), attempts AS MATERIALIZED (
     SELECT r.queue, r.type, r.outcome, r.wait, r.run,
-           CASE WHEN r.wait < 0.0001 THEN 0
-                ELSE least(1 + floor(4 * ln(r.wait / 0.0001) / ln(2)), 132) END::smallint AS wb,
-           CASE WHEN r.run < 0.0001 THEN 0
-                ELSE least(1 + floor(4 * ln(r.run / 0.0001) / ln(2)), 132) END::smallint AS rb
+           {time_buckets}
     FROM raw AS r
 ), expanded AS MATERIALIZED (
     SELECT g.queue, g.type, a.outcome, a.wait, a.run, a.wb, a.rb
@@ -61,18 +49,15 @@ WITH fence AS (
            min(e.run) AS run_min, max(e.run) AS run_max
     FROM expanded AS e
     GROUP BY e.queue, e.type
-), waits AS (
-    SELECT h.queue, h.type, array_agg(h.b ORDER BY h.b) AS buckets,
+), histograms AS (
+    SELECT h.queue, h.type, h.kind, array_agg(h.b ORDER BY h.b) AS buckets,
            array_agg(h.n ORDER BY h.b) AS counts
-    FROM (SELECT e.queue, e.type, e.wb AS b, count(*)::integer AS n
-          FROM expanded AS e WHERE e.wb IS NOT NULL GROUP BY e.queue, e.type, e.wb) AS h
-    GROUP BY h.queue, h.type
-), runs AS (
-    SELECT h.queue, h.type, array_agg(h.b ORDER BY h.b) AS buckets,
-           array_agg(h.n ORDER BY h.b) AS counts
-    FROM (SELECT e.queue, e.type, e.rb AS b, count(*)::integer AS n
-          FROM expanded AS e WHERE e.rb IS NOT NULL GROUP BY e.queue, e.type, e.rb) AS h
-    GROUP BY h.queue, h.type
+    FROM (SELECT e.queue, e.type, x.kind, x.b, count(*)::integer AS n
+          FROM expanded AS e
+          CROSS JOIN LATERAL (VALUES ('wait', e.wb), ('run', e.rb)) AS x(kind, b)
+          WHERE x.b IS NOT NULL
+          GROUP BY e.queue, e.type, x.kind, x.b) AS h
+    GROUP BY h.queue, h.type, h.kind
 ), fresh AS MATERIALIZED (
     SELECT k.queue, k.type, coalesce(q.enqueued, 0) AS enqueued,
            coalesce(c.completed, 0) AS completed, coalesce(c.failed, 0) AS failed,
@@ -82,8 +67,8 @@ WITH fence AS (
     FROM (SELECT queue, type FROM counts UNION SELECT queue, type FROM enqueued) AS k
     LEFT JOIN counts AS c ON c.queue = k.queue AND c.type = k.type
     LEFT JOIN enqueued AS q ON q.queue = k.queue AND q.type = k.type
-    LEFT JOIN waits AS w ON w.queue = k.queue AND w.type = k.type
-    LEFT JOIN runs AS r ON r.queue = k.queue AND r.type = k.type
+    LEFT JOIN histograms AS w ON w.queue = k.queue AND w.type = k.type AND w.kind = 'wait'
+    LEFT JOIN histograms AS r ON r.queue = k.queue AND r.type = k.type AND r.kind = 'run'
 ), written AS (
     INSERT INTO {schema}.stats_minutes AS s
         (queue, type, minute, enqueued, completed, failed, wait_min, wait_max, run_min, run_max,

@@ -1,4 +1,4 @@
--- The charts' numbers (issue 25, item 4): per bucket of $3 seconds (aligned on the epoch) of the
+-- The console's charts' numbers: per bucket of $3 seconds (aligned on the epoch) of the
 -- minutes from $1 to $2, of queue $4 and type $5 ('': every one), the jobs enqueued, the
 -- attempts started that completed and failed (failed, timed out, retried, lost), and the
 -- histograms of their wait and run times (buckets and counts, ascending; min and max).
@@ -6,8 +6,8 @@
 -- Minutes rolled up (stats_rollup, migration 24) are read from stats_minutes: one range of its
 -- primary key, at most 1,440 rows for a day. Of the newest $6 minutes, those not rolled up yet
 -- (the last two or three; all of them before the rollup ran) and those rolled up while some of
--- their attempts were running are computed here from job_attempts and jobs instead, as
--- stats_rollup.sql computes them (keep them alike), along one range of the BRIN indexes of
+-- their attempts were running are computed here from job_attempts and jobs instead, from the
+-- fragments stats_rollup.sql computes them with, along one range of the BRIN indexes of
 -- started_at and created_at from the oldest of them: its cost is that of the attempts since.
 -- Older minutes not rolled up are left out: `unread` counts them (0: every minute counted); a
 -- row with a NULL bucket carries it when nothing was found.
@@ -30,23 +30,14 @@ WITH minutes AS MATERIALIZED (
 ), raw AS MATERIALIZED (
     -- One range of the BRIN index, from the oldest minute read here to the newest.
     SELECT date_bin(interval '1 minute', a.started_at, 'epoch') AS minute, a.outcome,
-           coalesce(a.run_ms / 1000.0,
-                    greatest(date_part('epoch', a.finished_at - a.started_at), 0)) AS run,
-           coalesce(a.wait_ms / 1000.0,
-                    (SELECT greatest(date_part('epoch', a.started_at - j.run_at), 0)
-                     FROM {schema}.jobs AS j
-                     WHERE j.id = a.job_id AND j.attempts = a.attempt
-                       AND j.status <> 'pending')) AS wait
+           {attempt_times}
     FROM {schema}.job_attempts AS a
     WHERE a.started_at >= (SELECT low FROM span) AND a.started_at < (SELECT high FROM span)
       AND ($4::text = '' OR a.queue = $4::text) AND ($5::text = '' OR a.type = $5::text)
       AND date_bin(interval '1 minute', a.started_at, 'epoch') IN (SELECT minute FROM direct)
 ), attempts AS MATERIALIZED (
     SELECT r.minute, r.outcome, r.wait, r.run,
-           CASE WHEN r.wait < 0.0001 THEN 0
-                ELSE least(1 + floor(4 * ln(r.wait / 0.0001) / ln(2)), 132) END::smallint AS wb,
-           CASE WHEN r.run < 0.0001 THEN 0
-                ELSE least(1 + floor(4 * ln(r.run / 0.0001) / ln(2)), 132) END::smallint AS rb
+           {time_buckets}
     FROM raw AS r
 ), rolled AS MATERIALIZED (
     SELECT s.*
