@@ -154,9 +154,10 @@ class Option:
     """One enqueue option, as every surface offers it (see EnqueueOptions). `check` is its
     validator: the value checked and made what is stored, or a ValidationError naming the option
     (on_parent_failure's also takes the parents checked, unique_states' the period: each means
-    something only with the other). `help` says what it means and its default, naming other
-    options in backticks, which each surface writes its own way (`--run-at` on the command
-    line)."""
+    something only with the other). `help` says what it means and its default (that of
+    `pgworker.enqueue`: a task's handle gives its task's queue, priority, version and unique
+    defaults instead), naming other options in backticks, which each surface writes its own way
+    (`--run-at` on the command line)."""
 
     kind: OptionKind
     help: str
@@ -210,8 +211,7 @@ class EnqueueOptions(TypedDict, total=False):
         str | None,
         Option(
             "text",
-            f"the job's queue, at most {validate.MAX_QUEUE_LENGTH} characters (default: the "
-            "task's, else default)",
+            f"the job's queue, at most {validate.MAX_QUEUE_LENGTH} characters (default: default)",
             _queue,
             max_length=validate.MAX_QUEUE_LENGTH,
         ),
@@ -222,7 +222,7 @@ class EnqueueOptions(TypedDict, total=False):
             "priority",
             f"an int or one of {', '.join(PRIORITY_LABELS)} "
             f"({', '.join(str(v) for v in PRIORITY_LABELS.values())}); higher runs first "
-            "(default: the task's, else 0)",
+            "(default: 0)",
             functools.partial(validate.priority, "priority"),
         ),
     ]
@@ -278,7 +278,7 @@ class EnqueueOptions(TypedDict, total=False):
         Option(
             "int",
             "the payload's version: only workers whose task runs that version claim the job "
-            "(default: the task's, else 1)",
+            "(default: 1)",
             _version,
         ),
     ]
@@ -328,7 +328,7 @@ class EnqueueOptions(TypedDict, total=False):
         Option(
             "states",
             "the states holding the key; both pending and running are required, a final state "
-            "needs `unique_period` (default: the task's, else pending,running)",
+            "needs `unique_period` (default: pending,running)",
             validate.unique_states,
             choices=tuple(validate.UNIQUE_STATES),
         ),
@@ -337,8 +337,7 @@ class EnqueueOptions(TypedDict, total=False):
         timedelta | float | None,
         Option(
             "seconds",
-            "seconds: the key is held per period bucket of the enqueue time (default: the "
-            "task's, else none)",
+            "seconds: the key is held per period bucket of the enqueue time (default: none)",
             validate.unique_period,
         ),
     ]

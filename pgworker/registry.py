@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, Unpack
 
 from . import _schedule
 from . import _validate as validate
@@ -25,7 +25,14 @@ from ._task import Upgrader as Upgrader
 from ._task import served_key as served_key
 from .enqueue import _payload, enqueue, enqueue_many
 from .errors import ConfigError, ValidationError
-from .models import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, DEFAULT_SCHEMA, EnqueueResult, JobSpec
+from .models import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    EnqueueOptions,
+    EnqueueResult,
+    JobSpec,
+)
 from .retry import RetryPolicy
 
 _SHOWN_TASKS = 20
@@ -35,7 +42,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _with_defaults(task: Task, options: dict[str, Any]) -> dict[str, Any]:
+def _with_defaults(task: Task, options: EnqueueOptions) -> EnqueueOptions:
     """`options` with the task's queue, priority, max_retries and version where the caller
     gave none (or None)."""
     if options.get("queue") is None:
@@ -85,18 +92,31 @@ class TaskHandle(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<pgworker.TaskHandle {self.task.name!r} of {self.task.fn!r}>"
 
-    async def enqueue(self, conn: Any, payload: Any = None, **options: Any) -> EnqueueResult:
+    async def enqueue(
+        self,
+        conn: Any,
+        payload: Any = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        **options: Unpack[EnqueueOptions],
+    ) -> EnqueueResult:
         """`pgworker.enqueue(conn, self.name, payload, **options)` with the task's defaults;
         `payload` may be an instance of the handler's payload type or a dict of its fields."""
         return await enqueue(
             conn,
             self.task.name,
             _checked(self.task, payload, "payload"),
+            schema=schema,
             **_with_defaults(self.task, options),
         )
 
     async def enqueue_many(
-        self, conn: Any, payloads: Iterable[Any], *, schema: str = DEFAULT_SCHEMA, **options: Any
+        self,
+        conn: Any,
+        payloads: Iterable[Any],
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """One job per payload, in one transaction (`pgworker.enqueue_many`), each with the
         same `options` (JobSpec's fields) and the task's defaults. A wrong payload raises
@@ -112,7 +132,7 @@ class TaskHandle(Generic[P, R]):
         except ValidationError as exc:
             raise _batch_error(exc) from None
 
-    def spec(self, payload: Any = None, **options: Any) -> JobSpec:
+    def spec(self, payload: Any = None, **options: Unpack[EnqueueOptions]) -> JobSpec:
         """A pgworker.JobSpec of this task for `enqueue_many`, its payload checked and the
         task's defaults applied."""
         task = self.task
@@ -350,7 +370,13 @@ class Registry:
         return [(t.name, v) for t in self._tasks.values() for v in t.versions]
 
     async def enqueue(
-        self, conn: Any, type: str, payload: Any = None, **options: Any
+        self,
+        conn: Any,
+        type: str,
+        payload: Any = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """`pgworker.enqueue` with this registry's task defaults for queue, priority,
         max_retries and version (the task's payload version) where the caller gives none, and
@@ -363,7 +389,7 @@ class Registry:
         if task is None:
             raise ValidationError("type", self._unknown(type))
         checked = _checked(task, payload, "payload")
-        return await enqueue(conn, type, checked, **_with_defaults(task, options))
+        return await enqueue(conn, type, checked, schema=schema, **_with_defaults(task, options))
 
     def schemas(self) -> dict[str, dict[str, Any]]:
         """Each task's payload JSON schema by type: pydantic's for a typed task (nested types

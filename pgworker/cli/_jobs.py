@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 from .. import _validate as validate
 from ..enqueue import enqueue, update_job
 from ..errors import PgWorkerError, ValidationError
-from ..models import PRIORITY_LABELS
+from ..models import ENQUEUE_OPTIONS, PRIORITY_LABELS, Option
 from ..operations import CancelResult, cancel, show_job
 from ..settings import Settings
 from . import _render
@@ -61,84 +62,54 @@ def add_enqueue(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> No
         default="{}",
         help=f"the payload as JSON, nested at most {validate.MAX_DEPTH} deep (default: {{}})",
     )
-    enq.add_argument(
-        "--queue",
-        help=f"the job's queue, at most {validate.MAX_QUEUE_LENGTH} characters (default: default)",
-    )
-    enq.add_argument(
-        "--priority",
-        type=_priority,
-        help=f"an int or one of {', '.join(PRIORITY_LABELS)} "
-        f"({', '.join(str(v) for v in PRIORITY_LABELS.values())}); higher runs first "
-        "(default: 0)",
-    )
-    enq.add_argument(
-        "--max-retries",
-        type=integer,
-        help="retries after the first attempt (default: the task's, else 3)",
-    )
-    enq.add_argument(
-        "--idempotency-key",
-        help="a later enqueue with this key returns this job instead (default: none)",
-    )
-    enq.add_argument(
-        "--correlation-id",
-        help="carried by the job's log lines (default: a new UUID)",
-    )
-    enq.add_argument(
-        "--concurrency-key",
-        help="the key the task's max_running_per_key counts running jobs by, at most "
-        f"{validate.MAX_CONCURRENCY_KEY_LENGTH} characters (default: none)",
-    )
-    enq.add_argument(
-        "--after",
-        metavar="ID",
-        type=_job_id,
-        action="append",
-        help="run only once the job ID has ended; repeat for each parent, at most "
-        f"{validate.MAX_PARENTS:,}; not with --delay or --run-at (default: none)",
-    )
-    enq.add_argument(
-        "--on-parent-failure",
-        choices=validate.PARENT_FAILURE_CHOICES,
-        help="with --after: a parent that failed or was cancelled cancels this job (cancel) or "
-        "lets it run (run) (default: cancel)",
-    )
-    enq.add_argument(
-        "--unique-key",
-        help="while a job of this type and queue holding this key is in one of --unique-states, "
-        "return it (created false) instead of a new job; at most "
-        f"{validate.MAX_UNIQUE_KEY_LENGTH} characters, not with --idempotency-key (default: none)",
-    )
-    enq.add_argument(
-        "--unique-states",
-        type=_states,
-        help="the states holding the key, comma-separated; both pending and running are "
-        "required, a final state needs --unique-period (default: pending,running)",
-    )
-    enq.add_argument(
-        "--unique-period",
-        type=number,
-        help="seconds: the key is held per period bucket of the enqueue time (default: none)",
-    )
-    enq.add_argument(
-        "--replace",
-        action="store_true",
-        help="with a pending job holding the key, give it this payload, priority and run time "
-        "instead; refused while it runs (default: off)",
-    )
-    enq.add_argument(
-        "--delay",
-        type=number,
-        help=f"run no sooner than this many seconds from now, at most {validate.MAX_DELAY:,.0f} "
-        "(ten years) (default: now)",
-    )
-    enq.add_argument(
-        "--run-at",
-        help="run no sooner than this ISO 8601 time with a timezone, e.g. "
-        "2030-01-01T09:00:00+00:00; not with --delay (default: now)",
-    )
+    for option in ENQUEUE_OPTIONS.values():
+        if option.name not in NOT_FLAGS:
+            enq.add_argument(flag_of(option.name), help=flag_help(option), **_reading(option))
     enq.set_defaults(perform=_enqueue)
+
+
+NOT_FLAGS = {
+    "version": "`--version` is the program's version everywhere else; the command line "
+    "enqueues payload version 1, as a worker's task of version 1 takes (enqueue another "
+    "version from Python or the HTTP API)",
+}
+"""The enqueue options `pgworker enqueue` has no flag for, each with its reason."""
+
+
+def _reading(option: Option) -> dict[str, Any]:
+    """How an option of its kind (models.OptionKind) is read from the command line."""
+    match option.kind:
+        case "int":
+            return {"type": integer}
+        case "priority":
+            return {"type": _priority}
+        case "seconds":
+            return {"type": number}
+        case "ids":
+            return {"type": _job_id, "action": "append", "metavar": "ID"}
+        case "choice":
+            return {"choices": option.choices}
+        case "states":
+            return {"type": _states}
+        case "flag":
+            return {"action": "store_true"}
+        case _:  # text, and a time (read by _moment, naming the flag)
+            return {}
+
+
+def flag_of(name: str) -> str:
+    """An option's flag: `--run-at` for run_at."""
+    return "--" + name.replace("_", "-")
+
+
+def flag_help(option: Option) -> str:
+    """An option's help, the options it names written as flags."""
+    text = re.sub(r"`([a-z_]+)`", lambda m: flag_of(m[1]), option.help)
+    if option.kind == "ids":
+        text = text.replace(" (default:", f"; repeat {flag_of(option.name)} for each (default:")
+    if option.kind == "states":
+        text = text.replace("; ", ", comma-separated; ", 1)
+    return text
 
 
 def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -301,40 +272,15 @@ def _priority(raw: str) -> int:
 
 async def _enqueue(args: argparse.Namespace) -> int:
     payload = json_option("--payload", args.payload)
-    run_at = None
-    if args.run_at:
-        try:
-            run_at = datetime.fromisoformat(args.run_at)
-        except ValueError as exc:
-            raise PgWorkerError(f"--run-at {args.run_at!r} is not an ISO 8601 time") from exc
-        if run_at.tzinfo is None:
-            raise ValidationError(
-                "--run-at", f"{args.run_at!r} has no time zone; add one, e.g. {args.run_at}+00:00"
-            )
-        if args.delay is not None:
-            raise ValidationError("--run-at", "give --run-at or --delay, not both")
+    options: dict[str, Any] = {
+        name: getattr(args, name) for name in ENQUEUE_OPTIONS if name not in NOT_FLAGS
+    }
+    options["run_at"] = _moment("--run-at", args.run_at)
+    if options["run_at"] is not None and args.delay is not None:
+        raise ValidationError("--run-at", "give --run-at or --delay, not both")
     conn = await _connect(args)
     try:
-        result = await enqueue(
-            conn,
-            args.type,
-            payload,
-            queue=args.queue,
-            priority=args.priority,
-            max_retries=args.max_retries,
-            idempotency_key=args.idempotency_key,
-            correlation_id=args.correlation_id,
-            run_at=run_at,
-            delay=args.delay,
-            concurrency_key=args.concurrency_key,
-            after=args.after,
-            on_parent_failure=args.on_parent_failure,
-            unique_key=args.unique_key,
-            unique_states=args.unique_states,
-            unique_period=args.unique_period,
-            replace=args.replace,
-            schema=_schema(args),
-        )
+        result = await enqueue(conn, args.type, payload, schema=_schema(args), **options)
     finally:
         await conn.close()
     job = result.job
