@@ -183,6 +183,20 @@ JsonValue = Annotated[Any, WithJsonSchema({_JSON_MARK: True})]
 """Any JSON value jsonb stores: validated by enqueue's own checks (any depth, without a recursive
 model), described by JSON_SCHEMA (a reference that `complete` puts in place of the mark)."""
 
+
+EventData = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            _JSON_MARK: True,
+            "description": "the event's data: any JSON without NUL characters (none: null)",
+        }
+    ),
+]
+"""POST /events/{name}'s body: a JsonValue, with its description (its schema replaces the
+field's, and a description given to Body() with it)."""
+
+
 JsonObject = Annotated[
     dict[str, Any],
     WithJsonSchema(

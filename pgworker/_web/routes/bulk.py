@@ -1,0 +1,92 @@
+"""POST /jobs/actions/{replay,cancel,delete,reschedule}: the jobs matching a filter changed in
+batches in the background (_bulk.Runner, run by `serve`), and GET /jobs/actions/{id}, an action's
+progress."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path, Request, Response
+
+from ... import _bulk as bulk
+from ... import _validate as validate
+from ..._filters import JobFilter
+from ...errors import ValidationError
+from .. import guard
+from ..answers import BulkAction, answer
+from ..schemas import BulkBody, Problem, RescheduleBody, UrlId
+from .common import Api, Served
+from .common import router as make_router
+
+router = make_router("bulk")
+
+
+async def _start(
+    api: Api, kind: str, body: BulkBody, request: Request, run_at: Any = None
+) -> Response:
+    try:
+        job_filter = JobFilter.checked(**body.filter.model_dump(exclude_none=True))
+    except ValidationError as exc:
+        reason = str(exc).removeprefix(f"{exc.field}: ")
+        raise ValidationError(f"filter.{exc.field}", reason) from None
+    async with api.transaction() as conn:
+        action = await bulk.create(
+            conn,
+            kind,
+            job_filter,
+            run_at=None if run_at is None else validate.run_at(run_at),
+            by=guard.actor(request.scope, body.by, "api"),
+            reason=body.reason,
+            schema=api.schema,
+        )
+        found = answer(action.as_json(), status_code=202)
+    api.bulk_started()
+    return found
+
+
+@router.post("/jobs/actions/replay", status_code=202, response_model=BulkAction)
+async def bulk_replay(body: BulkBody, request: Request, api: Served) -> Response:
+    """Replay every failed or cancelled job matching `filter` (whose keys are GET /jobs's
+    query parameters), in batches in the background; each replay recorded in the job's
+    events (actor `by`). The jobs enqueued after this request stay out."""
+    return await _start(api, "replay", body, request)
+
+
+@router.post("/jobs/actions/cancel", status_code=202, response_model=BulkAction)
+async def bulk_cancel(body: BulkBody, request: Request, api: Served) -> Response:
+    """Cancel every pending job matching `filter`, and ask the workers of the running ones
+    to stop them, in batches in the background; each recorded in the job's events."""
+    return await _start(api, "cancel", body, request)
+
+
+@router.post("/jobs/actions/delete", status_code=202, response_model=BulkAction)
+async def bulk_delete(body: BulkBody, request: Request, api: Served) -> Response:
+    """Delete every finished (completed, failed, cancelled) job matching `filter`, with its
+    attempts and history, in batches in the background; the ids deleted are recorded in
+    the operator log. Pending and running jobs are left alone."""
+    return await _start(api, "delete", body, request)
+
+
+@router.post("/jobs/actions/reschedule", status_code=202, response_model=BulkAction)
+async def bulk_reschedule(body: RescheduleBody, request: Request, api: Served) -> Response:
+    """Set `run_at` of every pending job matching `filter` (not those parked waiting for an
+    event), in batches in the background; each recorded in the job's events."""
+    return await _start(api, "reschedule", body, request, body.run_at)
+
+
+@router.get(
+    "/jobs/actions/{id}",
+    response_model=BulkAction,
+    responses={404: {"model": Problem, "description": "no such action"}},
+)
+async def bulk_progress(
+    id: Annotated[UrlId, Path(description="the action's id")], api: Served
+) -> Response:
+    """A bulk action's progress: `status` (running, done, failed), `matched` (when it was
+    created), `done` (jobs changed), `skipped` (left as they were: their status no longer
+    fitted when their batch came), `error` (why it failed)."""
+    async with api.transaction() as conn:
+        action = await bulk.get(conn, id, schema=api.schema)
+        if action is None:
+            return guard.problem(404, f"there is no bulk action {id}")
+        return answer(action.as_json())
