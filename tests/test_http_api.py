@@ -27,6 +27,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 __all__ = ["server"]  # the fixture, used by name
 
 JOB_KEYS = set(pgworker.models.JOB_FIELDS)
+JSON_TYPE = {"Content-Type": "application/json"}
 
 
 async def enqueue(client: httpx.AsyncClient, type_: str = "email", **fields: Any) -> dict[str, Any]:
@@ -697,3 +698,90 @@ async def test_serve_stops_on_sigterm_and_exits_0(dsn: str) -> None:
     async with serving(dsn) as served:
         served.process.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(lambda: served.process.wait(timeout=15)) == 0
+
+
+def _body_schema(document: dict[str, Any], path: str) -> Any:
+    """A validator of the JSON body the document says POST `path` takes."""
+    import jsonschema_rs
+
+    schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+    return jsonschema_rs.Draft202012Validator(
+        {**schema["schema"], "components": document["components"]}
+    )
+
+
+async def test_nul_in_json_is_refused_by_the_document_and_the_server_alike(
+    server: Served, conn: Any
+) -> None:
+    """jsonb cannot store NUL (U+0000), in a key or in a string: the server refuses it (422
+    naming the body's field), and the OpenAPI document says so, so that a client generating
+    bodies from it sends none."""
+    async with server.client() as c:
+        document = (await c.get("/openapi.json")).json()
+        event = _body_schema(document, "/events/{name}")
+        job = _body_schema(document, "/jobs")
+        for data in (
+            {"k\u0000": 1},
+            {"k": "v\u0000"},
+            ["\u0000"],
+            "\u0000",
+            {"a": [{"\u0000": 0}]},
+        ):
+            assert not event.is_valid(data), data
+            assert not job.is_valid({"type": "t", "payload": data}), data
+            sent = json.dumps(data)  # \u0000 escaped, as JSON carries it
+            refused = await c.post("/events/e", content=sent, headers=JSON_TYPE)
+            assert_problem(refused, 422, "data")
+            refused = await c.post(
+                "/jobs", content=f'{{"type": "t", "payload": {sent}}}', headers=JSON_TYPE
+            )
+            assert_problem(refused, 422, "payload")
+        for data in ({"k\u00e9": "v\u2028"}, None, [1, "x"]):
+            assert event.is_valid(data) and job.is_valid({"type": "t", "payload": data})
+            taken = await c.post("/events/e", content=json.dumps(data), headers=JSON_TYPE)
+            assert taken.status_code == 200, taken.text
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 3
+
+
+async def test_a_name_in_the_url_that_is_not_utf8_is_422_naming_it(
+    server: Served, conn: Any
+) -> None:
+    """Percent-decoded, `%FF` is no text: Starlette reads it as U+FFFD, so that `%FF` and
+    `%FE` named one queue '\\ufffd'. Now 422 naming the parameter, and nothing acts on any name;
+    U+FFFD itself, sent as UTF-8 (%EF%BF%BD), is a name like any other."""
+    async with server.client() as c:
+        for path in (
+            "/queues/%FF/pause",
+            "/queues/a%FEb/resume",
+            "/queues/%C3/limit",
+            "/queues/%ED%A0%80/pause",  # a lone surrogate, in UTF-8's form
+        ):
+            body = {"max_running": 1} if path.endswith("limit") else {}
+            assert_problem(await c.post(path, json=body), 422, "queue")
+        assert_problem(await c.post("/events/%FF", json=1), 422, "name")
+        assert_problem(await c.get("/jobs?queue=%FF"), 422, "queue")
+        assert_problem(await c.get("/jobs?type=ok&error=a%E9"), 422, "error")
+        assert_problem(await c.get("/stats?queue=%80"), 422, "queue")
+        assert (await c.get("/queues")).json() == {"queues": []}
+        taken = await c.post("/queues/%EF%BF%BD/pause", json={})
+        assert taken.status_code == 200 and taken.json()["queue"] == "\ufffd", taken.text
+        assert (await c.post("/events/%C3%A9", json=1)).json()["name"] == "é"
+        assert (await c.get("/jobs?queue=%C3%A9")).status_code == 200
+    assert await conn.fetchval("SELECT array_agg(name) FROM pgworker.queues") == ["\ufffd"]
+    assert await conn.fetchval("SELECT array_agg(name) FROM pgworker.events") == ["é"]
+
+
+async def test_post_jobs_payload_is_optional_as_in_python(server: Served, conn: Any) -> None:
+    """`enqueue(conn, "t")` stores the payload {}: so does POST /jobs without one, and the
+    document says the payload is optional with that default."""
+    async with server.client() as c:
+        made = await c.post("/jobs", json={"type": "t"})
+        assert made.status_code == 201, made.text
+        assert made.json()["payload"] == {}
+        assert (await c.post("/jobs", json={"type": "t", "payload": None})).json()["payload"] == {}
+        document = (await c.get("/openapi.json")).json()
+    body = document["components"]["schemas"]["EnqueueBody"]
+    assert body["required"] == ["type"] and body["properties"]["payload"]["default"] == {}
+    python = await pgworker.enqueue(conn, "t")
+    assert python.job.payload == {} == (await pgworker.get_job(conn, made.json()["id"])).payload

@@ -28,12 +28,14 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     WithJsonSchema,
+    create_model,
 )
 from pydantic_core import PydanticCustomError
 
 from .. import _validate as validate
 from .._filters import MAX_ERROR_TEXT
-from ..models import JobStatus
+from ..errors import ValidationError
+from ..models import ENQUEUE_OPTIONS, JobStatus
 from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
 
 if TYPE_CHECKING:
@@ -277,7 +279,7 @@ def _without_key(name: str, given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class EnqueueBody(_Body):
+class _EnqueueRules(_Body):
     # enqueue() refuses run_at and delay together, and the unique arguments' combinations:
     # said here too (a body matching none of these; `allOf` holds the typed payloads' rules).
     model_config = ConfigDict(
@@ -312,51 +314,72 @@ class EnqueueBody(_Body):
         }
     )
 
-    type: TypeName = Field(description="the job type")
-    payload: JsonValue = Field(description="any JSON value")
-    queue: QueueName | None = Field(None, description="default: default")
-    priority: (
-        PriorityInt
-        | Annotated[StrictStr, StringConstraints(pattern="^(low|medium|high|critical)$")]
-        | None
-    ) = Field(None, description="an int or one of low, medium, high, critical; higher runs first")
-    max_retries: Int | None = Field(None, description="retries after the first attempt (3)")
-    idempotency_key: Key | None = None
-    correlation_id: Correlation | None = Field(None, description="default: a new UUID")
-    run_at: RunAt | None = Field(None, description="ISO 8601 with a time zone; not with delay")
-    delay: Seconds | None = Field(None, description="seconds from now; not with run_at")
-    version: Positive | None = Field(None, description="the payload's version (default 1)")
-    concurrency_key: ConcurrencyKey | None = Field(
-        None, description="the key the task's max_running_per_key counts by (default: none)"
-    )
-    after: list[BodyJobId] | None = Field(
-        None,
-        min_length=1,
-        max_length=validate.MAX_PARENTS,
-        json_schema_extra={"uniqueItems": True},
-        description="ids of the jobs this one runs after, each once, at most 2**53 - 1 "
-        "(default: none); not with run_at or delay",
-    )
-    on_parent_failure: Annotated[StrictStr, StringConstraints(pattern="^(cancel|run)$")] | None = (
-        Field(None, description="with after: cancel (default) or run, when a parent fails")
-    )
-    unique_key: UniqueKey | None = Field(
-        None,
-        description="at most one live job of this type and queue per key: while one holds it, "
-        "200 with that job (not with idempotency_key)",
-    )
-    unique_states: UniqueStates | None = Field(
-        None,
-        description="the states in which the key is held (default pending, running; both are "
-        "required, a final state needs unique_period)",
-    )
-    unique_period: Period | None = Field(
-        None, description="seconds: the key is held per period bucket of the enqueue time"
-    )
-    replace: StrictBool | None = Field(
-        None,
-        description="with a pending job holding the key: give it this payload, priority and "
-        "run_at (409 while it runs)",
+
+Priority = PriorityInt | Label
+
+OPTION_TYPES: dict[str, Any] = {
+    "queue": QueueName,
+    "priority": Priority,
+    "max_retries": Int,
+    "idempotency_key": Key,
+    "correlation_id": Correlation,
+    "run_at": RunAt,
+    "delay": Seconds,
+    "version": Positive,
+    "concurrency_key": ConcurrencyKey,
+    "after": Annotated[
+        list[BodyJobId],
+        Field(
+            min_length=1, max_length=validate.MAX_PARENTS, json_schema_extra={"uniqueItems": True}
+        ),
+    ],
+    "on_parent_failure": Annotated[
+        StrictStr,
+        StringConstraints(pattern=f"^({'|'.join(validate.PARENT_FAILURE_CHOICES)})$"),
+    ],
+    "unique_key": UniqueKey,
+    "unique_states": UniqueStates,
+    "unique_period": Period,
+    "replace": StrictBool,
+}
+"""The JSON type of each enqueue option of POST /jobs, with the bounds its validator checks (so
+that the document states them): the options themselves, their order and their help are
+models.ENQUEUE_OPTIONS'."""
+
+
+def _option_fields() -> dict[str, Any]:
+    """EnqueueBody's fields for the enqueue options: each optional (null: its default)."""
+    if list(OPTION_TYPES) != list(ENQUEUE_OPTIONS):
+        raise TypeError(
+            "schemas.OPTION_TYPES must give a JSON type to each of models.ENQUEUE_OPTIONS, in "
+            f"its order: {list(ENQUEUE_OPTIONS)}"
+        )
+    return {
+        name: (OPTION_TYPES[name] | None, Field(None, description=option.help))
+        for name, option in ENQUEUE_OPTIONS.items()
+    }
+
+
+if TYPE_CHECKING:
+
+    class EnqueueBody(_EnqueueRules):
+        type: str
+        payload: Any
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    EnqueueBody = create_model(
+        "EnqueueBody",
+        __base__=_EnqueueRules,
+        __module__=__name__,
+        __doc__="POST /jobs: a job's type, its payload and the options of pgworker.enqueue.",
+        type=(TypeName, Field(description="the job type")),
+        payload=(
+            JsonValue,
+            Field({}, description="any JSON value (default: {}, as enqueue's; null is {} too)"),
+        ),
+        **_option_fields(),
     )
 
 
@@ -550,10 +573,15 @@ def _payloads(document: dict[str, Any], registry: Registry) -> None:
         schema, nested = task.payload_type.openapi_schema(f"{name}.")
         components.update(nested)
         components[name] = schema
+        then: dict[str, Any] = {"properties": {"payload": {"$ref": f"#/components/schemas/{name}"}}}
+        try:  # left out, the payload is {}: required when {} is not one of the task's
+            task.payload_type.check_json({}, "payload")
+        except ValidationError:
+            then["required"] = ["payload"]
         rules.append(
             {
                 "if": {"properties": {"type": {"const": task.name}}, "required": ["type"]},
-                "then": {"properties": {"payload": {"$ref": f"#/components/schemas/{name}"}}},
+                "then": then,
             }
         )
     if rules:

@@ -4,7 +4,7 @@ filter (GET /jobs), changed while pending (PATCH), cancelled and replayed."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from annotated_types import Interval
@@ -16,7 +16,7 @@ from ..._filters import JobFilter
 from ..._waits import wait as wait_for_end
 from ...enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
 from ...errors import PgWorkerError, ValidationError
-from ...models import EnqueueResult, JobStatus
+from ...models import ENQUEUE_OPTIONS, EnqueueResult, JobStatus
 from ...operations import FINISHED, cancel, replay_uncommitted
 from .. import guard
 from ..answers import (
@@ -84,27 +84,7 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
             typed.check_json(body.payload, "payload")
     async with api.transaction() as conn:
         try:
-            result = await add(
-                conn,
-                body.type,
-                body.payload,
-                queue=body.queue,
-                priority=body.priority,
-                max_retries=body.max_retries,
-                idempotency_key=body.idempotency_key,
-                correlation_id=body.correlation_id,
-                run_at=validate.moment("run_at", body.run_at) if body.run_at is not None else None,
-                delay=body.delay,
-                version=body.version,
-                concurrency_key=body.concurrency_key,
-                after=body.after,
-                on_parent_failure=body.on_parent_failure,
-                unique_key=body.unique_key,
-                unique_states=body.unique_states,
-                unique_period=body.unique_period,
-                replace=bool(body.replace),
-                schema=api.schema,
-            )
+            result = await add(conn, body.type, body.payload, **_options(body), schema=api.schema)
         except ValidationError as exc:
             if exc.field == "after" and UNKNOWN_PARENT in str(exc):
                 return guard.problem(404, str(exc), "after")
@@ -112,6 +92,15 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
                 return guard.problem(409, str(exc), "after")
             raise
         return answer(job_json(result.job), 201 if result.created else 200)
+
+
+def _options(body: EnqueueBody) -> dict[str, Any]:
+    """The enqueue options the body gives, by name (models.ENQUEUE_OPTIONS): left out, null."""
+    options = {name: getattr(body, name) for name in ENQUEUE_OPTIONS}
+    if body.run_at is not None:
+        options["run_at"] = validate.moment("run_at", body.run_at)
+    options["replace"] = bool(body.replace)
+    return options
 
 
 @router.get("/jobs/{id}", response_model=JobDetail, responses=UNKNOWN)
