@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -40,19 +40,21 @@ from ._redact import DEFAULT_KEYS, redactor
 from ._runtime.executor import execute
 from ._steps.steps import MAX_NAME_LENGTH
 from ._steps.store import StepStore
-from .enqueue import _payload
+from .enqueue import _Fields, _fields, _payload
 from .errors import PgWorkerError, ValidationError
 from .models import (
     DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
     JOB_FIELDS,
     AttemptResult,
+    EnqueueOptions,
     Job,
+    JobSpec,
     JobStatus,
     Outcome,
 )
 from .operations import migrate
-from .registry import Registry, Task, served_key
+from .registry import Registry, Task, _with_defaults, served_key
 
 __all__ = [
     "DrainError",
@@ -649,6 +651,7 @@ def _task(registry: Registry, type: str) -> Task:
 def _record(
     task: Task,
     payload_text: str,
+    enqueued: _Fields,
     *,
     job_id: int,
     attempt: int,
@@ -658,23 +661,24 @@ def _record(
     version: int,
     progress: str | None,
     scheduled_at: datetime | None = None,
-    concurrency_key: str | None = None,
 ) -> dict[str, Any]:
-    """A claimed row of `jobs`, as job_claim.sql returns it (JSON columns as text)."""
+    """A claimed row of `jobs`, as job_claim.sql returns it (JSON columns as text), with the
+    fields `enqueued` gives."""
     now = datetime.now(UTC)
+    run_at = enqueued.run_at or now + timedelta(seconds=enqueued.delay or 0)
     row: dict[str, Any] = {
         "id": job_id,
         "type": task.name,
-        "queue": task.queue,
+        "queue": enqueued.queue,
         "payload": payload_text,
-        "priority": task.priority,
+        "priority": enqueued.priority,
         "status": JobStatus.RUNNING.value,
         "retry_count": retry_count,
         "max_retries": max_retries,
         "attempts": attempt,
-        "idempotency_key": None,
+        "idempotency_key": enqueued.idempotency_key,
         "correlation_id": correlation_id,
-        "run_at": now,
+        "run_at": run_at,
         "claimed_at": now,
         "worker_id": WORKER_ID,
         "lease_expires_at": now + timedelta(hours=1),
@@ -688,24 +692,41 @@ def _record(
         "budget_started_at": now,
         "traceparent": None,
         "scheduled_at": scheduled_at,
-        "concurrency_key": concurrency_key,
-        "parents": None,
-        "parents_left": None,
-        "unique_key": None,
+        "concurrency_key": enqueued.concurrency_key,
+        "parents": None if enqueued.after is None else list(enqueued.after),
+        "parents_left": None if enqueued.after is None else 0,
+        "unique_key": enqueued.unique_key,
     }
     missing = set(JOB_FIELDS) - set(row)
     assert not missing, f"run_job does not fill the columns {sorted(missing)}"
     return row
 
 
-def run_job(registry: Registry, type: str, payload: Any = None, **options: Any) -> Any:
+class RunJobOptions(EnqueueOptions, total=False):
+    """What `run_job` takes: the options of an enqueue (EnqueueOptions: the job's fields, as a
+    worker would claim it), and those of the attempt (see `_run_job`)."""
+
+    attempt: int
+    retry_count: int | None
+    job_id: int
+    steps: Mapping[str, Any] | None
+    last_progress: Mapping[str, Any] | None
+    scheduled_at: datetime | None
+    conn: Any
+    redact_keys: Iterable[str]
+
+
+def run_job(
+    registry: Registry, type: str, payload: Any = None, **options: Unpack[RunJobOptions]
+) -> Any:
     """Run one attempt of the handler of `type` on `payload` (default `{}`) as a worker would, with
     a real JobContext and no database, and give its JobRun. In async code it is awaited
     (`run = await run_job(registry, "send-invoice", {"invoice_id": 42})`); called where no event
     loop runs (a plain `def` test), it runs the attempt in a loop of its own and returns the JobRun.
 
-    Options: `attempt`, `retry_count`, `max_retries`, `job_id`, `correlation_id`, `version`,
-    `steps`, `last_progress`, `scheduled_at`, `concurrency_key`, `conn`, `redact_keys` (see
+    Options: every option of an enqueue (`queue`, `priority`, `max_retries`, `correlation_id`,
+    `version`, `concurrency_key`, `after`, ...: RunJobOptions), and `attempt`, `retry_count`,
+    `job_id`, `steps`, `last_progress`, `scheduled_at`, `conn`, `redact_keys` (see
     `_run_job`)."""
     call = _run_job(registry, type, payload, **options)
     try:
@@ -722,16 +743,13 @@ async def _run_job(
     *,
     attempt: int = 1,
     retry_count: int | None = None,
-    max_retries: int | None = None,
     job_id: int = 1,
-    correlation_id: str | None = None,
-    version: int | None = None,
     steps: Mapping[str, Any] | None = None,
     last_progress: Mapping[str, Any] | None = None,
     scheduled_at: datetime | None = None,
-    concurrency_key: str | None = None,
     conn: Any = None,
     redact_keys: Iterable[str] = DEFAULT_KEYS,
+    **options: Unpack[EnqueueOptions],
 ) -> JobRun:
     """Run one attempt of the handler of `type` on `payload` (default `{}`) as a worker would:
     a real JobContext, the task's timeout, upgraders and retry rule, the same outcome and error
@@ -741,17 +759,18 @@ async def _run_job(
     on which its function runs in a transaction. `attempt` is the attempt's number (1: the first),
     `retry_count` the retries spent before it (default `attempt - 1`), `max_retries` the job's
     (default the task's), `version` the payload's (default the task's), `scheduled_at` the slot
-    of a periodic job (`ctx.scheduled_at`; timezone-aware, default None), `concurrency_key` the
-    job's (`ctx.job.concurrency_key`)."""
+    of a periodic job (`ctx.scheduled_at`; timezone-aware, default None). The enqueue
+    options are checked as `TaskHandle.enqueue` checks them (the task's defaults where none is
+    given) and make the job's fields (`ctx.job.queue`, `.concurrency_key`, `.parents`, ...;
+    `run_at` or `delay` its run_at); `on_parent_failure`, `unique_states`, `unique_period` and
+    `replace` decide what an enqueue writes, not what an attempt does: checked only."""
     task = _task(registry, type)
     text = _payload(None, {} if payload is None else payload)
+    enqueued = _fields(JobSpec(type, None, **_with_defaults(task, options)), None)
     number = validate.count("attempt", attempt, minimum=1)
     retried = attempt - 1 if retry_count is None else validate.count("retry_count", retry_count)
-    allowed = task.retry.max_retries if max_retries is None else max_retries
-    allowed = validate.count("max_retries", allowed)
-    given_version = (
-        task.version if version is None else validate.count("version", version, minimum=1)
-    )
+    allowed = task.retry.max_retries if enqueued.max_retries is None else enqueued.max_retries
+    given_version = enqueued.version
     if given_version not in task.versions:
         raise ValidationError(
             "version",
@@ -767,20 +786,17 @@ async def _run_job(
     record = _record(
         task,
         text,
+        enqueued,
         job_id=validate.count("job_id", job_id, minimum=1),
         attempt=number,
         retry_count=retried,
         max_retries=allowed,
-        correlation_id=validate.name(
-            "correlation_id", correlation_id, validate.MAX_CORRELATION_ID_LENGTH, required=False
-        )
-        or str(uuid.uuid4()),
+        correlation_id=enqueued.correlation_id or str(uuid.uuid4()),
         version=given_version,
         progress=progress,
         scheduled_at=None
         if scheduled_at is None
         else validate.moment("scheduled_at", scheduled_at),
-        concurrency_key=validate.concurrency_key(concurrency_key),
     )
     running = Attempt(record, _MemorySteps(memory, conn))
     with structlog.contextvars.bound_contextvars(**running.keys):
