@@ -582,6 +582,11 @@ class _MemoryQueries:
     async def job_steps_done(self, conn: Any, key: AttemptKey) -> tuple[bool, dict[str, str]]:
         return True, dict(self.done)
 
+    async def job_parents_of(self, conn: Any, ids: list[int]) -> list[Any]:
+        """No parent is found (there is no database): `ctx.parents` is empty, as when every
+        parent of the job was pruned."""
+        return []
+
     async def step_transaction(self, conn: Any) -> int:
         return await queries(DEFAULT_SCHEMA).step_transaction(conn)
 
