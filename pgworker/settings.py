@@ -7,8 +7,9 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import Field, dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Literal, TypedDict
 
 from . import _validate as validate
 from ._redact import DEFAULT_KEYS, shown_dsn
@@ -27,8 +28,39 @@ _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 8640
 KEEP_FOREVER = ("0", "none")
 """What `--retain-completed`, `--retain-failed` and their variables take to keep jobs forever."""
 
-FLAGS = ("listen", "durable_claims", "pooler")
-"""The settings read from a PGWORKER_* variable as true or false."""
+SettingKind = Literal["int", "seconds", "text", "url", "names", "keys", "flag", "retention"]
+"""How a setting is read from text (its PGWORKER_* variable and its flag of `pgworker run`): a
+whole number, seconds, text, a connection URL, names (a variable holds them comma-separated, a
+flag is repeated; empty: the default), key names (comma-separated; empty: none), true or false,
+a retention (a duration, or 0 / none for forever)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """How one worker setting is given, declared with its field of Settings: the keyword of
+    `Worker(...)` and of Settings, the variable `PGWORKER_<NAME>`, and the flag of `pgworker run`
+    (`--<name>`, or `flag`; None: none, `why` says why; `common`: every command takes it, not
+    only run). `help` says what it does and `default` what it is when not given; `flag_help`
+    replaces `help` on the command line for a flag that turns a setting off (`--no-listen`)."""
+
+    kind: SettingKind
+    help: str
+    default: str
+    flag: str | None = ""
+    why: str = ""
+    common: bool = False
+    metavar: str | None = None
+    flag_help: str = ""
+
+    @staticmethod
+    def of(f: Field[Any]) -> Setting:
+        found: Setting = f.metadata["setting"]
+        return found
+
+
+def _setting(kind: SettingKind, help: str, default: str, **more: Any) -> dict[str, Setting]:
+    """A field's metadata: its Setting."""
+    return {"setting": Setting(kind, help, default, **more)}
 
 
 def duration(field: str, raw: str, *, error: type[Exception] = ValidationError) -> float:
@@ -91,25 +123,169 @@ class Settings:
     every `poll_interval`. Without `pooler`, `listen_dsn` (if given) is where the worker
     listens instead of `dsn`."""
 
-    dsn: str
-    concurrency: int = 10
-    queues: tuple[str, ...] | None = None
-    worker_id: str = field(default_factory=default_worker_id)
-    poll_interval: float = 1.0
-    shutdown_timeout: float = 30.0
-    lease: float = 30.0
-    listen: bool = True
-    durable_claims: bool = False
-    schema: str = DEFAULT_SCHEMA
-    code_version: str | None = None
-    retain_completed: float | None = 7 * 86400.0
-    retain_failed: float | None = 30 * 86400.0
-    redact_keys: tuple[str, ...] = DEFAULT_KEYS
-    health_file: str | None = None
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    pooler: bool = False
-    listen_dsn: str | None = None
+    dsn: str = field(
+        metadata=_setting(
+            "url",
+            "the PostgreSQL connection URL, e.g. postgresql://app@db:5432/app",
+            "$DATABASE_URL; required if neither is set",
+            common=True,
+        )
+    )
+    concurrency: int = field(
+        default=10,
+        metadata=_setting("int", f"jobs run at once, 1 to {validate.MAX_CONCURRENCY:,}", "10"),
+    )
+    queues: tuple[str, ...] | None = field(
+        default=None,
+        metadata=_setting(
+            "names",
+            "a queue to serve; repeat for several",
+            "every queue the registry's tasks name, plus default",
+            flag="--queue",
+        ),
+    )
+    worker_id: str = field(
+        default_factory=default_worker_id,
+        metadata=_setting(
+            "text",
+            "this worker's name in `pgworker status` and the logs, at most "
+            f"{validate.MAX_WORKER_ID_LENGTH} characters",
+            "host-pid-random",
+        ),
+    )
+    poll_interval: float = field(
+        default=1.0,
+        metadata=_setting(
+            "seconds",
+            "seconds between polls when no notification arrives, more than 0 and at most "
+            f"{validate.MAX_POLL_INTERVAL:g}",
+            "1",
+        ),
+    )
+    shutdown_timeout: float = field(
+        default=30.0,
+        metadata=_setting(
+            "seconds",
+            f"seconds running jobs get to finish after SIGTERM, 0 to {validate.MAX_LEASE:g}",
+            "30",
+        ),
+    )
+    lease: float = field(
+        default=30.0,
+        metadata=_setting(
+            "seconds",
+            "seconds a claimed job is held without a heartbeat, more than 0 and at most "
+            f"{validate.MAX_LEASE:g}",
+            "30",
+        ),
+    )
+    listen: bool = field(
+        default=True,
+        metadata=_setting(
+            "flag",
+            "LISTEN/NOTIFY wake-ups and cancel requests",
+            "on",
+            flag="--no-listen",
+            flag_help="poll only, without LISTEN/NOTIFY",
+        ),
+    )
+    durable_claims: bool = field(
+        default=False,
+        metadata=_setting(
+            "flag", "claims wait for their WAL flush, see the guide, Workers: Fast claims", "off"
+        ),
+    )
+    schema: str = field(
+        default=DEFAULT_SCHEMA,
+        metadata=_setting(
+            "text",
+            "pgworker's schema, a plain SQL identifier",
+            DEFAULT_SCHEMA,
+            common=True,
+        ),
+    )
+    code_version: str | None = field(
+        default=None,
+        metadata=_setting(
+            "text",
+            "the version of the code this worker runs (a release, a commit), recorded on each "
+            f"attempt, at most {validate.MAX_WORKER_ID_LENGTH} characters",
+            "none",
+        ),
+    )
+    retain_completed: float | None = field(
+        default=7 * 86400.0,
+        metadata=_setting(
+            "retention",
+            "delete completed jobs this long after they finished, e.g. 12h, 7d, 4w; 0 or none "
+            "keeps them forever",
+            "7d",
+        ),
+    )
+    retain_failed: float | None = field(
+        default=30 * 86400.0,
+        metadata=_setting(
+            "retention",
+            "delete failed and cancelled jobs this long after they finished; 0 or none keeps "
+            "them forever",
+            "30d",
+        ),
+    )
+    redact_keys: tuple[str, ...] = field(
+        default=DEFAULT_KEYS,
+        metadata=_setting(
+            "keys",
+            "payload keys whose values are kept out of errors and logs, comma-separated (empty: "
+            "none)",
+            ", ".join(DEFAULT_KEYS),
+            flag=None,
+            why="the commands that show jobs (show, jobs, failed) redact by them too: one "
+            "variable for all, so that run and show cannot disagree",
+        ),
+    )
+    health_file: str | None = field(
+        default=None,
+        metadata=_setting(
+            "text",
+            "rewrite this file at each heartbeat with the services' health, for `pgworker health`",
+            "none",
+            metavar="PATH",
+        ),
+    )
+    metrics_port: int | None = field(
+        default=None,
+        metadata=_setting(
+            "int",
+            "serve Prometheus metrics at http://HOST:PORT/metrics, port 1 to 65535; needs the "
+            "metrics extra",
+            "no metrics",
+        ),
+    )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata=_setting(
+            "text", "the address the metrics server listens on, 0.0.0.0 in a container", "127.0.0.1"
+        ),
+    )
+    pooler: bool = field(
+        default=False,
+        metadata=_setting(
+            "flag",
+            "the DSN reaches PostgreSQL through a transaction pooler such as PgBouncer: no "
+            "startup parameters, prepared statements or session locks",
+            "off",
+            common=True,
+        ),
+    )
+    listen_dsn: str | None = field(
+        default=None,
+        metadata=_setting(
+            "url",
+            "LISTEN on this connection URL, which reaches PostgreSQL directly, with --pooler: "
+            "without it a pooler worker polls every --poll-interval",
+            "--dsn, or no LISTEN with --pooler",
+        ),
+    )
 
     @property
     def served_queues(self) -> tuple[str, ...]:
@@ -205,14 +381,49 @@ class Settings:
         env = os.environ if env is None else env
         values: dict[str, Any] = {"dsn": dsn_from_env(env)}
         for f in fields(cls):
-            raw = env.get(f"PGWORKER_{f.name.upper()}")
+            raw = env.get(variable(f.name))
             if raw is None or f.name == "dsn":
                 continue
             if f.name in FLAGS and not raw.strip():  # `PGWORKER_POOLER=`: not set, as in the CLI
                 continue
-            values[f.name] = _parse(f.name, raw)
+            values[f.name] = _parse(f.name, Setting.of(f).kind, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+SETTINGS: Mapping[str, Setting] = MappingProxyType(
+    {f.name: Setting.of(f) for f in fields(Settings)}
+)
+"""Each setting's Setting (how it is given), by name, in the order of Settings."""
+FLAGS = tuple(name for name, s in SETTINGS.items() if s.kind == "flag")
+"""The settings read from a PGWORKER_* variable as true or false."""
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The keyword options of `Worker(...)` but those it names (dsn, concurrency, queues): the
+    fields of Settings, of the same types (tests/test_options.py keeps them so)."""
+
+    worker_id: str
+    poll_interval: float
+    shutdown_timeout: float
+    lease: float
+    listen: bool
+    durable_claims: bool
+    schema: str
+    code_version: str | None
+    retain_completed: float | None
+    retain_failed: float | None
+    redact_keys: tuple[str, ...]
+    health_file: str | None
+    metrics_port: int | None
+    metrics_host: str
+    pooler: bool
+    listen_dsn: str | None
+
+
+def variable(name: str) -> str:
+    """The environment variable of setting `name`: PGWORKER_<NAME>."""
+    return f"PGWORKER_{name.upper()}"
 
 
 def _shown(name: str, value: Any) -> str:
@@ -220,23 +431,24 @@ def _shown(name: str, value: Any) -> str:
     return repr(shown_dsn(value) if name in ("dsn", "listen_dsn") and value else value)
 
 
-def _parse(name: str, raw: str) -> Any:
+def _parse(name: str, kind: SettingKind, raw: str) -> Any:
+    """A setting's value from the text of its variable."""
     try:
-        if name in ("concurrency", "metrics_port"):
+        if kind == "int":
             return validate.whole(raw.strip())
-        if name in ("poll_interval", "shutdown_timeout", "lease"):
+        if kind == "seconds":
             return validate.real(raw.strip())
     except ValueError as exc:
-        raise ConfigError(name, f"PGWORKER_{name.upper()}={raw!r} is not a number") from exc
-    if name == "queues":
+        raise ConfigError(name, f"{variable(name)}={raw!r} is not a number") from exc
+    if kind == "names":  # empty: the default
         return tuple(q.strip() for q in raw.split(",") if q.strip()) or None
-    if name == "redact_keys":  # empty: no key's values are searched for
+    if kind == "keys":  # empty: no key's values are searched for
         return tuple(k.strip() for k in raw.split(",") if k.strip())
-    if name == "listen_dsn":
+    if kind == "url":
         return raw or None
-    if name in ("retain_completed", "retain_failed"):
-        return retention(f"PGWORKER_{name.upper()}", raw)
-    if name in FLAGS:
+    if kind == "retention":
+        return retention(variable(name), raw)
+    if kind == "flag":
         return flag(name, raw)
     return raw
 

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import anyio.abc
@@ -43,7 +43,7 @@ from ._runtime.turns import Turns
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
 from .registry import Registry, served_key
-from .settings import Settings, dsn_from_env
+from .settings import Settings, WorkerOptions, dsn_from_env
 
 if TYPE_CHECKING:
     from ._runtime.metrics import Metrics
@@ -125,7 +125,7 @@ class Worker:
         concurrency: int | None = None,
         queues: list[str] | tuple[str, ...] | None = None,
         settings: Settings | None = None,
-        **options: Any,
+        **options: Unpack[WorkerOptions],
     ) -> None:
         if not isinstance(registry, Registry):
             raise ConfigError("registry", f"must be a pgworker.Registry, got {registry!r}")
@@ -138,18 +138,19 @@ class Worker:
                 "settings", "give settings=Settings(...) or the options as keywords, not both"
             )
         if settings is None:
+            values: dict[str, Any] = dict(options)
             if queues is not None:
                 names: object = queues  # a str is refused by Settings, naming the field
-                options["queues"] = names if isinstance(names, str) else tuple(queues)
-            elif options.get("queues") is None:
-                options["queues"] = served
+                values["queues"] = names if isinstance(names, str) else tuple(queues)
+            elif values.get("queues") is None:
+                values["queues"] = served
             if concurrency is not None:
-                options["concurrency"] = concurrency
-            unknown = sorted(set(options) - {f.name for f in dataclasses.fields(Settings)})
+                values["concurrency"] = concurrency
+            unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Settings)})
             if unknown:
                 known = ", ".join(f.name for f in dataclasses.fields(Settings) if f.name != "dsn")
                 raise ConfigError(unknown[0], f"is not a Worker option; the options are {known}")
-            settings = Settings(dsn=dsn or dsn_from_env() or "", **options)
+            settings = Settings(dsn=dsn or dsn_from_env() or "", **values)
         elif settings.queues is None:
             settings = dataclasses.replace(settings, queues=served)
         self.settings = settings

@@ -179,7 +179,7 @@ def test_retry_policy_takes_timedeltas_and_caps_its_delays():
 
 def test_payload_size_limit_is_read_from_the_environment():
     out = subprocess.run(
-        [sys.executable, "-c", "from pgworker import _limits; print(validate.MAX_PAYLOAD_BYTES)"],
+        [sys.executable, "-c", "from pgworker import _validate as v; print(v.MAX_PAYLOAD_BYTES)"],
         capture_output=True,
         text=True,
         env={**os.environ, "PGWORKER_MAX_PAYLOAD_BYTES": "12345"},

@@ -25,6 +25,7 @@ from pgworker.cli._jobs import NOT_FLAGS
 from pgworker.enqueue import _Fields
 from pgworker.models import ENQUEUE_OPTIONS, EnqueueOptions, JobSpec
 from pgworker.registry import Registry, TaskHandle
+from pgworker.settings import SETTINGS, Settings, WorkerOptions, variable
 from pgworker.testing import RunJobOptions, run_job
 
 OPTIONS = list(ENQUEUE_OPTIONS)
@@ -199,3 +200,109 @@ def test_the_guide_lists_every_option() -> None:
     example = guide.split("## From Python", 1)[1].split("```", 2)[1]
     for name in OPTIONS:
         assert f"    {name}=" in example, name
+
+
+# --- worker settings ---------------------------------------------------------------------
+
+RUN_ONLY = {
+    "target": "what to serve, not how: the module holding the registry",
+    "log_format": "logging is the process's, configured before the worker exists "
+    "(configure_logging), not a setting of the worker",
+    "log_level": "as log_format",
+}
+"""The options of `pgworker run` that are not worker settings, each with its reason."""
+
+WORKER_NAMES = {
+    "dsn": "a positional argument of Worker(registry, dsn), None: PGWORKER_DSN or DATABASE_URL",
+    "concurrency": "named in Worker's signature, the option most often given",
+    "queues": "named in Worker's signature: None serves the registry's queues, which only the "
+    "Worker knows",
+}
+"""The settings Worker(...) names in its signature rather than in WorkerOptions, with why."""
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = commands.choices["run"]
+    return found
+
+
+def test_every_setting_is_declared_with_how_it_is_given() -> None:
+    assert list(SETTINGS) == [f.name for f in dataclasses.fields(Settings)]
+    for name, setting in SETTINGS.items():
+        assert setting.help and setting.default, name
+        assert (setting.flag is None) == bool(setting.why), name  # no flag: said why
+
+
+def test_worker_takes_every_setting_as_a_keyword() -> None:
+    parameters = inspect.signature(pgworker.Worker).parameters
+    assert [p for p in parameters if p in SETTINGS] == list(WORKER_NAMES)
+    assert parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
+    assert _hints(pgworker.Worker.__init__)["options"] == typing.Unpack[WorkerOptions]
+    hints, declared = typing.get_type_hints(WorkerOptions), _hints(Settings)
+    assert list(hints) == [n for n in SETTINGS if n not in WORKER_NAMES]
+    for name, hint in hints.items():
+        assert hint == declared[name], name
+
+
+def test_pgworker_run_has_a_flag_for_every_setting() -> None:
+    parser = _run_parser()
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    flagged = [n for n, s in SETTINGS.items() if s.flag is not None]
+    assert set(actions) == {*flagged, *RUN_ONLY}
+    for name in flagged:
+        flag = SETTINGS[name].flag or "--" + name.replace("_", "-")
+        assert actions[name].option_strings == [flag], name
+        assert f"${variable(name)}" in (actions[name].help or ""), name
+
+
+_TEXTS = {
+    "int": "7",
+    "seconds": "2.5",
+    "text": "given1",
+    "url": "postgresql://a@b/c",
+    "names": "a,b",
+    "keys": "k1,k2",
+    "retention": "2d",
+}
+
+
+def test_every_setting_is_read_from_its_variable() -> None:
+    env = {}
+    for name, setting in SETTINGS.items():
+        default = getattr(Settings(dsn="postgresql://x@y/z"), name)
+        env[variable(name)] = str(not default).lower() if setting.kind == "flag" else None
+        env[variable(name)] = env[variable(name)] or _TEXTS[setting.kind]
+    read = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    expected = Settings(
+        dsn="postgresql://a@b/c",
+        concurrency=7,
+        queues=("a", "b"),
+        worker_id="given1",
+        poll_interval=2.5,
+        shutdown_timeout=2.5,
+        lease=2.5,
+        listen=False,
+        durable_claims=True,
+        schema="given1",
+        code_version="given1",
+        retain_completed=2 * 86400.0,
+        retain_failed=2 * 86400.0,
+        redact_keys=("k1", "k2"),
+        health_file="given1",
+        metrics_port=7,
+        metrics_host="given1",
+        pooler=True,
+        listen_dsn="postgresql://a@b/c",
+    )
+    assert read == expected
+
+
+def test_the_guide_lists_every_setting() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "guide" / "workers.md").read_text()
+    table = guide.split("## Settings", 1)[1].split("\n\n", 2)[1]
+    for name, setting in SETTINGS.items():
+        assert variable(name) in table, name
+        if setting.flag is not None:
+            assert f"`{setting.flag or '--' + name.replace('_', '-')}" in table, name

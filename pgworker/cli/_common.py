@@ -11,7 +11,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import asyncpg
 
@@ -25,7 +25,7 @@ from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
 from ..registry import Registry, load
-from ..settings import dsn_from_env, flag
+from ..settings import SETTINGS, Setting, dsn_from_env, flag, retention, variable
 
 
 def say(text: str, *, err: bool = False, end: str = "\n") -> None:
@@ -94,26 +94,63 @@ def _command(
 def common_options() -> _Parser:
     """--dsn, --schema and --pooler, the parent of every command but health and failed."""
     common = _Parser(add_help=False)
-    common.add_argument(
-        "--dsn",
-        help="the PostgreSQL connection URL, e.g. postgresql://app@db:5432/app (default: "
-        "$PGWORKER_DSN, else $DATABASE_URL; required if neither is set)",
-    )
-    common.add_argument(
-        "--schema",
-        type=_schema_name,
-        help=f"pgworker's schema, a plain SQL identifier (default: $PGWORKER_SCHEMA, else "
-        f"{DEFAULT_SCHEMA})",
-    )
-    common.add_argument(
-        "--pooler",
-        action="store_const",
-        const=True,
-        help="the DSN reaches PostgreSQL through a transaction pooler such as PgBouncer: no "
-        "startup parameters, prepared statements or session locks (default: "
-        "$PGWORKER_POOLER=true, else off)",
-    )
+    for name, setting in SETTINGS.items():
+        if setting.common:
+            add_setting(common, name)
     return common
+
+
+def add_setting(parser: argparse.ArgumentParser, name: str) -> None:
+    """The flag of worker setting `name`, as settings.Settings declares it."""
+    setting = SETTINGS[name]
+    parser.add_argument(
+        setting.flag or "--" + name.replace("_", "-"),
+        dest=name,
+        help=_setting_help(name, setting),
+        **_setting_reading(name, setting),
+    )
+
+
+def _setting_help(name: str, setting: Setting) -> str:
+    """A setting's help on the command line: what it does, and its default, its variable's
+    first."""
+    said = f"${variable(name)}"
+    if setting.kind == "flag":
+        turned = "off" if setting.default == "on" else "on"
+        return (
+            f"{setting.flag_help or setting.help} (default: {setting.default}; "
+            f"{said}={str(turned == 'on').lower()} turns it {turned} too)"
+        )
+    if setting.kind == "names":
+        said = f"{said}, comma-separated"
+    return f"{setting.help} (default: {said}, else {setting.default})"
+
+
+def _setting_reading(name: str, setting: Setting) -> dict[str, Any]:
+    """How a setting of its kind (settings.SettingKind) is read from the command line."""
+    match setting.kind:
+        case "int":
+            return {"type": integer}
+        case "seconds":
+            return {"type": number}
+        case _ if name == "schema":
+            return {"type": _schema_name}
+        case "retention":
+            return {"type": _retention}
+        case "names":
+            return {"action": "append"}
+        case "flag":  # given: on, or off for a --no- flag; not given: the variable's, or default
+            return {"action": "store_const", "const": not (setting.flag or "").startswith("--no-")}
+        case _:
+            return {"metavar": setting.metavar} if setting.metavar else {}
+
+
+def _retention(raw: str) -> float:
+    """--retain-completed, --retain-failed: a duration, or 0 / none (0: Settings keeps forever)."""
+    try:
+        return retention("retention", raw, error=ValidationError) or 0.0
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("retention: ")) from None
 
 
 def _pooler(args: argparse.Namespace) -> bool:
