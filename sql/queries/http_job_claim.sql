@@ -2,14 +2,15 @@
 -- $3 (NULL: any), and, for the types listed in $4, only the versions `type@version` of $5 (the
 -- claim's `versions` object; other types: any version). Highest priority first, then oldest run_at,
 -- then id, as the Python runtime claims. The job gets an attempt row and a lease of $6 seconds, and
--- max_retries $7 (RetryPolicy()'s) where the enqueuer gave none. The claim commits only once its WAL
--- is flushed (synchronous_commit on, whatever the server's default): an HTTP worker holds nothing
--- but the attempt number, so a claim lost in a crash must not let another reuse that number.
+-- max_retries $7 (RetryPolicy()'s) where the enqueuer gave none, as every claim's jobs do
+-- (_claimed.sql). The claim commits only once its WAL is flushed (synchronous_commit on, whatever
+-- the server's default): an HTTP worker holds nothing but the attempt number, so a claim lost in a
+-- crash must not let another reuse that number.
 -- Jobs of a paused queue (queues.paused_at set) are not claimed, nor those of a queue with a limit
 -- (max_running, a rate): only Python workers claim them, under the limit's lock. Limits that a
 -- task declares in Python code are not known here.
 WITH next AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.type
     FROM {schema}.jobs AS j
     WHERE j.status = 'pending' AND j.run_at <= now()
       AND ($2::text[] IS NULL OR j.queue = ANY($2::text[]))
@@ -21,25 +22,9 @@ WITH next AS MATERIALIZED (
     ORDER BY j.priority DESC, j.run_at, j.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'running',
-        attempts = j.attempts + 1,
-        max_retries = coalesce(j.max_retries, $7::integer),
-        claimed_at = now(),
-        worker_id = $1,
-        lease_expires_at = now() + make_interval(secs => $6::float8),
-        heartbeat_at = now(),
-        budget_started_at = coalesce(j.budget_started_at, now()),
-        updated_at = now()
-    WHERE j.id = (SELECT id FROM next)
-    RETURNING {job_columns}
-), opened AS (
-    INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       started_at, wait_ms)
-    SELECT id, attempts, type, queue, $1, correlation_id, claimed_at,
-           greatest(extract(epoch FROM claimed_at - run_at) * 1000, 0)::real FROM claimed
-)
-SELECT *
-FROM claimed
-WHERE (SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL
+), claim AS NOT MATERIALIZED (
+    SELECT $1::text AS worker_id, $6::float8 AS lease, NULL::text AS code_version,
+           'on'::text AS synchronous_commit, now() AS at,
+           ARRAY(SELECT n.type FROM next AS n) AS types, ARRAY[$7::integer] AS max_retries
+), {claimed}
+{claimed_rows}

@@ -1,14 +1,15 @@
--- Claim up to $4 due jobs of one (queue $1, type $2, version $3) that has limits (issue 23),
--- inside a transaction that holds the advisory locks of those limits (limits_lock.sql): each
--- limit's room is counted here from the table itself, and no other limited claim of the same
--- limits runs until this one commits. The limits: the task's max_running ($10), max_running_per_key
--- ($11) and rate ($12 starts per $13 seconds), declared in the worker's code; the queue's
--- max_running and rate, from its `queues` row (none without a row; nothing at all while paused).
+-- Claim up to $4 due jobs of one (queue $1, type $2, version $3) that has limits, inside a
+-- transaction that holds the advisory locks of those limits (limits_lock.sql): each limit's room
+-- is counted here from the table itself, and no other limited claim of the same limits runs until
+-- this one commits. The limits: the task's max_running ($10), max_running_per_key ($11) and rate
+-- ($12 starts per $13 seconds), declared in the worker's code; the queue's max_running and rate,
+-- from its `queues` row (none without a row; nothing at all while paused).
 -- $14 says whether limits_lock.sql found the queue limited, and so holds its lock: a queue whose
 -- limits appeared since is left out of this claim, as the plain claim leaves it out (two claims
 -- counting its room without its lock would both see the same room).
 -- $5-$9 are the plain claim's: worker id, lease, the task's max_retries, code version,
--- synchronous_commit.
+-- synchronous_commit; the claimed jobs become running, and come back, as every claim's do
+-- (_claimed.sql, _claimed_rows.sql).
 --
 -- The claim's time is this statement's start, taken after the locks: a later claim of the same
 -- limits always sees a later time, so that the rate windows (rate_windows, a sliding window of
@@ -24,6 +25,11 @@
 -- version), keys or not.
 WITH RECURSIVE at AS MATERIALIZED (
     SELECT statement_timestamp() AS t
+), claim AS NOT MATERIALIZED (
+    -- What the shared end (_claimed.sql) writes.
+    SELECT $5::text AS worker_id, $6::float8 AS lease, $8::text AS code_version,
+           $9::text AS synchronous_commit, (SELECT t FROM at) AS at,
+           ARRAY[$2::text] AS types, ARRAY[$7::integer] AS max_retries
 ), ctl AS MATERIALIZED (
     SELECT c.paused_at IS NOT NULL
            OR (c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL) AND NOT $14::boolean
@@ -160,7 +166,7 @@ WITH RECURSIVE at AS MATERIALIZED (
         LIMIT CASE WHEN $11::integer IS NULL THEN (SELECT n FROM room) ELSE 50 END
     ) AS f
     WHERE $11::integer IS NULL OR f.concurrency_key IS NULL
-), chosen AS MATERIALIZED (
+), next AS MATERIALIZED (
     -- Locked only once chosen: the claims of these limits wait on the advisory locks, so the
     -- row locks only keep out claims that ignore them (another release, an HTTP worker).
     SELECT j.id
@@ -171,25 +177,7 @@ WITH RECURSIVE at AS MATERIALIZED (
             LIMIT (SELECT n FROM room)))
       AND j.status = 'pending'
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'running',
-        attempts = j.attempts + 1,
-        max_retries = coalesce(j.max_retries, $7::integer),
-        claimed_at = (SELECT t FROM at),
-        worker_id = $5,
-        lease_expires_at = (SELECT t FROM at) + make_interval(secs => $6::float8),
-        heartbeat_at = (SELECT t FROM at),
-        budget_started_at = coalesce(j.budget_started_at, (SELECT t FROM at)),
-        updated_at = (SELECT t FROM at)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
-    RETURNING {job_columns}
-), opened AS (
-    INSERT INTO {schema}.job_attempts (job_id, attempt, type, queue, worker_id, correlation_id,
-                                       code_version, started_at, wait_ms)
-    SELECT id, attempts, type, queue, $5, correlation_id, $8, claimed_at,
-           greatest(extract(epoch FROM claimed_at - run_at) * 1000, 0)::real FROM claimed
-), counted AS (
+), {claimed}, counted AS (
     SELECT count(*)::integer AS n FROM claimed
 ), rated AS (
     INSERT INTO {schema}.rate_windows AS w (name, starts, updated_at)
@@ -208,9 +196,4 @@ WITH RECURSIVE at AS MATERIALIZED (
     ON CONFLICT (queue, type) DO UPDATE
     SET last_key = EXCLUDED.last_key, updated_at = EXCLUDED.updated_at
 )
-SELECT *
-FROM claimed
-WHERE (SELECT set_config('synchronous_commit',
-                         coalesce($9::text, current_setting('synchronous_commit')), true))
-      IS NOT NULL
-ORDER BY priority DESC, run_at, id
+{claimed_rows}
