@@ -67,7 +67,7 @@ class _Services:
             s.worker_id,
             on_requeued=lambda delay: self.producer.requeued(delay),
             on_settled=metrics.settled if metrics is not None else lambda result, outcome: None,
-            freed=lambda batch: self.producer.freed(batch),
+            freed=lambda batch: self.producer.room_to_pass_on(batch),
             give_up_after=max(s.shutdown_timeout, s.lease),
             pooler=s.pooler,
         )

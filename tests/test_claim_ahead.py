@@ -13,7 +13,7 @@ import pytest
 
 import pgworker
 from pgworker import JobSpec
-from pgworker._runtime.producer import AHEAD_MOST
+from pgworker._runtime.claimer import AHEAD_MOST
 
 from .helpers import all_finished, wait_for
 

@@ -1,19 +1,19 @@
-"""Claim as many due jobs as there are free slots, in one statement, and hand them to
+"""Claim as many due jobs as the worker has room for (claimer.py), and hand them to
 `concurrency` slot tasks; their outcomes go to the completer, which writes them on a connection of
 its own while the next claim runs. Keep the leases of running attempts. Stopping has two steps:
 stop claiming at once; after the grace period, stop the attempts still running (they go back to
 pending as `interrupted`). With a listener, idle workers take turns to claim and to poll
-(_turns.py)."""
+(turns.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections import Counter, deque
-from collections.abc import Awaitable
+from collections import deque
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
@@ -22,16 +22,17 @@ import structlog
 from .. import _tracing
 from .._attempt import Attempt
 from .._db.connection import HeldConnection, SharedConnection, recover
-from .._db.queries import attempt_conflict, queries
+from .._db.queries import Row, queries
 from .._logs import get_logger
 from .._redact import redactor
 from .._steps.store import StepStore
 from ..models import AttemptResult, JobStatus, Outcome
 from ..registry import Registry, served_key
 from ..settings import Settings
+from .claimer import Claimer
 from .completer import Completer
 from .executor import execute, failed_by_worker
-from .fleet_limits import LimitedClaims, wake_ups
+from .fleet_limits import wake_ups
 from .notifier import Wakeup
 from .service import Health, supervise
 from .turns import Turns
@@ -39,48 +40,8 @@ from .turns import Turns
 if TYPE_CHECKING:
     from .metrics import Metrics
 
-T = TypeVar("T")
-
 ABANDON_AFTER = 5.0
 """Seconds an interrupted handler gets to end before the worker stops waiting for it."""
-AHEAD_MOST = 4
-"""The most jobs claimed ahead, in multiples of the concurrency."""
-AVERAGE_WEIGHT = 0.1
-"""The weight of the newest figure in the running averages of run time and claim time."""
-
-
-class ClaimAhead:
-    """How many jobs of each type to claim beyond the free slots, so that the next claim runs
-    while the slots still work rather than after them, and claims are larger: as many as the
-    slots end during one claim's round trip (AHEAD_MOST times the concurrency at most), judged
-    by the type's own run times, and none of a type whose handlers take longer than that, or
-    that has not run here yet. Only jobs of types that end faster than a claim wait in the
-    worker, each about one claim's time at most."""
-
-    def __init__(self, concurrency: int) -> None:
-        self._concurrency = concurrency
-        self._run: dict[str, float] = {}
-        self._claim: float | None = None
-        self.jobs = 0
-        """The most jobs of any type claimed ahead."""
-
-    def ran(self, type_: str, seconds: float) -> None:
-        run = self._run.get(type_)
-        self._run[type_] = seconds if run is None else run + AVERAGE_WEIGHT * (seconds - run)
-
-    def claimed(self, seconds: float) -> None:
-        claim = self._claim
-        self._claim = seconds if claim is None else claim + AVERAGE_WEIGHT * (seconds - claim)
-        self.jobs = max(map(self.of, self._run), default=0)
-
-    def of(self, type_: str) -> int:
-        run = self._run.get(type_)
-        if run is None or self._claim is None:
-            return 0
-        most = self._concurrency * AHEAD_MOST
-        if run * most <= self._claim * self._concurrency:
-            return most
-        return int(self._concurrency * self._claim / run)
 
 
 class _Handoff:
@@ -147,17 +108,11 @@ class Producer:
         self._settings = settings
         self._completer = completer
         self._wakeup = wakeup
-        self._types = [t.name for t in registry]
-        self._default_max_retries = [t.retry.max_retries for t in registry]
-        self.limited = LimitedClaims(registry, settings, self._q)
-        # The (type, payload version) pairs claimed: version 1 by type name, the others (none
-        # unless a task declares a version or upgraders) as `type@version`. Tasks with limits
-        # are claimed apart (_runtime/fleet_limits.py).
-        served = registry.served()
-        plain = [(t, v) for t, v in served if t not in self.limited.limited_types]
-        self._version_1_types = [t for t, v in plain if v == 1]
-        self._other_versions = [served_key(t, v) for t, v in plain if v != 1]
-        self._served = [served_key(t, v) for t, v in served]
+        self._log = get_logger(worker_id=settings.worker_id)
+        self._claimer = Claimer(
+            registry, settings, self._q, completer.shared, self._log, self._started
+        )
+        self._served = [served_key(t, v) for t, v in registry.served()]
         self._steps = StepStore(
             settings.dsn,
             settings.schema,
@@ -168,13 +123,11 @@ class Producer:
         )
         self._redact = redactor(settings.redact_keys)
         self._handoff = _Handoff()
-        self._ahead = ClaimAhead(settings.concurrency)
         self._stopping = anyio.Event()
         self._drained = anyio.Event()
         self._saturated = False
         self._polled = False
         self._next_due = float("inf")
-        self._log = get_logger(worker_id=settings.worker_id)
         # Attempts in flight, keyed by attempt (a job rescued from under a frozen attempt and
         # claimed again here has two); and the newest attempt of each job, for cancel requests.
         self.running: set[Attempt] = set()
@@ -264,11 +217,11 @@ class Producer:
         self._cut_off = False
         self._wakeup.set()
 
-    def freed(self, batch: list[AttemptResult]) -> list[str]:
-        """The outcomes of this batch are written: claim again if a limit held their jobs, and
+    def room_to_pass_on(self, batch: list[AttemptResult]) -> list[str]:
+        """The outcomes of this batch are written: claim again if a limit held their jobs. Returns
         the notifications (the completer sends them) that pass on the room this worker cannot
         take."""
-        ends = self.limited.freed(batch)
+        ends = self._claimer.limited.freed(batch)
         if not ends:
             return []
         self._wakeup.set()
@@ -332,7 +285,7 @@ class Producer:
             )
             if attempt in self.fenced:  # left to the rescue
                 self.fenced.discard(attempt)
-                self.limited.forget(attempt.id)
+                self._claimer.limited.forget(attempt.id)
             else:
                 result = attempt.ends(JobStatus.PENDING, Outcome.INTERRUPTED)
                 if self._metrics is not None:
@@ -340,106 +293,57 @@ class Producer:
                 self._completer.submit(result)
             self._forget(attempt)
 
-    # The claim service: one claim per step, as many jobs as there are free slots.
+    # The claim service (service.py): one claim per step.
 
     def done(self) -> bool:
+        """The claim service's steps end when the worker stops claiming (`stop`); the slots
+        still run what was claimed, until the grace period ends."""
         return self._stopping.is_set()
 
     async def reset(self, exc: Exception) -> None:
         await self._conn.drop()
         await recover(self._pool, exc)
 
-    def _room(self) -> int:
-        """How many jobs the next claim asks for: the free slots, plus the jobs claimed ahead
-        (ClaimAhead); 0 while claimed jobs still cover the next claim's round trip."""
-        ahead = self._ahead.jobs
-        room = self._settings.concurrency + ahead - len(self.running)
-        return room if room >= max(ahead, 1) else 0
+    def _free(self) -> int:
+        """The slots no attempt holds (fewer than none while jobs claimed ahead wait)."""
+        return self._settings.concurrency - len(self.running)
 
     async def step(self) -> None:
-        s = self._settings
+        """One claim: as many jobs as the worker has room for (Claimer.claim), each handed to the
+        slots as its statement returns. A poll or a queue's bare notification may mean new
+        limits, read again by this claim; a rate window that held jobs back schedules the next
+        claim. A claim that filled the room after a poll found work no notification announced
+        (jobs that became due): it wakes the other workers of those queues at once, rather than
+        one per poll slot."""
         self._wakeup.clear()
-        free = self._room()
-        if free <= 0 or self._cut_off:
+        free = self._free()
+        if self._cut_off or not self._claimer.room(free):
             return
         if self._polled or (self._turns is not None and self._turns.take_bare()):
-            self.limited.stale = True
-        records: list[asyncpg.Record] = []
-        # Limits count claimed jobs as running: none is claimed ahead of a free slot.
-        slots = s.concurrency - len(self.running)
-        if slots > 0 and self.limited.wanted():
-            # Limited jobs first: the plain claim would otherwise take every free slot for as
-            # long as plain work waits.
-            limited, wait = await self._claiming(
-                self.limited.claim(await self._conn.get(), slots), ([], None)
-            )
-            if wait is not None:
-                self.requeued(max(wait, 0.0))
-            records += self._started(limited)
-        if len(records) < free and (self._version_1_types or self._other_versions):
-            slots = max(slots - len(records), 0)
-            # Each type's most, fixed for this claim: the averages move once it returns.
-            caps = {t: slots + self._ahead.of(t) for t in self._types}
-            began = time.monotonic()
-            plain = await self._claiming(
-                self._q.job_claim(
-                    await self._conn.get(),
-                    queues=s.served_queues,
-                    types=self._types,
-                    default_max_retries=self._default_max_retries,
-                    limit=free - len(records),
-                    worker_id=s.worker_id,
-                    lease=s.lease,
-                    code_version=s.code_version,
-                    durable=s.durable_claims,
-                    version_1_types=self._version_1_types,
-                    other_versions=self._other_versions,
-                    most=caps.__getitem__,
-                ),
-                [],
-            )
-            self._ahead.claimed(time.monotonic() - began)
-            records += self._started(plain)
-            # A type that got all it could (its jobs claimed ahead are capped) may have more.
-            capped = Counter(r["type"] for r in plain)
-            saturated = any(n >= caps[t] for t, n in capped.items())
-        else:
-            saturated = False
-        self._saturated = saturated or len(records) == free
+            self._claimer.limits_changed()
+        claimed = await self._claimer.claim(await self._conn.get(), free)
+        if claimed.wait is not None:
+            self.requeued(max(claimed.wait, 0.0))
+        if claimed.again:
+            self._wakeup.set()
+        self._saturated = claimed.saturated
         if self.cut_off():  # claimed by a statement sent before the worker was fenced
             self.fence()
         elif self._polled and self._saturated and self._turns is not None and self._turns.shared:
-            # Work no notification announced (jobs that became due): share it at once rather
-            # than one worker per poll slot.
-            conn = await self._conn.get()
-            for queue in sorted({r["queue"] for r in records}):
-                await self._q.notify(conn, self._q.jobs_channel, queue)
+            await self._share(claimed.rows)
 
-    async def _claiming(self, claim: Awaitable[T], empty: T) -> T:
-        """The claim's result; `empty` when a job's attempt number was taken (its `attempts`
-        was reset by hand), which is repaired for the next claim."""
-        try:
-            return await claim
-        except asyncpg.exceptions.UniqueViolationError as exc:
-            job_id = attempt_conflict(exc)
-            if job_id is None:
-                raise
-            self._log.warning(
-                "a job's attempts counter was behind its attempt rows (reset by hand): "
-                "its next attempt is numbered after the last",
-                job_id=job_id,
-            )
-            await self._q.job_attempts_repair(self.shared, job_id)
-            self._wakeup.set()
-            return empty
+    async def _share(self, rows: Sequence[Row]) -> None:
+        """Wake every worker of the queues of these jobs (a bare queue name)."""
+        conn = await self._conn.get()
+        for queue in sorted({r["queue"] for r in rows}):
+            await self._q.notify(conn, self._q.jobs_channel, queue)
 
-    def _started(self, records: list[asyncpg.Record]) -> list[asyncpg.Record]:
+    def _started(self, records: list[Row]) -> None:
         """Hand the claimed jobs to the slots, as soon as each claim returns."""
         if self._metrics is not None:
             self._metrics.claimed(records)
         for record in records:
             self._start(Attempt(record, self._steps))
-        return records
 
     def _start(self, attempt: Attempt) -> None:
         stale = self._by_job.get(attempt.id)
@@ -542,7 +446,7 @@ class Producer:
                 with contextlib.suppress(BaseException):
                     self._log.error("internal error running a job", job_id=attempt.id, exc_info=exc)
             if result.run_ms is not None:
-                self._ahead.ran(attempt.type, result.run_ms / 1000)
+                self._claimer.ahead.ran(attempt.type, result.run_ms / 1000)
             if not (self.fenced and self._fenced_out(attempt, result)):
                 if self._metrics is not None:  # before the completer can settle it
                     self._metrics.finished(attempt, result, time.monotonic())
@@ -561,7 +465,7 @@ class Producer:
             return False
         self.fenced.discard(attempt)
         if result.outcome is Outcome.LOST:
-            self.limited.forget(attempt.id)
+            self._claimer.limited.forget(attempt.id)
             return True
         return False
 
@@ -569,7 +473,7 @@ class Producer:
         self.running.discard(attempt)
         if self._by_job.get(attempt.id) is attempt:
             del self._by_job[attempt.id]
-        if self._saturated and self._room():
+        if self._saturated and self._claimer.room(self._free()):
             self._wakeup.set()
         if self._stopping.is_set() and not self.running:
             self._drained.set()
