@@ -7,7 +7,7 @@ to it in the repository and the directory itself in a wheel (see pyproject.toml)
 Placeholders: `{schema}` becomes the quoted schema name, `{schema_literal}` the schema name as
 a SQL string literal (a checked plain identifier: it holds no quote), `{jobs_channel}`,
 `{cancel_channel}` and `{ended_channel}` the NOTIFY channels as SQL literals, `{job_columns}`
-the columns of a `Job`, and `{name}` the fragment `_name.sql`.
+the columns of a `Job`, and `{name}` the fragment `_name.sql` (which may itself name fragments).
 """
 
 from __future__ import annotations
@@ -47,10 +47,21 @@ def job_columns() -> str:
     )
 
 
+def _fill(text: str, fragments: dict[str, str]) -> str:
+    """`text` with each `{name}` of a fragment replaced by it, and those its fragments name."""
+    for _ in range(len(fragments) + 1):
+        filled = text
+        for name, fragment in fragments.items():
+            filled = filled.replace("{" + name + "}", fragment)
+        if filled == text:
+            return text
+        text = filled
+    raise ValueError("the SQL fragments of sql/queries include each other in a cycle")
+
+
 def _render(text: str, schema: str, fragments: dict[str, str]) -> str:
     validate.identifier("schema", schema)
-    for name, fragment in fragments.items():
-        text = text.replace("{" + name + "}", fragment)
+    text = _fill(text, fragments)
     return (
         text.replace("{jobs_channel}", f"'{jobs_channel(schema)}'")
         .replace("{cancel_channel}", f"'{cancel_channel(schema)}'")

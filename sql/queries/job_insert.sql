@@ -14,9 +14,4 @@ WITH ins AS (
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING {job_columns}
 )
-SELECT true AS created, true AS matches, ins.* FROM ins
-UNION ALL
-SELECT false, {schema}.same_work(j.type, j.payload, $1, $3::jsonb),
-       {job_columns}
-FROM {schema}.jobs AS j
-WHERE $6::text IS NOT NULL AND j.idempotency_key = $6::text AND NOT EXISTS (SELECT FROM ins)
+{inserted_or_held}

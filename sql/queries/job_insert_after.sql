@@ -25,9 +25,4 @@ WITH ins AS (
     INSERT INTO {schema}.job_dependencies (parent_id, child_id)
     SELECT p.id, ins.id FROM ins CROSS JOIN unnest($13::bigint[]) AS p(id)
 )
-SELECT true AS created, true AS matches, ins.* FROM ins
-UNION ALL
-SELECT false, {schema}.same_work(j.type, j.payload, $1, $3::jsonb),
-       {job_columns}
-FROM {schema}.jobs AS j
-WHERE $6::text IS NOT NULL AND j.idempotency_key = $6::text AND NOT EXISTS (SELECT FROM ins)
+{inserted_or_held}

@@ -1,4 +1,4 @@
--- The first statement of a limited claim (issue 23): take the transaction-scoped advisory lock of
+-- The first statement of a limited claim: take the transaction-scoped advisory lock of
 -- every limit the worker's claim may touch, in one order (no two claims wait on each other in a
 -- circle), so that the claims that follow in the same transaction count what runs after every
 -- earlier claim of those limits committed. The limits: the worker's queues ($1) that have a

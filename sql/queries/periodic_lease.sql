@@ -8,10 +8,5 @@ WITH stale AS (
 )
 INSERT INTO {schema}.leader AS l (name, worker_id, elected_at, expires_at)
 VALUES ($3, $1, now(), now() + make_interval(secs => $2::float8))
-ON CONFLICT (name) DO UPDATE
-SET worker_id = excluded.worker_id,
-    elected_at = CASE WHEN l.worker_id = excluded.worker_id AND l.expires_at >= now()
-                      THEN l.elected_at ELSE now() END,
-    expires_at = excluded.expires_at
-WHERE l.worker_id = excluded.worker_id OR l.expires_at < now()
+{lease_taken}
 RETURNING now() AS now

@@ -8,15 +8,9 @@
 -- logged or sent.
 --
 -- One row: the queue's controls after, `changed` and `known` (as queue_pause.sql, paused_at kept
--- within Python's years as there). No row when a concurrent change created the queue's row
+-- within Python's years: _paused_at_clamped.sql). No row when a concurrent change created the queue's row
 -- meanwhile: run it again, that row is visible then.
-WITH current AS (
-    SELECT c.name, c.paused_at, c.paused_by, c.pause_reason,
-           c.max_running, c.rate_limit, c.rate_period
-    FROM {schema}.queues AS c
-    WHERE c.name = $1
-    FOR UPDATE
-), wanted AS (
+WITH {queue_current}, wanted AS (
     SELECT CASE WHEN $4::boolean THEN $5::integer ELSE o.max_running END AS max_running,
            CASE WHEN $6::boolean THEN $7::integer ELSE o.rate_limit END AS rate_limit,
            CASE WHEN $6::boolean THEN $8::integer ELSE o.rate_period END AS rate_period
@@ -30,8 +24,7 @@ WITH current AS (
     WHERE c.name = o.name
       AND (o.max_running, o.rate_limit, o.rate_period)
           IS DISTINCT FROM (w.max_running, w.rate_limit, w.rate_period)
-    RETURNING c.name, c.paused_at, c.paused_by, c.pause_reason,
-              c.max_running, c.rate_limit, c.rate_period
+    RETURNING {queue_controls}
 ), created AS (
     INSERT INTO {schema}.queues AS c (name, max_running, rate_limit, rate_period)
     SELECT $1::text, w.max_running, w.rate_limit, w.rate_period
@@ -39,12 +32,9 @@ WITH current AS (
     WHERE NOT EXISTS (SELECT FROM current)
       AND (w.max_running IS NOT NULL OR w.rate_limit IS NOT NULL)
     ON CONFLICT (name) DO NOTHING
-    RETURNING c.name, c.paused_at, c.paused_by, c.pause_reason,
-              c.max_running, c.rate_limit, c.rate_period
+    RETURNING {queue_controls}
 ), changed AS (
-    SELECT * FROM updated
-    UNION ALL
-    SELECT * FROM created
+    SELECT * FROM updated UNION ALL SELECT * FROM created
 ), logged AS (
     INSERT INTO {schema}.operator_log (actor, action, queue, reason, detail)
     SELECT $2::text, 'limit', n.name, $3::text,
@@ -61,14 +51,10 @@ WITH current AS (
     SELECT pg_notify({jobs_channel}, n.name) FROM changed AS n
 )
 SELECT s.name,
-       CASE WHEN s.paused_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz
-            WHEN s.paused_at > '9999-12-31 23:59:59.999999+00'
-            THEN '9999-12-31 23:59:59.999999+00'::timestamptz ELSE s.paused_at END AS paused_at,
+       {paused_at_clamped} AS paused_at,
        s.paused_by, s.pause_reason, s.max_running, s.rate_limit, s.rate_period,
        (SELECT count(*) FROM woken) > 0 AS changed,
-       EXISTS (SELECT FROM current)
-       OR EXISTS (SELECT FROM {schema}.jobs AS j WHERE j.status = 'pending' AND j.queue = $1)
-       OR EXISTS (SELECT FROM {schema}.workers AS w WHERE $1 = ANY (w.queues)) AS known
+       {queue_known} AS known
 FROM (
     SELECT * FROM changed
     UNION ALL
