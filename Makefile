@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-matrix lint docs format bench chaos scale clean
+.PHONY: run test test-matrix lint docs format bench chaos scale schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ chaos: $(STAMP)
 ## 1, 2 and 4 hosts, then one host cut off twice (link down, packets dropped); prints the figures.
 scale: $(STAMP)
 	$(PY) -m tests.scale
+
+## sql/schema.sql again: the schema the migrations make, dumped from a scratch database of
+## PGWORKER_TEST_DSN's server by its major's pg_dump (tests/schema_dump.py).
+schema: $(STAMP)
+	$(PY) -m tests.schema_dump > sql/schema.sql.new
+	mv sql/schema.sql.new sql/schema.sql
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pgworker tests examples bench docs/hooks.py
