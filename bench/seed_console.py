@@ -37,7 +37,7 @@ import asyncpg
 import pgworker
 from pgworker._db import files
 from pgworker._db.queries import queries
-from pgworker._maintenance.maintenance import maintenance
+from pgworker._maintenance import rollup
 from pgworker._web.charts import DIRECT_MINUTES, WINDOWS
 
 JOBS = """
@@ -141,10 +141,10 @@ async def roll_up(conn: asyncpg.Connection) -> None:
     took: list[float] = []
     while due := await q.stats_rollup_due(
         conn,
-        maintenance.ROLLUP_SETTLE,
-        maintenance.ROLLUP_RECHECK,
-        maintenance.ROLLUP_REACH,
-        maintenance.ROLLUP_MINUTES,
+        rollup.ROLLUP_SETTLE,
+        rollup.ROLLUP_RECHECK,
+        rollup.ROLLUP_REACH,
+        rollup.ROLLUP_MINUTES,
     ):
         for minute in due:
             began = time.perf_counter()

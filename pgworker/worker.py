@@ -1,5 +1,7 @@
 """The Worker: a pool, and the services that share it (claims with their slots, heartbeat,
-completer, listener, maintenance), each run by the one supervised loop of _service.py.
+completer, listener, and the maintenance's: the leadership's renewal and each duty it runs),
+each run by the one supervised loop of _runtime/service.py, all reporting a lost database to one
+Contact.
 
 Start-up either completes or raises one documented error (DatabaseUnavailable, SchemaError,
 ConfigError, PrivilegeError) with everything it opened closed. `async with Worker(...)` serves in
@@ -38,7 +40,7 @@ from ._runtime.completer import Completer
 from ._runtime.heartbeat import Heartbeat
 from ._runtime.notifier import LISTEN_DSN_OPTIONS, Notifier, Wakeup
 from ._runtime.producer import Producer
-from ._runtime.service import Health, supervise
+from ._runtime.service import Contact, Health, Joint, supervise
 from ._runtime.turns import Turns
 from .errors import ConfigError, DatabaseUnavailable, PgWorkerError, SchemaError
 from .models import DEFAULT_QUEUE
@@ -158,7 +160,7 @@ class Worker:
         self._wakeup = Wakeup()
         self._producer: Producer | None = None
         self._stop_requested = False
-        self._healths: dict[str, Health] = {}
+        self._healths: dict[str, Health | Joint] = {}
         self._context: contextlib.AbstractAsyncContextManager[Worker] | None = None
         self._running = False
         self._health_file_failed = False
@@ -329,18 +331,24 @@ class Worker:
     ) -> None:
         s = self.settings
         producer, completer = services.producer, services.completer
-        running: list[Any] = [services.completer, services.heartbeat, services.maintenance]
+        running: list[Any] = [services.completer, services.heartbeat]
         if services.periodic is not None:
             running.append(services.periodic)
         if services.notifier is not None:
             running.append(services.notifier)
-        self._healths = {"producer": Health(), **{svc.name: Health() for svc in running}}
+        contact = Contact(self._log)
+        healths = {svc.name: Health(contact) for svc in [producer, *running]}
+        self._healths = {
+            **healths,
+            "maintenance": services.maintenance.health,
+        }
         try:
             async with anyio.create_task_group() as tg:
                 if s.health_file is not None:
                     tg.start_soon(self._write_health_file_often)
                 for svc in running:
-                    tg.start_soon(supervise, svc, self._healths[svc.name], self._log)
+                    tg.start_soon(supervise, svc, healths[svc.name], self._log)
+                tg.start_soon(services.maintenance.run, self._log, contact)
                 await tg.start(services.heartbeat.guard)
                 self._producer = producer
                 if self._stop_requested:
@@ -355,7 +363,7 @@ class Worker:
                 )
                 task_status.started()
                 try:
-                    await producer.run(self._healths["producer"])
+                    await producer.run(healths[producer.name])
                 finally:
                     self.abandoned = producer.abandoned
                 completer.close()
@@ -380,6 +388,7 @@ class Worker:
                         )
                 # Given back, so that closing the pool does not wait for it.
                 await services.completer.shared.drop()
+            contact.close()
             self._write_health_file()
             self._log.info(
                 "worker stopped",

@@ -11,8 +11,8 @@ import pytest
 
 import pgworker
 from pgworker._db import files
+from pgworker._maintenance import rescue as _rescue
 from pgworker._maintenance.maintenance import Maintenance
-from pgworker._maintenance.maintenance import maintenance as _maintenance
 from pgworker._runtime import notifier as _notifier
 from pgworker.operations import status
 
@@ -98,7 +98,7 @@ async def test_rows_holding_a_lease_without_a_claim_time_neither_stay_stuck_nor_
     behind = await lost_jobs(conn, 5, after_ms=100_000)
     m = leader(pool, dsn)
     for _ in range(3):
-        await m.step()
+        await m.tick()
     assert await count(conn, partial + behind, "pending") == 1005
 
 
@@ -109,7 +109,7 @@ async def test_a_trigger_raising_any_error_on_one_rescue_does_not_stop_the_other
     refused = await lost_jobs(conn, 1, "audited")
     others = await lost_jobs(conn, 3, "t", after_ms=10)
     m = leader(pool, dsn)
-    await m.step()
+    await m.tick()
     assert await count(conn, others, "pending") == 3
     assert await count(conn, refused, "running") == 1
 
@@ -120,19 +120,19 @@ async def test_more_than_a_page_of_refused_jobs_never_hides_the_others(
     """Two thousand jobs a trigger refuses, older than three good ones: the rescue read the 1000
     oldest it had not yet seen refused, remembered 1000 of them, and so went round the refused
     ones for ever. Now each tick reads on after a full page; and refused jobs are tried again
-    once in a while, since what refused them may have been fixed."""
-    monkeypatch.setattr(_maintenance, "PRUNE_EVERY", 5)
+    once in a while (every REFUSED_RETRY seconds), since what refused them may have been fixed."""
     await refuse_rescues_of(conn, "refused")
     refused = await lost_jobs(conn, 2000, "refused")
     good = await lost_jobs(conn, 3, after_ms=100_000)
     m = leader(pool, dsn)
     for _ in range(3):
-        await m.step()
+        await m.tick()
     assert await count(conn, good, "pending") == 3
     assert await count(conn, refused, "running") == 2000
     await conn.execute("DROP TRIGGER refuse_rescue ON pgworker.jobs")
-    for _ in range(_maintenance.PRUNE_EVERY + 2):
-        await m.step()
+    monkeypatch.setattr(_rescue, "REFUSED_RETRY", 0.0)
+    for _ in range(3):
+        await m.tick()
     assert await count(conn, refused, "pending") == 2000
 
 
@@ -141,7 +141,7 @@ async def test_a_rescue_closes_the_open_attempt_of_a_job_whose_counter_was_reset
     attempt numbered by the counter (none), and left the real one `running` for ever."""
     [job_id] = await lost_jobs(conn, 1)
     await conn.execute("UPDATE pgworker.jobs SET attempts = 0 WHERE id = $1", job_id)
-    await leader(pool, dsn).step()
+    await leader(pool, dsn).tick()
     assert await has_status(conn, job_id, "pending")
     outcomes = await conn.fetch(
         "SELECT outcome FROM pgworker.job_attempts WHERE job_id = $1", job_id

@@ -74,7 +74,7 @@ async def test_only_the_leader_rescues_even_when_it_lost_the_lease_after_renewin
         "INSERT INTO pgworker.leader (name, worker_id, expires_at) "
         "VALUES ('maintenance', 'someone-else', now() + interval '1 hour')"
     )
-    await follower.step()
+    await follower.tick()
     assert not follower.leading and follower.rescued == 0
     [row] = await Q.jobs_expired(pool, [], None)
     decision = ((row["id"], row["attempts"], row["claimed_at"]), "pending", 0.0, 1)
@@ -90,14 +90,14 @@ async def test_only_the_leader_rescues_even_when_it_lost_the_lease_after_renewin
         return leading
 
     deposed.leadership.renew = renew_then_lose_the_lease  # type: ignore[method-assign]
-    await deposed.step()
+    await deposed.tick()
     assert deposed.rescued == 0
     assert await pool.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job) == "running"
     assert [a["outcome"] for a in await attempts(pool, job)] == ["running"]
 
     deposed.leadership.renew = renew  # type: ignore[method-assign]
     await pool.execute("DELETE FROM pgworker.leader")
-    await deposed.step()  # leading, it rescues: the job was rescuable all along
+    await deposed.tick()  # leading, it rescues: the job was rescuable all along
     assert deposed.rescued == 1
     assert await pool.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", job) == "pending"
 

@@ -12,8 +12,9 @@ from structlog.testing import capture_logs
 
 import pgworker
 from pgworker._db.queries import queries
+from pgworker._maintenance import retention as _retention
+from pgworker._maintenance.leader import interval
 from pgworker._maintenance.maintenance import Maintenance
-from pgworker._maintenance.maintenance import maintenance as _maintenance
 
 from .helpers import has_status, logged, serving_guarded, wait_for
 from .test_cli import cli
@@ -187,20 +188,25 @@ async def test_prune_refuses_bad_input_naming_the_field(conn):
 # --- the elected worker --------------------------------------------------------------------------
 
 
-async def test_the_leader_prunes_in_batches_per_tick_each_status_after_its_own_age(
+async def test_the_leader_prunes_in_batches_per_round_each_status_after_its_own_age(
     dsn, pool, monkeypatch
 ):
-    monkeypatch.setattr(_maintenance, "RETENTION_BATCHES", 2)
-    monkeypatch.setattr(_maintenance, "RETENTION_BATCH", 1000)
+    """A round deletes a few batches; a backlog brings the next round after half a lease, none
+    after RETENTION_EVERY."""
+    monkeypatch.setattr(_retention, "RETENTION_BATCHES", 2)
+    monkeypatch.setattr(_retention, "RETENTION_BATCH", 1000)
     completed = await finished(pool, 2500, "completed", days_ago=2, records=True)
     failed_young = await finished(pool, 3, "failed", days_ago=2)
     failed_old = await finished(pool, 3, "cancelled", days_ago=40)
     settings = pgworker.Settings(dsn=dsn, worker_id="leader", retain_completed=DAY)
     with capture_logs() as logs:
         leader = Maintenance(pool, settings)  # its logger is made here
-        await leader.step()  # the first tick: two batches, the oldest 2,000 jobs
+        assert leader.retention is not None and await leader.leadership.renew()
+        # The first round: two batches, the oldest 2,000 jobs; a backlog: the next one soon.
+        assert await leader.retention.step() == interval(settings.lease)
         assert await remaining(pool, completed + failed_old) == 503
-        await leader.step()  # a backlog: the next tick goes on
+        # The backlog drained: the next round after RETENTION_EVERY.
+        assert await leader.retention.step() == _retention.RETENTION_EVERY
     assert await remaining(pool, completed + failed_old) == 0
     assert await records_of(pool, completed) == dict.fromkeys(
         ("job_attempts", "job_steps", "job_milestones", "job_events"), 0
@@ -211,9 +217,6 @@ async def test_the_leader_prunes_in_batches_per_tick_each_status_after_its_own_a
         (1997, 3, True),
         (503, None, False),
     ]
-    await finished(pool, 5, "completed", days_ago=2)
-    await leader.step()  # no backlog, and not the tick of the periodic work: nothing runs
-    assert await pool.fetchval("SELECT count(*) FROM pgworker.jobs WHERE type = 'old'") == 8
 
 
 async def test_a_worker_that_does_not_lead_prunes_nothing_and_none_keeps_forever(dsn, pool):
@@ -224,13 +227,13 @@ async def test_a_worker_that_does_not_lead_prunes_nothing_and_none_keeps_forever
         "VALUES ('maintenance', 'someone-else', now() + interval '1 hour')"
     )
     follower = Maintenance(pool, pgworker.Settings(dsn=dsn, worker_id="follower"))
-    await follower.step()
+    await follower.tick()
     assert not follower.leading and await remaining(pool, old + failed) == 6
     await pool.execute("DELETE FROM pgworker.leader")
     keeper = Maintenance(
         pool, pgworker.Settings(dsn=dsn, worker_id="keeper", retain_completed=None)
     )
-    await keeper.step()
+    await keeper.tick()
     assert keeper.leading
     assert await remaining(pool, old) == 3 and await remaining(pool, failed) == 0
 
@@ -238,10 +241,11 @@ async def test_a_worker_that_does_not_lead_prunes_nothing_and_none_keeps_forever
 async def test_a_worker_prunes_5000_old_jobs_in_batches_while_it_completes_new_ones(
     dsn, pool, monkeypatch
 ):
-    """The acceptance: one batch per tick (a tick each second with a 2 s lease), while the same
-    worker claims and completes jobs enqueued meanwhile; recent and pending jobs are kept."""
-    monkeypatch.setattr(_maintenance, "RETENTION_BATCHES", 1)
-    monkeypatch.setattr(_maintenance, "RETENTION_BATCH", 1000)
+    """The acceptance: one batch per round (a round each second with a 2 s lease while a
+    backlog remains), while the same worker claims and completes jobs enqueued meanwhile;
+    recent and pending jobs are kept."""
+    monkeypatch.setattr(_retention, "RETENTION_BATCHES", 1)
+    monkeypatch.setattr(_retention, "RETENTION_BATCH", 1000)
     old = await finished(pool, 5000, "completed", days_ago=10, records=True)
     recent = await finished(pool, 10, "completed", days_ago=1)
     unserved = (await pgworker.enqueue(pool, "nobody-serves", {})).job.id

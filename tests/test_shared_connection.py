@@ -11,8 +11,8 @@ import pytest
 import pgworker
 from pgworker._db.connection import SharedConnection
 from pgworker._db.queries import Queries
+from pgworker._maintenance import rescue as _rescue
 from pgworker._maintenance.maintenance import Maintenance
-from pgworker._maintenance.maintenance import maintenance as _maintenance
 
 from .helpers import serving_guarded, wait_for
 from .test_hostile3 import lost_jobs
@@ -50,7 +50,7 @@ async def test_outcome_writes_wait_little_while_the_leader_prunes_100000_jobs(ds
     longest = max(maintenance, key=lambda t: t.held)
     assert longest.held < BOUND, longest
     assert max(t.waited for t in outcomes) < BOUND
-    statements = sum(1 for t in maintenance if t.borrower == "maintenance._retain")
+    statements = sum(1 for t in maintenance if t.borrower == "maintenance.retention")
     assert statements >= len(old) / 250, statements
 
 
@@ -76,11 +76,11 @@ async def test_a_rescue_of_many_expired_jobs_writes_them_a_page_at_a_time(
     leader = Maintenance(shared, pgworker.Settings(dsn, lease=30, worker_id="leader"))
     try:
         with timed_turns() as turns:
-            await leader.step()
+            await leader.tick()
     finally:
         await shared.drop()
     assert await conn.fetchval(
         "SELECT count(*) FROM pgworker.jobs WHERE id = ANY($1) AND status = 'pending'", lost
     ) == len(lost)
-    assert sizes == [250] * 4 and _maintenance.PAGE == 250
+    assert sizes == [250] * 4 and _rescue.PAGE == 250
     assert sum(1 for t in turns if t.borrower.startswith("maintenance.")) >= 2 * len(sizes)

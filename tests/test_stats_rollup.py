@@ -15,8 +15,8 @@ import pytest
 
 import pgworker
 from pgworker._db.queries import queries
+from pgworker._maintenance import rollup as _rollup
 from pgworker._maintenance.maintenance import Maintenance
-from pgworker._maintenance.maintenance import maintenance as _maintenance
 from pgworker._web import charts
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -217,10 +217,10 @@ async def test_the_leader_rolls_up_and_prunes_with_the_retention(dsn, pool, monk
     await _seed(pool, minutes_ago=30, minutes=5)
     settings = pgworker.Settings(dsn=dsn, worker_id="leader", retain_completed=3600.0)
     leader = Maintenance(pool, settings)
-    monkeypatch.setattr(_maintenance, "ROLLUP_MINUTES", 500)
-    for _ in range(100):  # each tick rolls up what its time allows, newest first
-        await leader.step()
-        if not leader._rollup_behind:
+    monkeypatch.setattr(_rollup, "ROLLUP_MINUTES", 500)
+    for _ in range(100):  # each round rolls up what its time allows, newest first
+        await leader.tick()
+        if not leader.rollup.behind:
             break
     assert await pool.fetchval("SELECT count(*) FROM pgworker.stats_rollup") == 1439
     # A follower writes nothing (the leadership's fence).
@@ -259,8 +259,8 @@ async def test_minutes_before_the_oldest_job_are_marked_empty_and_its_own_are_no
     oldest = now - timedelta(hours=2)
     await _job(conn, "q", "t", oldest + timedelta(seconds=5), ["completed"], 0.1, 0.1)
     await _job(conn, "q", "t", now - timedelta(minutes=30), ["completed"], 0.1, 0.1)
-    recheck = _maintenance.ROLLUP_RECHECK
-    marked = await q.stats_rollup_empty(conn, None, _maintenance.ROLLUP_REACH, recheck)
+    recheck = _rollup.ROLLUP_RECHECK
+    marked = await q.stats_rollup_empty(conn, None, _rollup.ROLLUP_REACH, recheck)
     bound = await conn.fetchval("SELECT max(minute) FROM pgworker.stats_rollup")
     assert marked > 1000
     assert bound < oldest - timedelta(seconds=recheck), (bound, oldest)
@@ -269,5 +269,5 @@ async def test_minutes_before_the_oldest_job_are_marked_empty_and_its_own_are_no
         "SELECT count(*) FROM pgworker.stats_minutes WHERE minute <= $1", bound
     )
     # Marked again: nothing more, and nothing of the minutes with jobs.
-    assert await q.stats_rollup_empty(conn, None, _maintenance.ROLLUP_REACH, recheck) == 0
+    assert await q.stats_rollup_empty(conn, None, _rollup.ROLLUP_REACH, recheck) == 0
     assert await conn.fetchval("SELECT max(minute) FROM pgworker.stats_rollup") == bound

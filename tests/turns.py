@@ -7,31 +7,34 @@ import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from pgworker._db.connection import SharedConnection
 
-SERVICES = ("_completer", "_maintenance", "_leadership", "_heartbeat", "_steps", "_producer")
+SERVICES = ("completer", "heartbeat", "producer")
+"""The services of pgworker/_runtime that take turns, named after their modules."""
 
 
 class Turn(NamedTuple):
     borrower: str
-    """completer, heartbeat, steps, producer, or maintenance.<what it was doing>"""
+    """completer, heartbeat, steps, producer, or maintenance.<its service's module>"""
     waited: float
     held: float
 
 
 def borrower() -> str:
     """The service taking a turn: the innermost of pgworker's service modules on the stack (for
-    the maintenance, with the function it is in)."""
+    the maintenance, `maintenance.` and the module of the service: rescue, retention, ...)."""
     frame = sys._getframe(2)
     while frame is not None:
-        path = frame.f_code.co_filename
-        for name in SERVICES:
-            if path.endswith(f"{name}.py"):
-                if name in ("_maintenance", "_leadership"):
-                    return f"maintenance.{frame.f_code.co_name}"
-                return name.lstrip("_")
+        path = Path(frame.f_code.co_filename)
+        if path.parent.name == "_maintenance" or path.name == "leadership.py":
+            return f"maintenance.{path.stem}"
+        if path.parent.name == "_steps" or path.name == "_steps.py":
+            return "steps"
+        if path.parent.name == "_runtime" and path.stem in SERVICES:
+            return path.stem
         frame = frame.f_back  # type: ignore[assignment]
     return "other"
 

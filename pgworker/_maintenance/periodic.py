@@ -30,7 +30,7 @@ from .._db.queries import queries
 from .._logs import get_logger
 from .._schedule import Schedule, key, set_name
 from ..settings import Settings
-from .maintenance import interval
+from .leader import interval
 
 WAKE_LATE = 0.002
 """Seconds slept past a slot, so that the clock read on waking is past it."""
@@ -78,7 +78,10 @@ class Periodic:
         if isinstance(self._pool, SharedConnection):
             await self._pool.drop()
         await recover(self._pool, exc)
-        self._lost("uncertain after a failure")
+        # The failure itself is logged (a lost database, once, by service.Contact); the next
+        # step renews at once, and so learns whether the lease is still this worker's.
+        self._lost("uncertain after a failure", quiet=True)
+        self._renew_at = 0.0
 
     async def idle(self) -> None:
         await anyio.sleep(self.wait())
@@ -103,9 +106,10 @@ class Periodic:
         if self.leading:
             await self.enqueue_due()
 
-    def _lost(self, why: str) -> None:
+    def _lost(self, why: str, *, quiet: bool = False) -> None:
         if self.leading:
-            self._log.warning(f"periodic: schedules' lease {why}", lease=self.lease)
+            log = self._log.info if quiet else self._log.warning
+            log(f"periodic: schedules' lease {why}", lease=self.lease)
         self.leading = False
         self._next.clear()
 

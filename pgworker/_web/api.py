@@ -28,7 +28,6 @@ from .._db.connection import create_pool
 from .._db.queries import queries
 from .._logs import get_logger
 from .._maintenance.maintenance import Maintenance
-from .._runtime.service import Health, supervise
 from .._waits import close as close_waiters
 from ..settings import Settings
 from ..worker import LOCK_TIMEOUT
@@ -94,8 +93,7 @@ async def resources(app: Any, config: WebConfig, given: Any = None) -> AsyncIter
                 tg.start_soon(app.state.bulk.serve)
             if settings is not None:
                 maintenance = Maintenance(pool, settings)
-                log = get_logger(worker_id=settings.worker_id)
-                tg.start_soon(supervise, maintenance, Health(), log)
+                tg.start_soon(maintenance.run, get_logger(worker_id=settings.worker_id))
             try:
                 yield
             finally:

@@ -39,7 +39,7 @@ FREEZE_DIR = os.environ.get("POISON_FREEZE_DIR")
 
 if FREEZE_DIR:
     from pgworker._db.queries import Queries
-    from pgworker._maintenance.maintenance import maintenance as _maintenance
+    from pgworker._maintenance.leader import Leader
     from pgworker._runtime.leadership import Leadership
 
     def _take(point: str) -> bool:
@@ -78,13 +78,13 @@ if FREEZE_DIR:
         await _barrier("expired")  # about to rescue what it found
         return found
 
-    _idle = _maintenance.Maintenance.idle
+    _idle = Leader.idle
 
-    async def _freeze_then_idle(self: _maintenance.Maintenance) -> None:
-        if self.leading:
+    async def _freeze_then_idle(self: Leader) -> None:
+        if self._leadership.leading:
             await _barrier("idle")
         await _idle(self)
 
     Leadership.renew = _renew_then_freeze  # type: ignore[method-assign]
     Queries.jobs_expired = _expired_then_freeze  # type: ignore[method-assign]
-    _maintenance.Maintenance.idle = _freeze_then_idle  # type: ignore[method-assign]
+    Leader.idle = _freeze_then_idle  # type: ignore[method-assign]

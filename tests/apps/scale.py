@@ -11,7 +11,7 @@ import os
 import time
 
 import pgworker
-from pgworker._maintenance.maintenance import maintenance as _maintenance
+from pgworker._maintenance.rescue import Rescue
 
 registry = pgworker.Registry()
 QUICK = pgworker.RetryPolicy(max_retries=5, initial_delay=0.2, max_delay=1.0, jitter=0.0)
@@ -40,4 +40,4 @@ if os.environ.get("SCALE_BREAK") == "rescue":
     async def _rescue_nothing(self: object, decided: object) -> list[object]:
         return []
 
-    _maintenance.Maintenance._rescue = _rescue_nothing  # type: ignore[method-assign,assignment]
+    Rescue._rescue = _rescue_nothing  # type: ignore[method-assign,assignment]
