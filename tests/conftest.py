@@ -1,20 +1,19 @@
 """The test database, in this order (README, Two commands): PGWORKER_TEST_DSN; else a
 testcontainers PostgreSQL when a Docker engine answers; else a throwaway cluster from local
-PostgreSQL binaries (or the embedded package). A template database is migrated once per run
-and cloned for each test."""
+PostgreSQL binaries (or the embedded package). A template database is migrated once per test
+process; the tests' databases are made from it and reset between tests (tests/dbpool.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -23,10 +22,7 @@ import pytest_asyncio
 import pgworker
 from examples import devdb
 
-
-def with_database(dsn: str, name: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{name}"))
+from .dbpool import DatabasePool, with_database
 
 
 def _docker_answers() -> bool:
@@ -69,6 +65,8 @@ def server_dsn() -> Iterator[str]:
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def template_db(server_dsn: str) -> AsyncIterator[str]:
+    """A migrated database that every test database is made from: one per test process (each
+    pytest-xdist worker has its own, under a name of its own)."""
     name = f"pgworker_tpl_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -82,7 +80,13 @@ async def template_db(server_dsn: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-_counter = itertools.count()
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def database_pool(server_dsn: str, template_db: str) -> AsyncIterator[DatabasePool]:
+    pool = DatabasePool(server_dsn, template_db)
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 @contextlib.asynccontextmanager
@@ -99,10 +103,24 @@ async def scratch_database(server_dsn: str, name: str, template: str | None = No
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def dsn(server_dsn: str, template_db: str) -> AsyncIterator[str]:
-    """A migrated database of this test's own."""
-    async with scratch_database(server_dsn, f"{template_db}_{next(_counter)}", template_db) as d:
-        yield d
+async def dsn(
+    request: pytest.FixtureRequest, server_dsn: str, database_pool: DatabasePool
+) -> AsyncIterator[str]:
+    """A migrated database that looks new to this test: one of the pool's, reset after the test
+    (tests/dbpool.py); a test marked `fresh_db` (it changes the schema) gets one of its own."""
+    if request.node.get_closest_marker("fresh_db"):
+        async with database_pool.fresh() as name:
+            yield with_database(server_dsn, name)
+        return
+    name = await database_pool.acquire()
+    yield with_database(server_dsn, name)
+    why = await database_pool.release(name)
+    if why is not None:
+        warnings.warn(
+            f"{request.node.nodeid} left its database unlike a new one ({why}); it was "
+            "dropped and made again: mark the test fresh_db",
+            stacklevel=1,
+        )
 
 
 @pytest_asyncio.fixture(loop_scope="session")

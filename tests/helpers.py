@@ -6,16 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import io
 import os
 import re
 import struct
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+import traceback
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
@@ -36,6 +39,125 @@ def spawn_worker(
         env=environment,
         cwd=ROOT,
     )
+
+
+class _Output(io.TextIOWrapper):
+    """A process's stdout or stderr as `pgworker` meets it: UTF-8, strict (a lone surrogate
+    fails as it would on a real stream), not a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+
+    def value(self) -> bytes:
+        self.flush()
+        return cast(io.BytesIO, self.buffer).getvalue()
+
+
+_CONFIGURES_THE_PROCESS = ("run", "serve", "replay")
+"""Commands that install signal handlers or configure the process's logging: they run as
+processes of their own (`cli_process`)."""
+
+_in_process = threading.Lock()
+
+
+def cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: str = "",
+    text: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[Any]:
+    """`pgworker ARGS` in this process: the CLI's `main` called with ARGS in a thread of its own
+    (it runs an event loop, and the test's may be running), stdout and stderr captured, its exit
+    status returned, as `subprocess.run` would give them (bytes unless `text`). PGWORKER_* and
+    DATABASE_URL are unset for it, then `env` applied; stdin
+    holds `input` and is not a terminal. Ten times cheaper than a process: a process of its own
+    (`cli_process`) is for what needs one (signals, the logging a command configures, the
+    `python -m pgworker` entry point)."""
+    assert args and args[0] not in _CONFIGURES_THE_PROCESS, f"{args[0]}: use cli_process"
+    from pgworker.cli import main
+
+    stdout, stderr = _Output(), _Output()
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(main(list(args)))
+        except SystemExit as exc:
+            if isinstance(exc.code, str):
+                print(exc.code, file=stderr)
+                outcome.append(1)
+            else:
+                outcome.append(exc.code or 0)
+        except BaseException as exc:  # a crash, as Python would report it: status 1
+            traceback.print_exception(exc, file=stderr)
+            outcome.append(1)
+
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(_CLI_VARIABLES)}
+    variables.update(env or {})
+    with _in_process, _environment(variables), contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(stdout))
+        stack.enter_context(contextlib.redirect_stderr(stderr))
+        stack.enter_context(_patched(sys, "stdin", io.StringIO(input)))
+        worker = threading.Thread(target=call, name="pgworker-cli", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise subprocess.TimeoutExpired(["pgworker", *args], timeout)
+    out, err = stdout.value(), stderr.value()
+    if text:
+        return subprocess.CompletedProcess(
+            ["pgworker", *args], outcome[0], out.decode(), err.decode()
+        )
+    return subprocess.CompletedProcess(["pgworker", *args], outcome[0], out, err)
+
+
+_CLI_VARIABLES = ("PGWORKER_", "DATABASE_URL")
+
+
+def cli_process(
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    text: bool = True,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[Any]:
+    """`python -m pgworker ARGS`, a process of its own: for the commands that install signal
+    handlers or configure logging, and the tests of the entry point itself. Its environment as
+    `cli`'s; stdin is empty (or `input`)."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(_CLI_VARIABLES)}
+    variables.update(PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "pgworker", *args],
+        capture_output=True,
+        text=text,
+        input=input if input is not None else ("" if text else b""),
+        env=variables,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, every: float = 0.02) -> Any:
