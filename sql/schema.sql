@@ -425,6 +425,26 @@ CREATE FUNCTION pgworker.fingerprint(type text, payload jsonb) RETURNS text
 COMMENT ON FUNCTION pgworker.fingerprint(type text, payload jsonb) IS 'Written with an idempotency key for enqueuers of versions before migration 10; idempotency compares with same_work(), not with this text hash.';
 
 --
+-- Name: jobs_notification(text, bigint, bigint, text, text, integer); Type: FUNCTION; Schema: pgworker; Owner: -
+--
+
+CREATE FUNCTION pgworker.jobs_notification(queue text, first_id bigint, n bigint, first_type text, last_type text, hops integer DEFAULT NULL::integer) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN hops IS NULL
+                THEN json_build_object(
+                    'queue', queue, 'id', first_id, 'count', n,
+                    'types', CASE WHEN first_type = last_type
+                                  THEN json_build_array(first_type) END)
+                ELSE json_build_object(
+                    'queue', queue, 'id', first_id, 'count', n,
+                    'types', CASE WHEN first_type = last_type
+                                  THEN json_build_array(first_type) END,
+                    'hops', hops)
+           END::text
+$$;
+
+--
 -- Name: notify_job_ended(); Type: FUNCTION; Schema: pgworker; Owner: -
 --
 
@@ -445,11 +465,9 @@ CREATE FUNCTION pgworker.notify_jobs() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_notify('pgworker_jobs', json_build_object(
-        'queue', q.queue,
-        'id', q.first_id,
-        'count', q.n,
-        'types', CASE WHEN q.first_type = q.last_type THEN json_build_array(q.first_type) END)::text)
+    PERFORM pg_notify('pgworker_jobs',
+                      "pgworker".jobs_notification(q.queue, q.first_id, q.n, q.first_type,
+                                                 q.last_type))
     FROM (SELECT queue, min(id) AS first_id, count(*) AS n,
                  min(type COLLATE "C") AS first_type, max(type COLLATE "C") AS last_type
           FROM new_jobs WHERE status = 'pending' GROUP BY queue) AS q;
@@ -494,10 +512,9 @@ BEGIN
         RETURNING c.id, c.queue, c.type, c.status, c.parents_left
     )
     -- The workers of the released jobs' queues are woken as by an enqueue (see notify_jobs).
-    SELECT count(pg_notify('pgworker_jobs', json_build_object(
-               'queue', q.queue, 'id', q.first_id, 'count', q.n,
-               'types', CASE WHEN q.first_type = q.last_type
-                             THEN json_build_array(q.first_type) END)::text))
+    SELECT count(pg_notify('pgworker_jobs',
+                           "pgworker".jobs_notification(q.queue, q.first_id, q.n, q.first_type,
+                                                      q.last_type)))
     INTO v_woken
     FROM (SELECT queue, min(id) AS first_id, count(*) AS n,
                  min(type COLLATE "C") AS first_type, max(type COLLATE "C") AS last_type

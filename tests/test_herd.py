@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 import pgworker
-from pgworker._db.queries import Queries
-from pgworker._runtime.turns import Turns, _peer
+from pgworker._db.queries import Queries, queries
+from pgworker._runtime.turns import Pass, Turns, _peer
 
 from .helpers import wait_for
 
@@ -195,10 +195,11 @@ async def test_a_poll_that_finds_more_jobs_than_it_can_take_wakes_the_fleet(dsn,
     assert started[5] - started[0] < interval / 2, started
 
 
-async def test_each_notification_is_the_turn_of_as_many_workers_as_jobs_arrived():
+async def test_each_notification_is_the_turn_of_as_many_workers_as_jobs_arrived(conn):
     """The rule alone, over a list every worker shares: `count` workers claim (all of them when
     as many jobs arrived), only workers serving one of the jobs' types, a bare queue name wakes
-    every worker of the queue, and a full worker passes its turn to the next ones."""
+    every worker of the queue, and a full worker passes its turn to the next ones (as the
+    listener sends it)."""
     ids = [f"w{i}" for i in range(5)]
     served = {w: ["t"] if w != "w3" else ["other"] for w in ids}
     rows = [{"worker_id": w, "queues": ["default"], "types": served[w]} for w in ids]
@@ -226,10 +227,65 @@ async def test_each_notification_is_the_turn_of_as_many_workers_as_jobs_arrived(
     assert len(mine) == 1
     mine[0].full = lambda: True
     assert not mine[0].mine(note(7, 1, ["t"]))
-    passed = mine[0].take()
-    assert len(passed) == 1
+    passed = await sent(conn, mine[0].take())
+    assert len(passed) == 1 and json.loads(passed[0])["hops"] == 1
     taken = [t for t in fleet if t.mine(passed[0])]
     assert len(taken) == 1 and taken[0] is not mine[0]
+
+
+async def sent(conn: Any, turns: list[Pass]) -> list[str]:
+    """The payloads of these turns passed on, as the listener's connection sends them."""
+    heard: list[str] = []
+
+    def hear(*args: Any) -> None:
+        heard.append(args[3])
+
+    await conn.add_listener("pgworker_jobs", hear)
+    try:
+        for turn in turns:
+            await queries("pgworker").jobs_pass(conn, *turn)
+        await conn.execute("SELECT 1")  # a round trip delivers pending notifications
+    finally:
+        await conn.remove_listener("pgworker_jobs", hear)
+    return heard
+
+
+async def test_the_notification_of_new_jobs_keeps_its_bytes(conn):
+    """Workers of an earlier release read the notifications of a fleet that runs this one (a
+    rolling upgrade), and PostgreSQL folds equal ones within a transaction: the payload of an
+    enqueue (a dependant's too, parked), of a dependant released, of a limited job's room and of
+    a turn passed on are the text the enqueue trigger has always sent."""
+    heard: list[str] = []
+
+    def hear(*args: Any) -> None:
+        heard.append(args[3])
+
+    await conn.add_listener("pgworker_jobs", hear)
+    try:
+        one = await pgworker.enqueue(conn, "t", {}, queue="mail")
+        two = await pgworker.enqueue_many(
+            conn, [pgworker.JobSpec("a", {}), pgworker.JobSpec("b", {})]
+        )
+        child = await pgworker.enqueue(conn, "c", {}, after=[one.job.id])
+        q = queries("pgworker")
+        await conn.execute(
+            "UPDATE pgworker.jobs SET status = 'completed', finished_at = now() WHERE id = $1",
+            one.job.id,
+        )
+        await q.jobs_announce(conn, [(7, "mail", "t"), (9, "mail", "t")])
+        await q.jobs_pass(conn, "mail", 3, 2, None, None, 1)
+        await conn.execute("SELECT 1")
+    finally:
+        await conn.remove_listener("pgworker_jobs", hear)
+    first = two[0].job.id
+    assert heard == [
+        f'{{"queue" : "mail", "id" : {one.job.id}, "count" : 1, "types" : ["t"]}}',
+        f'{{"queue" : "default", "id" : {first}, "count" : 2, "types" : null}}',
+        f'{{"queue" : "default", "id" : {child.job.id}, "count" : 1, "types" : ["c"]}}',
+        f'{{"queue" : "default", "id" : {child.job.id}, "count" : 1, "types" : ["c"]}}',  # released
+        '{"queue" : "mail", "id" : 7, "count" : 2, "types" : ["t"]}',
+        '{"queue" : "mail", "id" : 3, "count" : 2, "types" : null, "hops" : 1}',
+    ]
 
 
 async def test_the_workers_of_a_group_poll_in_turn_each_slot_once():

@@ -352,6 +352,30 @@ class Queries:
     async def notify(self, conn: Runner, channel: str, payload: str) -> None:
         await conn.execute(self._sql["notify"], channel, payload)
 
+    async def jobs_announce(self, conn: Runner, jobs: Sequence[tuple[int, str, str]]) -> None:
+        """Announce these (id, queue, type) jobs as new ones: one notification of new jobs per
+        queue (jobs_announce.sql)."""
+        await conn.execute(
+            self._sql["jobs_announce"],
+            [j for j, _, _ in jobs],
+            [q for _, q, _ in jobs],
+            [t for _, _, t in jobs],
+        )
+
+    async def jobs_pass(
+        self,
+        conn: Runner,
+        queue: str,
+        first: int,
+        count: int,
+        first_type: str | None,
+        last_type: str | None,
+        hops: int,
+    ) -> None:
+        """Send a notification of new jobs again, for the workers from position `first` on
+        (jobs_pass.sql)."""
+        await conn.execute(self._sql["jobs_pass"], queue, first, count, first_type, last_type, hops)
+
     # --- claim, outcomes, heartbeat ----------------------------------------------------------
 
     async def job_claim(

@@ -13,7 +13,7 @@ Outcomes whose attempt no longer holds the job are dropped, and logged."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +39,7 @@ class Completer:
         worker_id: str,
         on_requeued: Callable[[float], None] = lambda delay: None,
         on_settled: Callable[[AttemptResult, str | None], None] = lambda result, outcome: None,
-        freed: Callable[[list[AttemptResult]], list[str]] = lambda batch: [],
+        freed: Callable[[list[AttemptResult]], Sequence[tuple[int, str, str]]] = lambda batch: [],
         max_batch: int = 500,
         give_up_after: float = 30.0,
         pooler: bool = False,
@@ -274,12 +274,12 @@ class Completer:
             if await self._q.jobs_woken(self.shared, ids):
                 self._on_requeued(0.0)
 
-    async def _wake(self, notes: list[str]) -> None:
-        """Jobs claimed under a limit ended: pass their room on to the workers that a limit may
-        have held back (the poll covers a notification that cannot be sent)."""
-        for note in notes:
+    async def _wake(self, ended: Sequence[tuple[int, str, str]]) -> None:
+        """Jobs claimed under a limit ended (id, queue, type): pass their room on to the workers
+        that a limit may have held back (the poll covers a notification that cannot be sent)."""
+        if ended:
             with contextlib.suppress(Exception):
-                await self._q.notify(self.shared, self._q.jobs_channel, note)
+                await self._q.jobs_announce(self.shared, ended)
 
 
 def _kept(result: AttemptResult, recorded: str | None) -> bool:

@@ -1,18 +1,18 @@
-"""The claim of limited jobs (issue 23): the tasks that declare `max_running`,
-`max_running_per_key` or `rate_limit`, and every task of a queue given a limit by
-`pgworker queue limit`. The plain claims (job_claim.sql, job_claim_wide.sql) leave them out;
-here each limit is counted from the jobs table under a transaction-scoped advisory lock of the
-limit (sql/queries/limits_lock.sql, job_claim_limited.sql), so that at no moment do the claims
-of all workers together exceed it, and no lock outlives a claim.
+"""The claim of limited jobs: the tasks that declare `max_running`, `max_running_per_key` or
+`rate_limit`, and every task of a queue given a limit by `pgworker queue limit`. The plain
+claims (job_claim.sql, job_claim_wide.sql) leave them out; here each limit is counted from the
+jobs table under a transaction-scoped advisory lock of the limit (sql/queries/limits_lock.sql,
+job_claim_limited.sql), so that at no moment do the claims of all workers together exceed it,
+and no lock outlives a claim. The Claimer (claimer.py) runs this claim before the plain one.
 
 A worker that a limit holds back does not claim again until something can have changed: a job
 of a limit it serves ended (once its outcome is written, the worker whose job it was claims
-again, and passes on what it cannot take with a notification of new jobs, which wakes the next
-workers in turn), a rate window frees a start (the claim says when), or its poll comes."""
+again, and passes on what it cannot take with a notification of new jobs, jobs_announce.sql,
+which wakes the next workers in turn), a rate window frees a start (the claim says when), or its
+poll comes."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from .._db.connection import Conn
@@ -127,29 +127,3 @@ class LimitedClaims:
             if held is not None:
                 ends.append((result.job_id, *held))
         return ends
-
-
-def wake_ups(ends: Sequence[tuple[int, str, str]], own_room: int) -> list[str]:
-    """The notifications that pass on the room of limited jobs that ended, beyond what this
-    worker takes itself (`own_room` free slots, it claims at once): one per queue, in the form of
-    a notification of new jobs, so that the next workers in turn claim (_turns.py) rather than
-    every worker of the queue."""
-    if len(ends) <= own_room:
-        return []
-    by_queue: dict[str, list[tuple[int, str]]] = {}
-    for job_id, queue, type_ in ends:
-        by_queue.setdefault(queue, []).append((job_id, type_))
-    notes = []
-    for queue, jobs in sorted(by_queue.items()):
-        types = {t for _, t in jobs}
-        notes.append(
-            json.dumps(
-                {
-                    "queue": queue,
-                    "id": min(j for j, _ in jobs),
-                    "count": len(jobs),
-                    "types": sorted(types) if len(types) == 1 else None,
-                }
-            )
-        )
-    return notes

@@ -1,6 +1,6 @@
 """The LISTEN connection: its own connection (a pool would drop LISTEN on reset), replaced after
 the supervisor's backoff when lost. It wakes the producer when jobs arrive in one of its queues
-and it is this worker's turn to claim them (_turns.py), reads the list of workers that turns are
+and it is this worker's turn to claim them (turns.py), reads the list of workers that turns are
 taken by, and relays cancel requests. A ping through its own channel every few seconds proves it
 still receives; one that does not come back in time gets the connection replaced."""
 
@@ -177,7 +177,7 @@ class Notifier:
             return
         with anyio.move_on_after(CHECK_TIMEOUT) as slow:
             for passed in self._turns.take():
-                await self._q.notify(self._conn, self._jobs_channel, passed)
+                await self._q.jobs_pass(self._conn, *passed)
             if self._turns.due():
                 await self._turns.refresh(self._conn)
         if slow.cancelled_caught:
@@ -187,9 +187,9 @@ class Notifier:
         with anyio.move_on_after(self._next_check - anyio.current_time()):
             await _either(self._lost, self._turns.nudged)
         if self._lost.is_set():
-            # A failure like any other service's (a lost database is said once, by the worker's
-            # service.Contact); `reset` closes the connection, the next step opens another.
-            raise ConnectionError("the listener's connection was lost")
+            self._log.warning("listener connection lost; reconnecting")
+            self.close()
+            return
         if anyio.current_time() < self._next_check:
             return  # nudged: the next step passes turns on or reads the list
         self._next_check = anyio.current_time() + CHECK_EVERY

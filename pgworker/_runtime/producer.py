@@ -32,7 +32,6 @@ from ..settings import Settings
 from .claimer import Claimer
 from .completer import Completer
 from .executor import execute, failed_by_worker
-from .fleet_limits import wake_ups
 from .notifier import Wakeup
 from .service import Health, supervise
 from .turns import Turns
@@ -217,16 +216,18 @@ class Producer:
         self._cut_off = False
         self._wakeup.set()
 
-    def room_to_pass_on(self, batch: list[AttemptResult]) -> list[str]:
+    def room_to_pass_on(self, batch: list[AttemptResult]) -> Sequence[tuple[int, str, str]]:
         """The outcomes of this batch are written: claim again if a limit held their jobs. Returns
-        the notifications (the completer sends them) that pass on the room this worker cannot
-        take."""
-        ends = self._claimer.limited.freed(batch)
-        if not ends:
+        the (id, queue, type) of those jobs when they freed more room than this worker takes
+        itself (its free slots, claimed at once; none while it stops or is fenced): the
+        completer announces them as new jobs, so that the next workers in turn claim
+        (Queries.jobs_announce)."""
+        ended = self._claimer.limited.freed(batch)
+        if not ended:
             return []
         self._wakeup.set()
         own = 0 if self._stopping.is_set() or self._cut_off else self._settings.concurrency
-        return wake_ups(ends, own - len(self.running))
+        return ended if len(ended) > own - len(self.running) else []
 
     def requeued(self, delay: float) -> None:
         """A job of ours went back to pending, due in `delay` seconds: claim it then rather than

@@ -2,10 +2,11 @@
 a fleet of idle workers costs about one claim per job, and one poll per `poll_interval` in all,
 rather than one of each per worker.
 
-A notification of new jobs (sql/migrations/0011) names the queue, the smallest new job id, how
-many jobs arrived and, when they all have the same, their type. The live workers that serve that
-queue and that type, in worker_id order, take turns: the `count` of them from position `id mod N` on
-claim (all of them when `count` >= N), the others stay idle. Each worker reads the same list from
+A notification of new jobs (the schema's function jobs_notification builds every one) names the
+queue, the smallest new job id, how many jobs arrived and, when they all have the same, their
+type. The live workers that serve that queue and that type, in worker_id order, take turns: the
+`count` of them from position `id mod N` on claim (all of them when `count` >= N), the others
+stay idle. Each worker reads the same list from
 the `workers` table, so they agree without talking; a worker that starts (its listener connects)
 says so on the jobs channel and every worker reads the list again, one that stops says so and
 the others leave it out. A bare queue name (sent by the rescue, by replay and by a queue's resume)
@@ -38,6 +39,21 @@ from ..settings import Settings
 
 PASSES = 3
 """How many times a notification is passed on by chosen workers that are full."""
+
+
+class Pass(NamedTuple):
+    """A turn passed on: the notification of new jobs to send again (Queries.jobs_pass)."""
+
+    queue: str
+    first: int
+    """The position in the list of workers the turn goes to."""
+    jobs: int
+    """How many jobs arrived (the notification's `count`)."""
+    first_type: str | None
+    last_type: str | None
+    """The first and last of the jobs' types (the same: they all have it), None when unknown."""
+    hops: int
+    """How many times it has been passed on, this time included."""
 
 
 class _Peer(NamedTuple):
@@ -76,7 +92,7 @@ class Turns:
         self._gone: set[str] = set()
         self._rows: list[_Peer] = []
         self._stale = False
-        self._passes: list[str] = []
+        self._passes: list[Pass] = []
         self._passed_at = -math.inf
         self._slot = self._polled_slot = 0
         self._bare = False
@@ -125,8 +141,8 @@ class Turns:
         bare, self._bare = self._bare, False
         return bare
 
-    def take(self) -> list[str]:
-        """The turns to pass on (notifications to send), once each; re-arms `nudged`."""
+    def take(self) -> list[Pass]:
+        """The turns to pass on, once each; re-arms `nudged`."""
         self.nudged = anyio.Event()
         passes, self._passes = self._passes, []
         return passes
@@ -171,20 +187,31 @@ class Turns:
         chosen = min(count, of)
         if (at - first) % of >= chosen:
             return False
-        return not self.full() or not self._pass(note, first + chosen, chosen, of)
+        return not self.full() or not self._pass(note, queue, first + chosen, count, wanted, of)
 
-    def _pass(self, note: dict[str, object], first: int, chosen: int, of: int) -> bool:
-        """Pass a turn this full worker cannot take to the next workers in the list, unless it
-        has been passed too often (or would come back to workers it was passed from), or this
-        worker passed one less than a poll interval ago: the polls cover it then."""
+    def _pass(
+        self,
+        note: dict[str, object],
+        queue: str,
+        first: int,
+        count: int,
+        wanted: frozenset[str] | None,
+        of: int,
+    ) -> bool:
+        """Pass a turn this full worker cannot take to the next workers in the list, from
+        position `first` on, unless it has been passed too often (or would come back to workers
+        it was passed from), or this worker passed one less than a poll interval ago: the polls
+        cover it then."""
         hops = note.get("hops", 0)
+        chosen = min(count, of)
         now = time.monotonic()
         if not isinstance(hops, int) or hops >= PASSES or (hops + 2) * chosen > of:
             return False
         if now < self._passed_at + self._poll_interval:
             return False
         self._passed_at = now
-        self._passes.append(json.dumps({**note, "id": first, "hops": hops + 1}))
+        first_type, last_type = (min(wanted), max(wanted)) if wanted else (None, None)
+        self._passes.append(Pass(queue, first, count, first_type, last_type, hops + 1))
         self.nudged.set()
         return True
 
