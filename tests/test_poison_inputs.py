@@ -353,12 +353,15 @@ async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
 ):
     """A worker whose connections are cut while its database refuses new ones: asyncpg's pool
     logs "Failed to restore the pool connection floor" with a traceback; with --log-format
-    json it is a JSON line like every other line of stderr."""
+    json it is a JSON line like every other line of stderr, and a DEBUG one (the worker says
+    once that the database is unreachable: no third-party traceback at WARNING)."""
     from .helpers import spawn_worker, wait_for
 
     name = database_of(dsn)
     log = tmp_path / "worker.log"
-    worker = spawn_worker("tests.apps.basic", dsn, log, "--log-format", "json")
+    worker = spawn_worker(
+        "tests.apps.basic", dsn, log, "--log-format", "json", "--log-level", "debug"
+    )
     try:
         # Started, not only registered: a start-up whose LISTEN connection is refused exits 2.
         await wait_for(lambda: "worker started" in log.read_text(), 30)
@@ -382,3 +385,4 @@ async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
     floor = [x for x in parsed if "pool connection floor" in x["event"]]
     assert floor and floor[0]["logger"] == "asyncpg.pool", lines
     assert "Traceback" in floor[0]["exception"]
+    assert {x["level"] for x in floor} == {"debug"}, floor
