@@ -135,7 +135,9 @@ def resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def body_table(schema: dict[str, Any], spec: dict[str, Any]) -> str:
+def body_table(
+    schema: dict[str, Any], spec: dict[str, Any], required_word: str = "required"
+) -> str:
     schema = resolve(schema, spec)
     required = set(schema.get("required", ()))
     rows = [
@@ -143,7 +145,8 @@ def body_table(schema: dict[str, Any], spec: dict[str, Any]) -> str:
         f"| {text(prop.get('description', ''))} |"
         for name, prop in schema.get("properties", {}).items()
     ]
-    return "| field | required | type | what it is |\n|---|---|---|---|\n" + "\n".join(rows)
+    head = f"| field | {required_word} | type | what it is |\n|---|---|---|---|\n"
+    return head + "\n".join(rows)
 
 
 def http_reference() -> str:
@@ -179,6 +182,12 @@ def http_reference() -> str:
                 for status, answer in sorted(op.get("responses", {}).items())
             ]
             parts.append("| status | when |\n|---|---|\n" + "\n".join(answers))
+            for status, answer in sorted(op.get("responses", {}).items()):
+                content = answer.get("content", {}).get("application/json")
+                if status.startswith("2") and content:
+                    fields = body_table(content["schema"], spec, "always there")
+                    parts.append(f"Answer {status} (JSON):\n\n{fields}")
+                    break
     return "\n\n".join(parts) + "\n"
 
 
