@@ -1057,6 +1057,7 @@ CREATE TABLE pgworker.workers (
     last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
     lease double precision,
     http boolean DEFAULT false NOT NULL,
+    functions text[],
     CONSTRAINT workers_lease_check CHECK ((lease > (0)::double precision))
 );
 

@@ -19,6 +19,8 @@ _FILLED_LATER = {
     "pooled_function": {"columns", "body", "function", "statement", "timeout", "parameters"},
     "testing_database_create": {"database"},
     "testing_database_drop": {"database"},
+    # a function's quoted signature, read off the catalog (pooled_functions_unused.sql).
+    "pooled_function_drop": {"signature"},
 }
 
 

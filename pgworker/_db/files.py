@@ -50,12 +50,11 @@ def job_columns() -> str:
 def _fill(text: str, fragments: dict[str, str]) -> str:
     """`text` with each `{name}` of a fragment replaced by it, and those its fragments name."""
     for _ in range(len(fragments) + 1):
-        filled = text
-        for name, fragment in fragments.items():
-            filled = filled.replace("{" + name + "}", fragment)
-        if filled == text:
+        placed = [name for name in fragments if "{" + name + "}" in text]
+        if not placed:
             return text
-        text = filled
+        for name in placed:
+            text = text.replace("{" + name + "}", fragments[name])
     raise ValueError("the SQL fragments of sql/queries include each other in a cycle")
 
 

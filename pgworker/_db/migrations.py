@@ -3,10 +3,13 @@ database holds what this code needs before a worker starts."""
 
 from __future__ import annotations
 
+from .._logs import get_logger
 from ..errors import PrivilegeError, SchemaError
 from . import files
 from .connection import Conn, Executor, migrate_command, pooler_needed
 from .queries import queries, transaction
+
+_log = get_logger()
 
 MIN_SERVER_MAJOR = 14
 """The oldest PostgreSQL major pgworker is tested on (`make test-matrix`,
@@ -39,7 +42,8 @@ async def migrate(conn: Conn, schema: str, *, pooler: bool = False) -> list[int]
     so that concurrent runs apply each migration once. Returns the versions applied now. A
     server older than MIN_SERVER_MAJOR is refused first. With `pooler` (a transaction pooler in
     front, which keeps no session lock), all of them in one transaction under a
-    transaction-level lock, then the worker's pooled functions (`Queries.pooled_functions`)."""
+    transaction-level lock, then the worker's pooled functions (`Queries.pooled_functions`).
+    Either way, the pooled functions no one may call any more are dropped (`_prune`)."""
     await check_server(conn, schema)
     q = queries(schema)
     if pooler:
@@ -47,12 +51,27 @@ async def migrate(conn: Conn, schema: str, *, pooler: bool = False) -> list[int]
             await q.migrations_lock_xact(c)
             applied = await _apply(c, schema)
             await q.pooled_functions(c)
+            await _prune(c, schema)
             return applied
     await q.migrations_lock(conn)
     try:
-        return await _apply(conn, schema)
+        applied = await _apply(conn, schema)
+        async with transaction(conn) as c:
+            await _prune(c, schema)
+        return applied
     finally:
         await q.migrations_unlock(conn)
+
+
+async def _prune(conn: Conn, schema: str) -> None:
+    """Drop the pooled functions of older releases that no registered worker calls (each
+    worker says which it calls: workers.functions), under the migrations' lock. Not when the
+    schema is newer than this code: a newer release's migrate knows its own functions."""
+    if await schema_version(conn, schema) != files.latest_version():
+        return
+    dropped = await queries(schema).pooled_functions_prune(conn)
+    if dropped:
+        _log.info("pooled functions dropped", functions=dropped)
 
 
 async def _apply(conn: Conn, schema: str) -> list[int]:

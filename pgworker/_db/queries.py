@@ -191,7 +191,7 @@ class Queries:
         theirs. Returns the names of those the role cannot call: missing and not made (the role
         may not create in the schema), or made and not executable by the role (EXECUTE revoked
         from PUBLIC). Their statements stay plain."""
-        wanted = {_pooled_name(name, self._sql[name]): name for name in POOLED}
+        wanted = self.pooled_names()
         failed = []
         async with transaction(conn) as c:
             # Waits for any session making them or migrating; what is missing is read after.
@@ -212,6 +212,21 @@ class Queries:
                 arguments = ", ".join(f"${i}" for i in range(1, params + 2))
                 self._pooled[name] = f'SELECT * FROM "{self.schema}".{function}({arguments})'
         return failed
+
+    def pooled_names(self) -> dict[str, str]:
+        """This release's pooled functions: each statement of POOLED, by function name."""
+        return {_pooled_name(name, self._sql[name]): name for name in POOLED}
+
+    async def pooled_functions_prune(self, conn: Conn) -> list[str]:
+        """Drop the pooled functions no one may call any more (pooled_functions_unused.sql:
+        neither this release's nor any a registered worker says it calls); their names. Under
+        the migrations' lock, which a worker making its functions takes too."""
+        unused = await conn.fetch(self._sql["pooled_functions_unused"], list(self.pooled_names()))
+        for row in unused:
+            await conn.execute(
+                self._sql["pooled_function_drop"].replace("{signature}", row["signature"])
+            )
+        return [row["name"] for row in unused]
 
     async def pooled_function(self, conn: Conn, function: str, name: str) -> str:
         """The CREATE FUNCTION of statement `name`'s pooled function `function` (pooled_function.sql
@@ -538,6 +553,8 @@ class Queries:
         concurrency: int,
         lease: float | None = None,
     ) -> None:
+        """Register the worker, with the pooled functions it calls: this release's through a
+        pooler (whether made or not), none on a direct connection; `migrate` keeps them."""
         await conn.execute(
             self._sql["worker_register"],
             worker_id,
@@ -547,6 +564,7 @@ class Queries:
             list(types),
             concurrency,
             lease,
+            list(self.pooled_names()) if through_pooler(conn) else [],
         )
 
     async def workers_live(self, conn: Runner, seen_within: float) -> list[Row]:
@@ -959,7 +977,7 @@ class Queries:
     async def dashboard_overdue(self, conn: Runner, limit: int) -> list[Row]:
         return await self._rows(conn, "dashboard_overdue", limit)
 
-    # --- the console's charts (issue 25, item 4) ---------------------------------------------
+    # --- the console's charts ----------------------------------------------------------------
 
     async def stats_plan(self, conn: Runner) -> None:
         """Bitmap scans on and JIT off for the rest of the transaction (the charts' ranges)."""
