@@ -15,7 +15,8 @@ def add(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
         [common],
         "create or upgrade the schema",
         "Create or upgrade pgworker's schema (the numbered migrations in sql/migrations, each "
-        "once); safe to run concurrently, e.g. from every container at start-up.",
+        "once), and drop the pooled functions of older releases that no registered worker "
+        "calls; safe to run concurrently, e.g. from every container at start-up.",
         [
             "pgworker migrate --dsn postgresql://app@localhost/app",
             "PGWORKER_SCHEMA=jobs pgworker migrate     # in schema `jobs`",
