@@ -54,8 +54,8 @@ class _Output(io.TextIOWrapper):
 
 
 _CONFIGURES_THE_PROCESS = ("run", "serve", "replay")
-"""Commands that install signal handlers or configure the process's logging: they run as
-processes of their own (`cli_process`)."""
+"""Commands that install signal handlers or configure the process's logging: `cli` runs them
+as processes of their own (`cli_process`)."""
 
 _in_process = threading.Lock()
 
@@ -70,11 +70,13 @@ def cli(
     """`pgworker ARGS` in this process: the CLI's `main` called with ARGS in a thread of its own
     (it runs an event loop, and the test's may be running), stdout and stderr captured, its exit
     status returned, as `subprocess.run` would give them (bytes unless `text`). PGWORKER_* and
-    DATABASE_URL are unset for it, then `env` applied; stdin
-    holds `input` and is not a terminal. Ten times cheaper than a process: a process of its own
-    (`cli_process`) is for what needs one (signals, the logging a command configures, the
-    `python -m pgworker` entry point)."""
-    assert args and args[0] not in _CONFIGURES_THE_PROCESS, f"{args[0]}: use cli_process"
+    DATABASE_URL are unset for it, then `env` applied; stdin holds `input` and is not a
+    terminal. Many times cheaper than a process. The commands that install signal handlers or
+    configure the process's logging (run, serve, replay) run as a process (`cli_process`), as do
+    the tests that need one (signals, two clients each numbering its prepared statements from
+    1, the `python -m pgworker` entry point)."""
+    if not args or args[0] in _CONFIGURES_THE_PROCESS:
+        return cli_process(*args, env=env, input=input, text=text, timeout=timeout)
     from pgworker.cli import main
 
     stdout, stderr = _Output(), _Output()
@@ -127,15 +129,17 @@ def cli_process(
     `cli`'s; stdin is empty (or `input`)."""
     variables = {k: v for k, v in os.environ.items() if not k.startswith(_CLI_VARIABLES)}
     variables.update(PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "pgworker", *args],
         capture_output=True,
         text=text,
-        input=input if input is not None else ("" if text else b""),
+        input=(input or "") if text else (input or "").encode(),
         env=variables,
         cwd=ROOT,
         timeout=timeout,
     )
+    done.args = ["pgworker", *args]
+    return done
 
 
 @contextlib.contextmanager

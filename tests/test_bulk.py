@@ -19,7 +19,7 @@ from pgworker import _bulk as bulk
 from pgworker._filters import FIELDS, JobFilter
 from pgworker.errors import ValidationError
 
-from .helpers import wait_for
+from .helpers import cli, cli_process, wait_for
 from .webserver import ROOT, Served, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -243,45 +243,30 @@ async def test_cancel_delete_and_reschedule_touch_only_the_states_they_fit(
 # --- the CLI -------------------------------------------------------------------------------------
 
 
-def cli(dsn: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        **kwargs,
-    )
-
-
 async def test_jobs_list_filters_pages_and_escapes(conn: Any, dsn: str) -> None:
     ids = await seed_failed(conn, 3, error="ValueError: \x1b[31mred\x1b[0m down", customer_id=42)
     await seed_failed(conn, 2, type_="report")
-    found = cli(dsn, "jobs", "list", "--type", "send", "--limit", "2", "--json")
+    found = cli("jobs", "list", "--type", "send", "--limit", "2", "--json", "--dsn", dsn)
     assert found.returncode == 0, found.stderr
     page = json.loads(found.stdout)
     assert [j["id"] for j in page["jobs"]] == [ids[2], ids[1]] and page["next_before"] == ids[1]
     assert page["jobs"][0]["error"].startswith("ValueError:")
-    rest = cli(dsn, "jobs", "list", "--type", "send", "--before", str(ids[1]), "--json")
+    rest = cli("jobs", "list", "--type", "send", "--before", str(ids[1]), "--json", "--dsn", dsn)
     assert [j["id"] for j in json.loads(rest.stdout)["jobs"]] == [ids[0]]
-    table = cli(dsn, "jobs", "list", "--payload", '{"customer_id": 42}')
+    table = cli("jobs", "list", "--payload", '{"customer_id": 42}', "--dsn", dsn)
     assert table.returncode == 0, table.stderr
     assert "\x1b" not in table.stdout and "red" in table.stdout
     assert str(ids[0]) in table.stdout and "report" not in table.stdout
-    bad = cli(dsn, "jobs", "list", "--created-after", "yesterday")
+    bad = cli("jobs", "list", "--created-after", "yesterday", "--dsn", dsn)
     assert bad.returncode != 0 and "--created-after" in bad.stderr and "Traceback" not in bad.stderr
 
 
 async def test_replay_filter_asks_for_the_count_and_replays_in_batches(conn: Any, dsn: str) -> None:
     ids = await seed_failed(conn, 30)
-    refused = cli(dsn, "replay", "--filter", "--status", "failed")
+    refused = cli_process("replay", "--filter", "--status", "failed", "--dsn", dsn)
     assert refused.returncode != 0 and "--yes" in refused.stderr
     assert await replays_of(conn, ids) == {}
-    done = cli(
-        dsn,
+    done = cli_process(
         "replay",
         "--filter",
         "--status",
@@ -293,12 +278,14 @@ async def test_replay_filter_asks_for_the_count_and_replays_in_batches(conn: Any
         "7",
         "--by",
         "alice",
+        "--dsn",
+        dsn,
     )
     assert done.returncode == 0, done.stderr
     assert "30 jobs replayed" in done.stdout
     assert "28 of 30 handled" in done.stderr  # progress, batch by batch
     assert await replays_of(conn, ids) == dict.fromkeys(ids, 1)
-    cancelled = cli(dsn, "cancel", "--filter", "--status", "pending", "--yes")
+    cancelled = cli("cancel", "--filter", "--status", "pending", "--yes", "--dsn", dsn)
     assert cancelled.returncode == 0 and "30 jobs cancelled" in cancelled.stdout, cancelled.stderr
 
 

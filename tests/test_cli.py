@@ -20,7 +20,16 @@ from pgworker import cli as cli_module
 from pgworker._db import files
 from pgworker.cli import _render
 
-from .helpers import ROOT, all_finished, attempts, database_of, spawn_worker, wait_for
+from .helpers import (
+    ROOT,
+    all_finished,
+    attempts,
+    cli,
+    cli_process,
+    database_of,
+    spawn_worker,
+    wait_for,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -29,17 +38,6 @@ def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
     env["PYTHONPATH"] = str(ROOT)
     return env
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def start_worker(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -212,23 +210,17 @@ async def test_enqueue_validation_error_names_the_field(dsn):
 
 
 async def test_run_refuses_an_unmigrated_database(empty_dsn):
-    out = cli("run", "tests.apps.basic", "--dsn", empty_dsn)
+    out = cli_process("run", "tests.apps.basic", "--dsn", empty_dsn)
     assert out.returncode == 2
     assert "run `pgworker migrate`" in out.stderr
-    out = cli("run", "tests.apps.basic", "--dsn", empty_dsn, "--schema", "elsewhere")
+    out = cli_process("run", "tests.apps.basic", "--dsn", empty_dsn, "--schema", "elsewhere")
     assert out.returncode == 2
     assert "run `pgworker migrate --schema elsewhere`" in out.stderr
 
 
 async def test_a_log_variable_with_a_bad_value_is_an_error_naming_it(dsn):
-    env = {**cli_env(), "PGWORKER_LOG_FORMAT": "xml"}
-    out = subprocess.run(
-        [sys.executable, "-m", "pgworker", "run", "tests.apps.basic", "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
+    out = cli_process(
+        "run", "tests.apps.basic", "--dsn", dsn, env={"PGWORKER_LOG_FORMAT": "xml"}, timeout=60
     )
     assert out.returncode == 2
     assert "PGWORKER_LOG_FORMAT: must be one of json, console, got 'xml'" in out.stderr
@@ -460,7 +452,7 @@ async def test_each_command_help_shows_examples(command, capsys):
 
 
 async def test_top_level_help_lists_each_command_with_one_line():
-    out = cli("--help")
+    out = cli_process("--help")  # the entry point, `python -m pgworker`
     assert out.returncode == 0
     listed = {line.split()[0]: line for line in out.stdout.splitlines() if line.startswith("    ")}
     for command in ("migrate", "run", "enqueue", "cancel", "status"):

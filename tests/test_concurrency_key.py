@@ -8,8 +8,6 @@ the second time; migration 16 keeps the old function's grants."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
@@ -19,8 +17,7 @@ import pgworker
 import pgworker.sync
 from pgworker import JobSpec
 
-from .helpers import ROOT
-from .test_cli import cli_env
+from .helpers import cli
 from .test_dashboard import http
 from .test_sql_enqueue import migrated_to
 from .webserver import serving
@@ -266,29 +263,18 @@ async def apply_only(conn: Any, version: int) -> None:
         await queries("pgworker").migrations_record(conn, m.version, m.name)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 async def test_the_cli_enqueues_and_shows_the_key(conn, dsn):
-    out = run_cli("enqueue", "t", "--concurrency-key", "customer-42", "--dsn", dsn)
+    out = cli("enqueue", "t", "--concurrency-key", "customer-42", "--dsn", dsn)
     assert out.returncode == 0, out.stderr
     job_id = json.loads(out.stdout)["id"]
     assert (await pgworker.get_job(conn, job_id)).concurrency_key == "customer-42"
-    shown = run_cli("show", str(job_id), "--dsn", dsn)
+    shown = cli("show", str(job_id), "--dsn", dsn)
     assert shown.returncode == 0, shown.stderr
     [line] = [line for line in shown.stdout.splitlines() if "concurrency_key" in line]
     assert line.split() == ["concurrency_key", "customer-42"]
-    shown = run_cli("show", str(job_id), "--json", "--dsn", dsn)
+    shown = cli("show", str(job_id), "--json", "--dsn", dsn)
     assert json.loads(shown.stdout)["job"]["concurrency_key"] == "customer-42"
-    refused = run_cli("enqueue", "t", "--concurrency-key", TOO_LONG, "--dsn", dsn)
+    refused = cli("enqueue", "t", "--concurrency-key", TOO_LONG, "--dsn", dsn)
     assert refused.returncode == 2 and "concurrency_key" in refused.stderr
     assert await count(conn) == 1
 

@@ -6,11 +6,9 @@ retries; and one line says why for each way the file can be wrong."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 import pgworker
 from pgworker import cli as cli_module
 
-from .helpers import ROOT, has_status, logged, spawn_worker, wait_for
+from .helpers import cli, has_status, logged, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 SERVICES = {"producer", "heartbeat", "completer", "notifier", "maintenance"}
@@ -29,14 +27,7 @@ def health(
     path: Path | str | None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     args = ["--health-file", str(path)] if path is not None else []
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", "health", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    return cli("health", *args, env=env, timeout=30)
 
 
 def healthy(path: Path) -> bool:

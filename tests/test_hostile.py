@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +23,16 @@ import pgworker
 from pgworker import JobSpec, Worker
 
 from . import helpers
-from .helpers import all_finished, attempts, database_of, has_status, serves_on, status_of, wait_for
+from .helpers import (
+    all_finished,
+    attempts,
+    cli,
+    database_of,
+    has_status,
+    serves_on,
+    status_of,
+    wait_for,
+)
 from .test_chaos import Workers
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -350,10 +358,8 @@ async def _leads(conn: asyncpg.Connection, worker_id: str) -> bool:
 async def test_a_statement_the_database_refuses_is_one_line_from_the_cli(dsn, conn):
     db_name = database_of(dsn)
     await conn.execute(f'ALTER DATABASE "{db_name}" SET default_transaction_read_only = on')
-    result = await anyio.run_process(
-        [sys.executable, "-m", "pgworker", "enqueue", "t", "--dsn", dsn], check=False
-    )
-    err = result.stderr.decode()
+    result = cli("enqueue", "t", "--dsn", dsn)
+    err = result.stderr
     assert result.returncode == 1
     assert err.startswith("pgworker enqueue: error: the database refused it:"), err
     assert "read-only" in err and "Traceback" not in err and err.count("\n") == 1

@@ -19,7 +19,7 @@ from pgworker._db.queries import queries
 from pgworker._steps.store import StepStore
 from pgworker.context import JobContext
 
-from .helpers import fake_claim, has_status, serving_guarded, wait_for
+from .helpers import cli, fake_claim, has_status, serving_guarded, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 Q = queries("pgworker")
@@ -268,21 +268,6 @@ async def test_a_payload_with_many_secrets_never_stalls_the_worker(dsn, conn):
 # --- the command line -----------------------------------------------------------------------------
 
 
-def cli(dsn: str, *args: str) -> Any:
-    import subprocess
-    import sys
-
-    from .helpers import ROOT
-
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 def nested(depth: int, leaf: Any) -> Any:
     value = leaf
     for _ in range(depth - 1):
@@ -301,7 +286,7 @@ async def test_show_a_job_whose_payload_is_nested_as_deep_as_enqueue_allows(dsn,
         r.job.id,
         json.dumps(nested(400, [1])),
     )
-    shown = cli(dsn, "show", str(r.job.id), *(["--json"] if form == "json" else []))
+    shown = cli("show", str(r.job.id), *(["--json"] if form == "json" else []), "--dsn", dsn)
     assert shown.returncode == 0, shown.stderr
     assert "p4ssw0rd-deep" not in shown.stdout.split("steps")[0]
     if form == "json":
@@ -313,7 +298,7 @@ async def test_show_a_job_whose_payload_is_nested_as_deep_as_enqueue_allows(dsn,
 async def test_show_a_job_whose_payload_is_not_an_object(dsn, conn, payload):
     r = await pgworker.enqueue(conn, "scalar", payload)
     for extra in ([], ["--json"]):
-        shown = cli(dsn, "show", str(r.job.id), *extra)
+        shown = cli("show", str(r.job.id), *extra, "--dsn", dsn)
         assert shown.returncode == 0, shown.stderr
         assert "tok-12345" not in shown.stdout
 

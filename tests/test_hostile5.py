@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 import pgworker
 
-from .helpers import database_of, fake_claim, has_status, status_of, wait_for
+from .helpers import cli, database_of, fake_claim, has_status, status_of, wait_for
 from .webserver import serving
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,14 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def health(path: Path, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     """`pgworker health --health-file PATH`, bounded: a probe that hangs fails the test."""
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", "health", "--health-file", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    return cli("health", "--health-file", str(path), timeout=timeout)
 
 
 def fresh(**changes: object) -> str:
@@ -483,14 +475,7 @@ async def test_pgworker_show_of_a_milestone_python_cannot_decode_is_one_line(dsn
         job,
         DEEP,
     )
-    out = subprocess.run(
-        [sys.executable, "-m", "pgworker", "show", str(job), "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = cli("show", str(job), "--dsn", dsn)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1 and "milestone" in out.stderr
     assert "cannot be decoded" in out.stderr

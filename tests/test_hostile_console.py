@@ -5,9 +5,6 @@ operators, the trusted proxy header, the live pages and `pgworker jobs list`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +13,9 @@ import pytest
 
 import pgworker
 
-from .helpers import has_status, serving_guarded, wait_for
+from .helpers import cli, has_status, serving_guarded, wait_for
 from .test_dashboard import browser, csrf_of, css, http, log_in, page, until
-from .webserver import ROOT, serving
+from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 __all__ = ["browser", "page"]  # the fixtures, used by name
@@ -140,24 +137,13 @@ async def test_a_reschedule_to_the_first_moment_of_year_1_does_not_stop_the_work
 # --- the CLI -------------------------------------------------------------------------------------
 
 
-def _cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
 async def test_jobs_list_json_stays_json_with_control_characters_from_the_database(dsn, conn):
     """`jobs list --json` of a job whose values hold C1 controls (U+009B, the 8-bit CSI), ESC and
     a bidi override: valid JSON that gives the values back, and no raw control reaches the
     terminal (the escaper turned U+009B into `\\x9b`, which is not JSON)."""
     odd = "corr\u009b31m\x1b[2J\u202e"
     await pgworker.enqueue(conn, "t\x1b]0;pwned\x07", {}, correlation_id=odd)
-    done = _cli(dsn, "jobs", "list", "--json")
+    done = cli("jobs", "list", "--json", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
     assert not any(c in done.stdout for c in "\x1b\x07\u009b\u202e")
     (job,) = json.loads(done.stdout)["jobs"]

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 import pgworker
 from pgworker import ConfigError, JobSpec
 
-from .helpers import ROOT, spawn_worker, wait_for
+from .helpers import cli, spawn_worker, wait_for
 from .pgbouncer import PgBouncer, available
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -189,7 +188,7 @@ async def test_a_held_back_worker_does_not_spin(dsn, conn, tmp_path):
 async def test_a_queue_limit_set_from_the_cli_holds_at_once_and_is_lifted(dsn, conn, tmp_path):
     with fleet(dsn, tmp_path):
         await ready(conn)
-        limit = cli(dsn, "queue", "limit", "limited", "2")
+        limit = cli("queue", "limit", "limited", "2", "--dsn", dsn)
         assert limit.returncode == 0, limit.stderr
         running = "SELECT count(*) FROM pgworker.jobs WHERE status = 'running' AND queue = $1"
         async with sampling(dsn, running, "limited") as sampler:
@@ -205,7 +204,7 @@ async def test_a_queue_limit_set_from_the_cli_holds_at_once_and_is_lifted(dsn, c
         assert sampler.most == 2
         assert await most_at_once(conn, "j.queue = 'limited'") == 2
 
-        lifted = cli(dsn, "queue", "limit", "limited", "--none")
+        lifted = cli("queue", "limit", "limited", "--none", "--dsn", dsn)
         assert lifted.returncode == 0, lifted.stderr
         await pgworker.enqueue_many(
             conn, [JobSpec("plain", {"seconds": 1.0}, queue="limited") for _ in range(12)]
@@ -303,16 +302,6 @@ async def test_a_rate_limit_holds_in_every_window_without_retries(dsn, conn, tmp
     # And the limit was used, not slept through: 30 starts in well under 10 seconds.
     assert starts[-1] - starts[0] < timedelta(seconds=8)
     assert await conn.fetchval("SELECT max(retry_count) FROM pgworker.jobs") == 0
-
-
-def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
 
 
 @pytest.mark.parametrize(

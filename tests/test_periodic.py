@@ -19,7 +19,7 @@ from pgworker._maintenance.periodic import Periodic, grace
 from pgworker._schedule import MAX_CATCH_UP, key, set_name
 from pgworker.settings import Settings
 
-from .helpers import wait_for
+from .helpers import cli, wait_for
 
 PARIS = ZoneInfo("Europe/Paris")
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -449,25 +449,6 @@ async def test_the_leader_wakes_at_each_slot_not_at_its_maintenance_tick(dsn: st
 
 
 # --- pgworker periodic list, GET /periodic, the dashboard's page -------------------------------
-
-
-def cli(*args: str) -> Any:
-    import os
-    import subprocess
-    import sys
-
-    from .helpers import ROOT
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
 
 
 @aio

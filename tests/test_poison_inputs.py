@@ -18,8 +18,8 @@ import pgworker
 from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError
 from pgworker import _validate as validate
 
-from .helpers import ROOT, database_of
-from .test_cli import cli, cli_env
+from .helpers import ROOT, cli, database_of
+from .test_cli import cli_env
 
 SURROGATE = "\udcff"
 DSN = "postgresql://x@127.0.0.1:1/x"

@@ -23,6 +23,8 @@ from .helpers import (
     ROOT,
     all_finished,
     attempts,
+    cli,
+    cli_process,
     count_function_calls,
     pooled_calls,
     spawn_worker,
@@ -61,17 +63,6 @@ def env() -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKER_", "DATABASE_URL"))}
     e["PYTHONPATH"] = str(ROOT)
     return e
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=env(),
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def pooler_worker(dsn: str, log, *args: str) -> subprocess.Popen[bytes]:
@@ -257,9 +248,11 @@ async def test_the_cli_works_through_the_pooler_client_after_client(empty_dsn, n
 
 
 async def test_a_command_without_pooler_says_to_pass_it(dsn, narrow):
-    first = cli("enqueue", "echo", "--dsn", narrow.dsn(dsn))
+    """Two processes: each names its prepared statements from 1 (one process's second client
+    would take names the server session does not hold yet)."""
+    first = cli_process("enqueue", "echo", "--dsn", narrow.dsn(dsn))
     assert first.returncode == 0, first.stderr  # the first client alone does not see it
-    second = cli("enqueue", "echo", "--dsn", narrow.dsn(dsn))
+    second = cli_process("enqueue", "echo", "--dsn", narrow.dsn(dsn))
     assert second.returncode == 2, second
     assert ONE_LINE_POOLER in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -314,7 +307,7 @@ async def test_a_worker_without_pooler_exits_with_one_line_naming_it(
     """PgBouncer refuses the worker's startup parameters; told to ignore them, it drops them:
     either way the worker (and `serve`, whose pool has the same options) says to pass --pooler,
     with the exit status of a configuration error."""
-    out = cli(*command, "--dsn", bouncer.dsn(dsn), timeout=30)
+    out = cli_process(*command, "--dsn", bouncer.dsn(dsn), timeout=30)
     assert out.returncode == 2, out
     assert "unsupported startup parameter" in out.stderr and ONE_LINE_POOLER in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
@@ -323,7 +316,7 @@ async def test_a_worker_without_pooler_exits_with_one_line_naming_it(
         ignore_startup_parameters="plan_cache_mode,enable_bitmapscan,enable_seqscan,jit,lock_timeout",
     )
     with ignoring:
-        out = cli(*command, "--dsn", ignoring.dsn(dsn), timeout=30)
+        out = cli_process(*command, "--dsn", ignoring.dsn(dsn), timeout=30)
     assert out.returncode == 2, out
     assert "plan_cache_mode was ignored" in out.stderr and ONE_LINE_POOLER in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr

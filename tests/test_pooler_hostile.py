@@ -23,7 +23,7 @@ from pgworker._db.queries import transaction
 from pgworker.cli._common import _pooler
 
 from .apps.basic import registry
-from .helpers import ROOT, serving_guarded, statuses, wait_for
+from .helpers import ROOT, cli, cli_process, serving_guarded, statuses, wait_for
 from .pgbouncer import PgBouncer, available
 
 pytestmark = [
@@ -50,17 +50,6 @@ def narrow(server_dsn: str) -> Iterator[PgBouncer]:
 def env(**extra: str) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKER_", "DATABASE_URL"))}
     return {**e, "PYTHONPATH": str(ROOT), **extra}
-
-
-def cli(*args: str, timeout: float = 30, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=env(**extra),
-        cwd=ROOT,
-        timeout=timeout,
-    )
 
 
 def one_line(out: subprocess.CompletedProcess[str]) -> str:
@@ -127,7 +116,7 @@ async def test_every_command_in_pooler_mode_from_the_environment(empty_dsn, narr
     given = {"PGWORKER_POOLER": " True ", "PGWORKER_DSN": narrow.dsn(empty_dsn)}
 
     def ok(*args: str) -> str:
-        out = cli(*args, **given)
+        out = cli(*args, env=given)
         assert out.returncode == 0, (args, out.stdout, out.stderr)
         return out.stdout
 
@@ -166,11 +155,13 @@ async def test_a_listen_dsn_through_the_pooler_is_refused_in_one_line(dsn, bounc
     the worker refuses it at start-up, naming --listen-dsn, and leaves no worker behind that
     `status` would count as live."""
     through = bouncer.dsn(dsn)
-    out = cli("run", "tests.apps.basic", "--pooler", "--dsn", through, "--listen-dsn", through)
+    out = cli_process(
+        "run", "tests.apps.basic", "--pooler", "--dsn", through, "--listen-dsn", through
+    )
     error = one_line(out)
     assert "--listen-dsn" in error and "through a pooler" in error, error
     # From the environment, and for a direct worker that listens elsewhere: the same.
-    out = cli("run", "tests.apps.basic", "--dsn", dsn, PGWORKER_LISTEN_DSN=through)
+    out = cli_process("run", "tests.apps.basic", "--dsn", dsn, env={"PGWORKER_LISTEN_DSN": through})
     assert "--listen-dsn" in one_line(out)
     assert await live_workers(dsn) == 0
     with pytest.raises(pgworker.ConfigError, match=r"listen_dsn: .*through a pooler"):
@@ -182,7 +173,7 @@ async def test_a_listen_dsn_through_the_pooler_is_refused_in_one_line(dsn, bounc
 async def test_a_listen_dsn_to_another_database_is_refused_in_one_line(dsn, server_dsn, bouncer):
     """NOTIFY reaches only the sessions of its own database: LISTEN on another one (an admin
     DSN pasted by mistake) would hear nothing, silently."""
-    out = cli(
+    out = cli_process(
         "run", "tests.apps.basic", "--pooler", "--dsn", bouncer.dsn(dsn), "--listen-dsn", server_dsn
     )
     error = one_line(out)
@@ -209,7 +200,7 @@ SECRET = "s3?cr\x1b[2Jet"
 async def test_a_bad_listen_dsn_is_one_line_naming_it(dsn, bouncer, listen_dsn, said):
     """Never a traceback, never the password (nor a piece of it), never a raw control byte;
     the exit status of the other configuration errors."""
-    out = cli(
+    out = cli_process(
         "run", "tests.apps.basic", "--pooler", "--dsn", bouncer.dsn(dsn), "--listen-dsn", listen_dsn
     )
     error = one_line(out)

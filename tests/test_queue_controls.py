@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -20,7 +17,7 @@ import pytest
 import pgworker
 from pgworker.operations import os_user
 
-from .helpers import ROOT, wait_for
+from .helpers import cli, wait_for
 from .test_bounds import BOUND, serve_idle
 from .test_dashboard import csrf_of, http
 from .test_metrics import free_port, scrape, value
@@ -159,32 +156,20 @@ async def test_bad_input_names_the_field_and_writes_nothing(conn, act, bad, fiel
 # --- CLI ---------------------------------------------------------------------------------------
 
 
-def cli(*args: str, dsn: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKER_", "DATABASE_URL"))}
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        env={**env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 async def test_cli_pause_resume_and_list(dsn, conn):
     await pgworker.enqueue(conn, "t", {}, queue="mail")
-    done = cli("queue", "pause", "mail", "--reason", "provider down", "--by", "alice", dsn=dsn)
+    done = cli("queue", "pause", "mail", "--reason", "provider down", "--by", "alice", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("paused queue mail (since ") and "by alice: provider down" in (
         done.stdout
     )
-    again = cli("queue", "pause", "mail", dsn=dsn)
+    again = cli("queue", "pause", "mail", "--dsn", dsn)
     assert again.returncode == 0 and again.stdout.startswith("queue mail was already paused")
-    fresh = cli("queue", "pause", "nowhere", dsn=dsn)
+    fresh = cli("queue", "pause", "nowhere", "--dsn", dsn)
     assert fresh.returncode == 0 and "note: no pending job, worker or earlier control" in (
         fresh.stdout
     )
-    table = cli("queue", "list", dsn=dsn)
+    table = cli("queue", "list", "--dsn", dsn)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == [
@@ -200,12 +185,12 @@ async def test_cli_pause_resume_and_list(dsn, conn):
     ]
     assert lines[1].split()[:4] == ["mail", "paused", "1", "0"]
     assert lines[1].endswith("alice  provider down")
-    listed = json.loads(cli("queue", "list", "--json", dsn=dsn).stdout)
+    listed = json.loads(cli("queue", "list", "--json", "--dsn", dsn).stdout)
     assert [(q["queue"], q["paused"], q["pending"], q["limits"]) for q in listed] == [
         ("mail", True, 1, {}),
         ("nowhere", True, 0, {}),
     ]
-    resumed = cli("queue", "resume", "mail", "--reason", "back", dsn=dsn)
+    resumed = cli("queue", "resume", "mail", "--reason", "back", "--dsn", dsn)
     assert resumed.returncode == 0 and resumed.stdout.startswith("resumed queue mail")
     assert await log_of(conn) == [
         ("alice", "pause", "mail", "provider down"),
@@ -225,7 +210,7 @@ async def test_cli_pause_resume_and_list(dsn, conn):
     ],
 )
 async def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(dsn, conn, args, said):
-    done = cli(*args, dsn=dsn)
+    done = cli(*args, "--dsn", dsn)
     assert done.returncode == 2, done
     assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert await written(conn) == (0, 0)
@@ -234,7 +219,7 @@ async def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(dsn, conn, a
 async def test_cli_escapes_a_queue_name_before_the_terminal(dsn, conn):
     await pgworker.pause_queue(conn, "evil\x1b[2J\rname", reason="why\x1b]0;x\x07")
     for args in (["queue", "list"], ["queue", "pause", "evil\x1b[2J\rname"]):
-        done = cli(*args, dsn=dsn)
+        done = cli(*args, "--dsn", dsn)
         assert done.returncode == 0, done.stderr
         assert "\x1b" not in done.stdout and "\r" not in done.stdout, done.stdout
 

@@ -5,10 +5,7 @@ password never appears in a pgworker message."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -29,7 +26,7 @@ from pgworker._redact import (
     summary,
 )
 
-from .helpers import ROOT, all_finished, spawn_worker, wait_for
+from .helpers import all_finished, cli, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -170,14 +167,7 @@ async def test_database_unavailable_never_shows_the_dsn_password(dsn):
         async with pgworker.Worker(registry, dsn):
             pass
     assert DSN_PASSWORD not in str(raised.value), raised.value
-    out = subprocess.run(
-        [sys.executable, "-m", "pgworker", "status", "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    out = cli("status", "--dsn", dsn)
     assert out.returncode == 2 and out.stderr.strip(), out
     assert DSN_PASSWORD not in out.stdout + out.stderr, out.stderr
 

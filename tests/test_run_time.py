@@ -6,9 +6,6 @@ apart. A state's friendly word keeps its technical status beside it."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +15,7 @@ from structlog.testing import capture_logs
 import pgworker
 from pgworker._web.dashboard_words import span, state
 
-from .helpers import ROOT, has_status, logged, wait_for
+from .helpers import cli, has_status, logged, wait_for
 from .test_operators import _dashboard
 from .webserver import serving
 
@@ -52,14 +49,7 @@ async def test_one_run_time_in_the_log_the_table_the_cli_and_the_dashboard(dsn, 
     assert row["run_ms"] <= row["span"]  # not the claim-to-write span
     assert 5000 <= row["wait_ms"] < 15000  # waited ~5 s past its run_at, shown apart
 
-    shown = subprocess.run(
-        [sys.executable, "-m", "pgworker", "show", str(job), "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    shown = cli("show", str(job), "--dsn", dsn)
     assert shown.returncode == 0, shown.stderr
     assert f"run time {row['run_ms']:.1f} ms" in shown.stdout
     assert f"wait {row['wait_ms']:.1f} ms" in shown.stdout

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +18,7 @@ import pgworker
 from pgworker import _terminal
 
 from .apps.terminal import HOSTILE
-from .helpers import ROOT, spawn_worker, wait_for
+from .helpers import ROOT, cli, spawn_worker, wait_for
 
 asyncio = pytest.mark.asyncio(loop_scope="session")
 
@@ -38,14 +36,8 @@ SHOWN = "\\x1b[2J"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PGWORKER_DSN", "DATABASE_URL")}
-    env.update(PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8", PGWORKER_LOG_FORMAT="console")
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
+    return cli(
+        *args, env={"PYTHONIOENCODING": "utf-8", "PGWORKER_LOG_FORMAT": "console"}, text=False
     )
 
 
@@ -55,7 +47,7 @@ def obeyed(output: bytes) -> list[str]:
 
 
 def assert_safe(out: subprocess.CompletedProcess[bytes], *, visible: str | None = SHOWN) -> None:
-    name = " ".join(str(a) for a in out.args[3:5])
+    name = " ".join(str(a) for a in out.args[1:3])
     for stream in (out.stdout, out.stderr):
         assert not obeyed(stream), (name, obeyed(stream), stream[:3000])
     if visible is not None:

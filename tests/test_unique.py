@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
@@ -18,8 +16,7 @@ import pytest
 import pgworker
 from pgworker import JobSpec
 
-from .helpers import ROOT, has_status, wait_for
-from .test_cli import cli_env
+from .helpers import cli, has_status, wait_for
 from .test_dashboard import http
 from .webserver import serving
 
@@ -365,22 +362,11 @@ async def test_migration_17_keeps_the_functions_grants(empty_dsn):
         await conn.close()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 async def test_the_cli_enqueues_with_a_unique_key_and_shows_it(conn, dsn):
-    first = run_cli("enqueue", "t", "--unique-key", "cli-k", "--dsn", dsn)
+    first = cli("enqueue", "t", "--unique-key", "cli-k", "--dsn", dsn)
     assert first.returncode == 0, first.stderr
     job = json.loads(first.stdout)
-    again = run_cli(
+    again = cli(
         "enqueue",
         "t",
         "--payload",
@@ -399,10 +385,10 @@ async def test_the_cli_enqueues_with_a_unique_key_and_shows_it(conn, dsn):
         False,
     )
     assert (await pgworker.get_job(conn, job["id"])).payload == {"v": 2}
-    shown = run_cli("show", str(job["id"]), "--dsn", dsn)
+    shown = cli("show", str(job["id"]), "--dsn", dsn)
     [line] = [line for line in shown.stdout.splitlines() if "unique_key" in line]
     assert line.split() == ["unique_key", "cli-k"]
-    period = run_cli(
+    period = cli(
         "enqueue",
         "t",
         "--unique-key",
@@ -416,14 +402,12 @@ async def test_the_cli_enqueues_with_a_unique_key_and_shows_it(conn, dsn):
     )
     assert period.returncode == 0, period.stderr
     await conn.execute("DELETE FROM pgworker.jobs WHERE unique_key = 'p'")
-    refused = run_cli(
-        "enqueue", "t", "--unique-key", "x", "--unique-states", "pending", "--dsn", dsn
-    )
+    refused = cli("enqueue", "t", "--unique-key", "x", "--unique-states", "pending", "--dsn", dsn)
     assert refused.returncode == 2 and "unique_states" in refused.stderr
-    refused = run_cli("enqueue", "t", "--replace", "--dsn", dsn)
+    refused = cli("enqueue", "t", "--replace", "--dsn", dsn)
     assert refused.returncode == 2 and "replace" in refused.stderr
     await conn.execute("UPDATE pgworker.jobs SET status = 'running'")
-    running = run_cli("enqueue", "t", "--unique-key", "cli-k", "--replace", "--dsn", dsn)
+    running = cli("enqueue", "t", "--unique-key", "cli-k", "--replace", "--dsn", dsn)
     assert running.returncode != 0 and "running" in running.stderr
     assert await count(conn) == 1
 

@@ -6,8 +6,6 @@ job's run_at, an unknown id and bad values are refused with nothing changed; the
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,8 +13,7 @@ import pytest
 
 import pgworker
 
-from .helpers import ROOT
-from .test_cli import cli_env
+from .helpers import cli
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -97,20 +94,9 @@ async def test_an_unknown_or_bad_id_is_refused(conn, job_id):
     assert caught.value.field == "job_id"
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgworker", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
-
-
 async def test_the_cli_updates_a_pending_job(conn, dsn):
     job = (await pgworker.enqueue(conn, "t", {"v": 1})).job
-    out = run_cli(
+    out = cli(
         "job",
         "update",
         str(job.id),
@@ -134,16 +120,16 @@ async def test_the_cli_updates_a_pending_job(conn, dsn):
     }
     stored = await pgworker.get_job(conn, job.id)
     assert (stored.run_at, stored.priority, stored.payload) == (LATER, 20, {"v": 2})
-    shown = run_cli("show", str(job.id), "--dsn", dsn)
+    shown = cli("show", str(job.id), "--dsn", dsn)
     assert "updated by alice" in shown.stdout, shown
-    nothing = run_cli("job", "update", str(job.id), "--dsn", dsn)
+    nothing = cli("job", "update", str(job.id), "--dsn", dsn)
     assert nothing.returncode == 2 and "at least one" in nothing.stderr
-    naive = run_cli("job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05", "--dsn", dsn)
+    naive = cli("job", "update", str(job.id), "--run-at", "2040-01-02T03:04:05", "--dsn", dsn)
     assert naive.returncode == 2 and "time zone" in naive.stderr
-    unknown = run_cli("job", "update", "999999", "--priority", "1", "--dsn", dsn)
+    unknown = cli("job", "update", "999999", "--priority", "1", "--dsn", dsn)
     assert unknown.returncode == 2 and "there is no job 999999" in unknown.stderr
     await conn.execute("UPDATE pgworker.jobs SET status = 'running' WHERE id = $1", job.id)
-    running = run_cli("job", "update", str(job.id), "--priority", "1", "--dsn", dsn)
+    running = cli("job", "update", str(job.id), "--priority", "1", "--dsn", dsn)
     assert running.returncode == 2 and "is running" in running.stderr, running
     assert (await pgworker.get_job(conn, job.id)).priority == 20
 
