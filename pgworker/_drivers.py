@@ -215,6 +215,39 @@ def closed(driver: str) -> DatabaseUnavailable:
     )
 
 
+_LOST_STATES = ("57P01", "57P02", "57P03")
+"""A server shutting down (by an administrator, after a crash) or starting: the session is gone,
+as with any SQLSTATE of class 08 (connection exception)."""
+
+
+def connection_lost(conn: Any, exc: BaseException) -> DatabaseUnavailable | None:
+    """The error of an enqueue whose connection to PostgreSQL was lost (a server shut down, a
+    network cut, a connection refused), whatever the driver and wherever it happened (mid-COPY,
+    in a pool's connection, in the rollback after it): DatabaseUnavailable. None for any other
+    error. The exception's chain is read through drivers' and SQLAlchemy's wrappers."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        state = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        below = getattr(seen, "orig", None) or seen.__cause__ or seen.__context__
+        if (
+            (isinstance(state, str) and (state.startswith("08") or state in _LOST_STATES))
+            or (isinstance(seen, OSError) and not isinstance(seen, TimeoutError))
+            # psycopg's error for a connection that failed without a server's word
+            or (type(seen).__name__ == "OperationalError" and state is None and below is None)
+            or (isinstance(seen, asyncpg.exceptions.InternalClientError) and _native_closed(conn))
+        ):
+            return DatabaseUnavailable(
+                f"the connection to PostgreSQL was lost during the enqueue ({type(seen).__name__}: "
+                f"{seen}); a job is written only if its transaction committed before: reconnect, "
+                "then enqueue again (with an idempotency_key, an enqueue of a job already written "
+                "returns it)"
+            )
+        seen = below
+    return None
+
+
 KEPT_STATEMENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.DuplicatePreparedStatementError,
     asyncpg.exceptions.InvalidSQLStatementNameError,

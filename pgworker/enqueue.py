@@ -20,7 +20,7 @@ from . import _validate as validate
 from ._attempt import current_correlation_id
 from ._db.connection import Executor
 from ._db.queries import Queries, queries, transaction
-from ._drivers import NATIVE, UNUSABLE, adapt, is_adapter, unusable
+from ._drivers import NATIVE, UNUSABLE, adapt, connection_lost, is_adapter, unusable
 from ._tracing import current_traceparent
 from .errors import IdempotencyConflict, JobNotPending, PgWorkerError, ValidationError
 from .models import (
@@ -277,9 +277,11 @@ async def enqueue(
         if f.unique_key is not None:
             return await _insert_unique(conn, q, f, text)
         return await _insert(conn, q, f, text, idempotency_key)
-    except UNUSABLE as exc:
-        error = unusable(conn, exc)
-        if error is None:
+    except PgWorkerError:
+        raise
+    except Exception as exc:
+        error = _driver_error(conn, exc)
+        if error is exc:
             raise
         raise error from exc
 
@@ -468,11 +470,21 @@ async def enqueue_many(
         if plain and not is_adapter(conn):
             return await _copy_many(conn, q, specs, keyed)
         return await _insert_many(conn, q, specs)
-    except UNUSABLE as exc:
-        error = unusable(conn, exc)
-        if error is None:
+    except PgWorkerError:
+        raise
+    except Exception as exc:
+        error = _driver_error(conn, exc)
+        if error is exc:
             raise
         raise error from exc
+
+
+def _driver_error(conn: Any, exc: Exception) -> Exception:
+    """A driver's error on the enqueue path as pgworker's, saying what to do: a connection lost
+    or closed (DatabaseUnavailable), an aborted transaction; else `exc` itself, raised as it
+    is."""
+    error = unusable(conn, exc) if isinstance(exc, UNUSABLE) else None
+    return error or connection_lost(conn, exc) or exc
 
 
 async def _insert_linked(
