@@ -1,5 +1,5 @@
-"""Issue 21, the hostile round on task handles and typed payloads: what a hostile user still got
-through.
+"""Typed payloads hold what the worker will decode, and a refusal names the field without
+repeating the value: what a hostile user got through task handles and typed payloads once.
 
 - A model instance changed after it was built (`invoice.amount = "ten"`, or `model_construct`)
   was stored as it was: enqueue checked nothing pydantic would not revalidate, and the worker
