@@ -69,7 +69,8 @@ class Maintenance:
             *(Led(duty, self.leadership, pool) for duty in duties if duty is not None),
         ]
         self.healths = {service.name: Health() for service in self.services}
-        self.health = Joint(list(self.healths.values()))
+        renewal, *others = self.healths.values()
+        self.health = Joint(renewal, others)
         """What `Worker.health()` reports as `maintenance`."""
 
     @property

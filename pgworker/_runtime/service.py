@@ -169,12 +169,14 @@ class Health:
 
 
 class Joint:
-    """Several services' healths reported as one (`maintenance`: the leadership's renewal and
-    each duty it runs): retrying while any of them is, with the failures, error and last success
-    of the one that failed most; otherwise ok, with the newest success."""
+    """Several services' healths reported as one (`maintenance`: the leadership's renewal, the
+    `main` one, and each duty it runs): retrying while any of them is, with the failures, error
+    and last success of the one that failed most; otherwise ok, with the main one's last success
+    (a duty of a worker that does not lead succeeds at doing nothing)."""
 
-    def __init__(self, parts: Sequence[Health]) -> None:
-        self.parts = list(parts)
+    def __init__(self, main: Health, others: Sequence[Health]) -> None:
+        self.main = main
+        self.parts = [main, *others]
 
     def _failing(self) -> Health | None:
         failing = [h for h in self.parts if h.state == "retrying"]
@@ -194,11 +196,10 @@ class Joint:
         worst = self._failing()
         if worst is not None:
             return worst.as_dict()
-        successes = [h.last_success for h in self.parts if h.last_success is not None]
         last_failed = max(self.parts, key=lambda h: h._failed_at)
         return {
             "state": self.state,
-            "last_success": max(successes, default=None),
+            "last_success": self.main.last_success,
             "consecutive_failures": 0,
             "last_error": last_failed.last_error,
         }
