@@ -14,8 +14,8 @@ Periodic schedules (periodic.py) have a lease of their own and are run by the Wo
 
 Each service is run by the one supervised loop (_runtime/service.py), on the worker's shared
 connection (or `pgworker serve`'s pool); `Worker.health()` reports them together as
-`maintenance`. A worker that does not lead renews nothing but its bid, every half lease; the
-duties wait for the leadership."""
+`maintenance`. A worker that does not lead bids for the leadership every half lease; its duties
+wait until it leads."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ A database that cannot be reached fails every service at once, again at each ret
 services report those failures to the worker's one `Contact`, which says once that the database
 is unreachable and once that it answers again (how long it was lost, how many retries), rather
 than each service at each retry. asyncpg's pool, which logs each failed reconnection of its own
-with a traceback, is heard at DEBUG meanwhile (`_QuietPool`).
+with a traceback, is heard at DEBUG while a worker runs in the process (`_QuietPool`).
 """
 
 from __future__ import annotations
