@@ -37,6 +37,14 @@ def test_no_placeholder_is_left_in_a_rendered_statement() -> None:
         assert set(_PLACEHOLDER.findall(sql)) == _FILLED_LATER.get(name, set()), name
 
 
+def test_a_fragment_is_placed_without_the_comment_at_its_top() -> None:
+    assert files._placed("-- what it holds\n-- and why\nSELECT 1 -- kept\n  , 2\n") == (
+        "SELECT 1 -- kept\n  , 2"
+    )
+    for sql in files.queries("pgworker").values():
+        assert "What belongs to the jobs that CTE `gone`" not in sql
+
+
 def test_a_fragment_placed_in_a_fragment_is_filled_and_a_cycle_is_refused() -> None:
     assert files._fill("SELECT {a}", {"a": "{b} + 1", "b": "2"}) == "SELECT 2 + 1"
     with pytest.raises(ValueError, match="cycle"):

@@ -7,7 +7,8 @@ to it in the repository and the directory itself in a wheel (see pyproject.toml)
 Placeholders: `{schema}` becomes the quoted schema name, `{schema_literal}` the schema name as
 a SQL string literal (a checked plain identifier: it holds no quote), `{jobs_channel}`,
 `{cancel_channel}` and `{ended_channel}` the NOTIFY channels as SQL literals, `{job_columns}`
-the columns of a `Job`, and `{name}` the fragment `_name.sql` (which may itself name fragments).
+the columns of a `Job`, and `{name}` the fragment `_name.sql` (which may itself name fragments;
+the comment at its top is left out where it is placed).
 """
 
 from __future__ import annotations
@@ -85,11 +86,20 @@ class Migration:
     sql: str
 
 
+def _placed(fragment: str) -> str:
+    """A fragment as it is placed: without the comment at its top, which tells the reader of its
+    file what it holds (the statement that places it says why)."""
+    lines = fragment.strip().splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
 @cache
 def queries(schema: str) -> dict[str, str]:
     """Every query of `sql/queries`, keyed by file stem, rendered for `schema`."""
     found = {p.name.removesuffix(".sql"): p.read_text() for p in _sql_files("queries")}
-    fragments = {k[1:]: v.strip() for k, v in found.items() if k.startswith("_")}
+    fragments = {k[1:]: _placed(v) for k, v in found.items() if k.startswith("_")}
     return {k: _render(v, schema, fragments) for k, v in found.items() if not k.startswith("_")}
 
 
