@@ -118,7 +118,8 @@ async def migrate(
     """Apply pending migrations on an asyncpg Connection (or one of a pool's); returns the
     versions applied. `pooler=True` through a transaction pooler (PgBouncer in transaction
     mode): the pending migrations are applied in one transaction, under a transaction-level
-    lock."""
+    lock. Either way, the pooled functions of older releases that no registered worker calls
+    are dropped (docs/operations/poolers.md)."""
     schema = validate.identifier("schema", schema)
     if isinstance(conn, asyncpg.Pool):
         # One connection throughout: the advisory lock is taken and released on the session
