@@ -18,10 +18,14 @@ import typing
 from typing import Any
 
 from ._redact import describe
-from ._validate import MAX_DEPTH, json_problem
+from ._validate import MAX_DEPTH, MAX_TYPED_DEPTH, json_problem, too_deep
 from ._version import DISTRIBUTION
 from .errors import ConfigError, InvalidPayload, ValidationError
 
+TOO_DEEP = (
+    f"must not nest lists and objects more than {MAX_TYPED_DEPTH} deep (a typed payload: "
+    "pydantic reads and validates it only so deep)"
+)
 _SHOWN_ERRORS = 3
 """The most of pydantic's errors one message names (the first is the error's `field`)."""
 _DEPTH = 10
@@ -75,6 +79,10 @@ class PayloadType:
             stored = self._adapter.dump_python(value, mode="json", warnings=False)
         except (pydantic_core.PydanticSerializationError, UnicodeError) as exc:
             raise ValidationError(field, f"cannot be written as JSON: {_said(str(exc))}") from None
+        except ValueError:  # pydantic's own bound on recursion ("maximum serialization depth")
+            raise ValidationError(field, TOO_DEEP) from None
+        if too_deep(stored, MAX_TYPED_DEPTH):
+            raise ValidationError(field, TOO_DEEP)
         if stored is None:  # enqueue stores JSON null as {}
             try:
                 self._adapter.validate_python({})
@@ -96,6 +104,8 @@ class PayloadType:
         for an integer), a number without a fraction an integer (`5.0` is 5)."""
         import pydantic
 
+        if too_deep(payload, MAX_TYPED_DEPTH):
+            raise ValidationError(field, TOO_DEEP)
         try:
             text = json.dumps(_integral(payload, 0), allow_nan=False)
             self._adapter.validate_json(text, strict=True)
@@ -130,8 +140,11 @@ def _name(annotation: Any) -> str:
 
 def _problem(exc: Any, field: str) -> tuple[str, str]:
     """The path of pydantic's first error under `field`, and a message naming the first few.
-    pydantic's `msg` says what is allowed; the input (maybe a secret) is never repeated."""
+    pydantic's `msg` says what is allowed; the input (maybe a secret) is never repeated. A value
+    nested deeper than pydantic follows is `field` too deep, as when given as an instance."""
     errors = exc.errors(include_url=False, include_input=False)
+    if any(e.get("type") == "recursion_depth_exceeded" for e in errors):
+        return field, TOO_DEEP
     said = [(_path(field, e.get("loc", ())), _message(e)) for e in errors]
     if not said:
         return field, "invalid"

@@ -65,7 +65,13 @@ MAX_CORRELATION_ID_LENGTH = 200
 MAX_WORKER_ID_LENGTH = 200
 MAX_PATH_LENGTH = 4096
 MAX_DEPTH = 500
-"""Nesting of a payload or result (PostgreSQL and Python's json both recurse on it)."""
+"""Nesting of a payload or result (PostgreSQL and Python's json both recurse on it): a payload
+this deep is stored, claimed and read back (tests/test_payload_depth.py)."""
+MAX_TYPED_DEPTH = 200
+"""Nesting of a typed task's payload (a pydantic model, a dataclass or a TypedDict), whether
+given as an instance or a dict: pydantic-core reads JSON at most about 200 deep (POST /jobs checks
+a typed payload as JSON) and follows a recursive type at most 255 times, both fixed in its code;
+past that it raises errors of its own, or a bare ValueError."""
 MAX_PAYLOAD_BYTES = _bytes_from_env("PGWORKER_MAX_PAYLOAD_BYTES", 64 * 1024 * 1024)
 """UTF-8 size of a payload's or result's JSON text; PGWORKER_MAX_PAYLOAD_BYTES changes it (jsonb
 itself refuses values near 256 MB)."""
@@ -229,20 +235,26 @@ def clamp_delay(delay: float) -> float:
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether lists and dicts nest deeper than `limit`; iterative, so any depth is safe."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
+    """Whether lists and dicts nest deeper than `limit`; iterative, so any depth is safe. One
+    level at a time, keeping only the containers: the leaves cost a type check each."""
+    level = [value] if isinstance(value, _CONTAINERS) else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children)
+        below = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if type(child) not in _LEAVES and isinstance(child, _CONTAINERS):
+                    below.append(child)
+        level = below
     return False
+
+
+_CONTAINERS = (dict, list, tuple)
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""The types most values are, told apart from a container without isinstance's cost."""
 
 
 def json_problem(text: str, value: Any) -> str | None:
