@@ -17,7 +17,7 @@ import pgworker
 from pgworker import JobSpec, ValidationError
 from pgworker.operations import show_job
 
-from .helpers import serving_guarded, wait_for
+from .helpers import has_status, serving_guarded, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -496,3 +496,26 @@ async def test_a_pruned_parent_takes_its_links_and_is_missing_from_ctx_parents(
     assert seen[child.job.id] == {kept.job.id: ("completed", 1)}
     shown = await show_job(conn, child.job.id)
     assert shown is not None and shown["parents"] == {kept.job.id: "completed", gone.job.id: None}
+
+
+# --- a hostile user's dependencies -----------------------------------------------------------
+
+
+async def test_a_chain_of_500_dependants_is_cancelled_with_its_root(conn) -> None:
+    """Cancelling the root of a chain of 500 dependants cancels all of them: the cancel must not
+    fail on PostgreSQL's stack depth (each dependant's cancel fires the trigger again)."""
+    root = await pgworker.enqueue(conn, "root", {})
+    last = root.job.id
+    for _ in range(500):
+        last = (await pgworker.enqueue(conn, "child", {}, after=[last])).job.id
+    await pgworker.cancel(conn, root.job.id)
+    assert await has_status(conn, last, "cancelled")
+
+
+async def test_an_endless_after_is_refused_not_read_forever(dsn, conn):
+    import itertools
+
+    with pytest.raises(pgworker.ValidationError, match="at most 1,000 parents") as caught:
+        await pgworker.enqueue(conn, "x", {}, after=itertools.count(1))
+    assert caught.value.field == "after"
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0

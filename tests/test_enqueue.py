@@ -497,3 +497,23 @@ async def test_a_closed_asyncpg_connection_or_pool_says_to_reconnect(dsn, conn):
             assert "nothing was written" in str(caught.value)
             assert isinstance(caught.value.__cause__, asyncpg.InterfaceError)
     assert await count_jobs(conn) == 0
+
+
+# --- the last representable moment -----------------------------------------------------------
+
+
+LAST_MICROSECOND = datetime.max.replace(tzinfo=UTC)
+
+
+async def test_the_last_microsecond_as_run_at_does_not_park_a_job_forever(conn) -> None:
+    """run_at=datetime.max (UTC) would be stored as 'infinity', the run_at of a parked job that
+    nothing releases (and update_job would then refuse to reschedule it): it is kept one
+    microsecond earlier, a finite time, by enqueue and by update_job."""
+    job = await pgworker.enqueue(conn, "t", {}, run_at=LAST_MICROSECOND)
+    finite = "SELECT isfinite(run_at) FROM pgworker.jobs WHERE id = $1"
+    assert await conn.fetchval(finite, job.job.id)
+    other = await pgworker.enqueue(conn, "t", {})
+    await pgworker.update_job(conn, other.job.id, run_at=LAST_MICROSECOND)
+    assert await conn.fetchval(finite, other.job.id)
+    # Still a time update_job changes: the job is not parked.
+    await pgworker.update_job(conn, job.job.id, run_at=datetime(2030, 1, 1, tzinfo=UTC))

@@ -6,6 +6,7 @@ lost, and bad input writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -350,3 +351,31 @@ async def test_a_plain_def_handler_waits_for_an_event_and_gets_its_data(dsn, con
     assert await result_of(conn, job.job.id) == {"decision": {"ok": "sync"}}
     assert await outcomes(conn, job.job.id) == ["waiting", "completed"]
     assert sent == [job.job.id]
+
+
+# --- an event emitted before its wait --------------------------------------------------------
+
+
+async def test_an_event_emitted_after_the_enqueue_reaches_the_wait(conn, dsn) -> None:
+    """An emit whose statement runs after the job was enqueued, in a transaction begun before,
+    is an event emitted after the enqueue: the wait recorded after its commit consumes it."""
+    registry = pgworker.Registry()
+    seen: list[object] = []
+
+    @registry.task("approval")
+    async def approval(ctx, payload):
+        seen.append(await ctx.wait_for_event("approved", timeout=30))
+
+    emitter = await asyncpg.connect(dsn)
+    try:
+        async with emitter.transaction():
+            await emitter.execute("SELECT 1")  # the transaction's now() is taken here
+            await asyncio.sleep(0.05)
+            job = await pgworker.enqueue(conn, "approval", {})
+            await asyncio.sleep(0.05)
+            await pgworker.emit(emitter, "approved", {"ok": True})
+        async with serving_guarded(registry, dsn):
+            await wait_for(lambda: has_status(conn, job.job.id, "completed"), timeout=10)
+    finally:
+        await emitter.close()
+    assert seen == [{"ok": True}]

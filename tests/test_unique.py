@@ -465,3 +465,24 @@ async def test_psycopg_and_pgworker_sync_take_the_unique_key(conn, dsn):
     assert {r.job.id for r in (a, b, c, d)} == {a.job.id}
     assert (await pgworker.get_job(conn, a.job.id)).payload == {"n": 2}
     assert await count(conn) == 2
+
+
+# --- unique keys a hostile user gives --------------------------------------------------------
+
+
+async def test_enqueue_many_with_one_unique_key_twice_in_a_batch(conn) -> None:
+    """Two specs of one batch with the same unique key: one job, both results name it (or a
+    clear error naming the field), never a raw unique-violation."""
+    specs = [pgworker.JobSpec("u", {"n": n}, unique_key="k") for n in range(2)]
+    results = await pgworker.enqueue_many(conn, specs)
+    assert results[0].job.id == results[1].job.id
+    assert [r.created for r in results] == [True, False]
+
+
+async def test_unique_states_from_a_generator_are_named_in_the_error(conn) -> None:
+    """A generator of states is read once: the refusal must still show what was given."""
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.enqueue(
+            conn, "u", {}, unique_key="k", unique_states=(s for s in ["pending"])
+        )
+    assert "'pending'" in str(caught.value)

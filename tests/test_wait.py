@@ -266,3 +266,37 @@ async def test_a_lost_connection_is_replaced_and_its_waits_go_on(
     assert killed == 1
     async with worker(dsn, tmp_path):
         assert (await asyncio.wait_for(waiting, 30)).result == {"n": 7}
+
+
+# --- waits a hostile user makes --------------------------------------------------------------
+
+
+async def test_wait_with_timeout_zero_returns_a_job_already_ended(conn, dsn) -> None:
+    """timeout=0 asks "has it ended?": a job that ended is returned, not a TimeoutError."""
+    job = await pgworker.enqueue(conn, "t", {})
+    await pgworker.cancel(conn, job.job.id)
+    ended = await pgworker.wait(dsn, job.job.id, timeout=0)
+    assert ended.status == "cancelled"
+
+
+async def test_a_row_lock_on_one_awaited_job_does_not_hold_every_wait(conn, dsn) -> None:
+    """A transaction holding a lock on one awaited job (a caller's enqueue after= it, an
+    update_job in a long transaction) must not stall the waits of other jobs of the process."""
+    locked = await pgworker.enqueue(conn, "t", {})
+    done = await pgworker.enqueue(conn, "t", {})
+    await pgworker.cancel(conn, done.job.id)
+    other = await asyncpg.connect(dsn)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await pgworker.enqueue(other, "child", {}, after=[locked.job.id])
+        slow = asyncio.ensure_future(pgworker.wait(dsn, locked.job.id))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        ended = await pgworker.wait(dsn, done.job.id, timeout=5)
+        assert ended.status == "cancelled"
+        assert time.monotonic() - started < 3
+        await tx.rollback()
+        slow.cancel()
+    finally:
+        await other.close()
