@@ -294,6 +294,9 @@ async def test_openapi_lists_each_types_payload_schema() -> None:
     assert rule["then"]["properties"]["payload"] == {
         "$ref": "#/components/schemas/Payload_send-invoice"
     }
+    # Left out, a payload is {}, which an Invoice is not: required for this type alone.
+    assert rule["then"]["required"] == ["payload"]
+    assert components["EnqueueBody"]["required"] == ["type"]
     without = create_app(WebConfig("postgresql://u@h/d")).openapi()["components"]["schemas"]
     assert not [k for k in without if k.startswith("Payload")]
     assert "allOf" not in without["EnqueueBody"]
@@ -318,6 +321,8 @@ async def test_http_enqueue_of_a_typed_type_checks_its_payload(dsn, conn) -> Non
         assert made.status_code == 201, made.text
         assert (made.json()["queue"], made.json()["priority"]) == ("billing", 20)
         assert made.json()["payload"] == {"invoice_id": 1, "amount": 5, "items": []}
+        missing = await c.post("/jobs", json={"type": "send-invoice"})
+        assert missing.status_code == 422 and missing.json()["field"].startswith("payload")
         # A type the registry does not know is enqueued as without one (served elsewhere).
         other = await c.post("/jobs", json={"type": "elsewhere", "payload": {"any": 1}})
         assert other.status_code == 201, other.text

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -34,7 +34,7 @@ Time = datetime
 class Health(BaseModel):
     """GET /healthz: the database answers and its schema is current."""
 
-    status: str = Field(description="ok")
+    status: Literal["ok"]
 
 
 class JobAnswer(BaseModel):
