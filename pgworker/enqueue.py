@@ -90,6 +90,11 @@ _check_unique_key = ENQUEUE_OPTIONS["unique_key"].check
 _check_unique_states = ENQUEUE_OPTIONS["unique_states"].check
 _check_unique_period = ENQUEUE_OPTIONS["unique_period"].check
 _check_replace = ENQUEUE_OPTIONS["replace"].check
+# What a check makes of an option not given (None), computed once: most specs give few options,
+# and a batch checks thousands. The other options' checks keep None.
+_QUEUE_NOT_GIVEN = _check_queue(None)
+_PRIORITY_NOT_GIVEN = _check_priority(None)
+_VERSION_NOT_GIVEN = _check_version(None)
 
 
 def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
@@ -97,7 +102,9 @@ def _schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
         return None, None
     if run_at is not None and delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
-    return _check_run_at(run_at), _check_delay(delay)
+    if run_at is not None:
+        return _check_run_at(run_at), None
+    return None, _check_delay(delay)
 
 
 class _Fields(NamedTuple):
@@ -139,7 +146,9 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
     running job's)."""
     try:
         run_at, delay = _schedule(spec.run_at, spec.delay)
-        correlation = spec.correlation_id
+        queue, priority, retries = spec.queue, spec.priority, spec.max_retries
+        key, correlation, version = spec.idempotency_key, spec.correlation_id, spec.version
+        concurrency = spec.concurrency_key
         if correlation is None:
             correlation = current_correlation_id.get()
         after: tuple[int, ...] | None = None
@@ -148,15 +157,15 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
             after, on_failure = _dependencies(spec, run_at, delay)
         return _Fields(
             validate.name("type", spec.type, validate.MAX_TYPE_LENGTH),
-            _check_queue(spec.queue),
-            _check_priority(spec.priority),
-            _check_max_retries(spec.max_retries),
-            _check_idempotency_key(spec.idempotency_key),
-            _check_correlation_id(correlation),
+            _QUEUE_NOT_GIVEN if queue is None else _check_queue(queue),
+            _PRIORITY_NOT_GIVEN if priority is None else _check_priority(priority),
+            None if retries is None else _check_max_retries(retries),
+            None if key is None else _check_idempotency_key(key),
+            None if correlation is None else _check_correlation_id(correlation),
             run_at,
             delay,
-            _check_version(spec.version),
-            _check_concurrency_key(spec.concurrency_key),
+            _VERSION_NOT_GIVEN if version is None else _check_version(version),
+            None if concurrency is None else _check_concurrency_key(concurrency),
             after,
             on_failure,
             *_unique(spec),
@@ -167,8 +176,12 @@ def _fields(spec: JobSpec, at: int | None) -> _Fields:
 
 def _unique(spec: JobSpec) -> tuple[str | None, int | None, float | None, bool]:
     """A spec's unique key, states (the bitmask), period and replace, checked together."""
-    key = _check_unique_key(spec.unique_key)
-    replace = _check_replace(spec.replace)
+    key = spec.unique_key
+    if key is not None:
+        key = _check_unique_key(key)
+    replace = spec.replace
+    if replace is not False:
+        replace = _check_replace(replace)
     if key is None:
         if spec.unique_states is not None:
             raise ValidationError("unique_states", "needs a unique_key")

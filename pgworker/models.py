@@ -178,7 +178,10 @@ def _max_retries(value: Any) -> int | None:
 
 
 def _text(name: str, max_length: int) -> Callable[[Any], str | None]:
-    return functools.partial(validate.name, name, max_length=max_length, required=False)
+    def check(value: Any) -> str | None:
+        return validate.name(name, value, max_length, required=False)
+
+    return check
 
 
 def _run_at(value: Any) -> datetime | None:
