@@ -369,9 +369,10 @@ ENQUEUE_OPTIONS: Mapping[str, Option] = MappingProxyType(_declared(EnqueueOption
 
 @dataclass(slots=True)
 class JobSpec:
-    """One job to enqueue with `enqueue_many`; the fields mirror `enqueue`'s arguments. A plain
-    dataclass, not a frozen one: batches build thousands, and a frozen one costs five times more
-    to build (`enqueue_many` reads each spec once, when called)."""
+    """One job to enqueue with `enqueue_many`: its type, its payload and the options of an
+    enqueue (EnqueueOptions, field for field). A plain dataclass, not a frozen one: batches build
+    thousands, and a frozen one costs five times more to build (`enqueue_many` reads each spec
+    once, when called)."""
 
     type: str
     payload: Any = field(default_factory=dict)
