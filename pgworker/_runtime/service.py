@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -54,6 +54,7 @@ class Contact:
         """The services whose last step failed for the connection."""
         self._since = 0.0
         self._retries = 0
+        self._heard: anyio.Event | None = None
         _listening.add(self)
 
     @property
@@ -76,12 +77,21 @@ class Contact:
         if health not in self._cut:
             return
         self._cut.discard(health)
+        if self._heard is not None:
+            self._heard.set()
         if not self._cut:
             self._log.info(
                 "database reachable again",
                 unreachable_s=round(time.monotonic() - self._since, 1),
                 retries=self._retries,
             )
+
+    async def heard(self) -> None:
+        """Return once a service that lost the database reaches it again: the others, waiting
+        out their backoff, then try at once."""
+        if self._heard is None or self._heard.is_set():
+            self._heard = anyio.Event()
+        await self._heard.wait()
 
     def close(self) -> None:
         """The worker stopped: its services report no more."""
@@ -268,5 +278,20 @@ async def _recover(
         await service.reset(exc)
     except Exception as reset_exc:
         log.error(f"{service.name}: reset failed", exc_info=reset_exc)
+    waits = [(stop or anyio.Event()).wait]
+    if kind == "connection" and health.contact is not None:
+        waits.append(health.contact.heard)  # back: retry now, not at the end of the backoff
     with anyio.move_on_after(delay):
-        await (stop or anyio.Event()).wait()
+        await _first(*waits)
+
+
+async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return once the first of `waits` returns."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(until: Callable[[], Awaitable[object]]) -> None:
+            await until()
+            tg.cancel_scope.cancel()
+
+        for until in waits:
+            tg.start_soon(wait, until)
