@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 import typing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -306,3 +307,25 @@ def test_the_guide_lists_every_setting() -> None:
         assert variable(name) in table, name
         if setting.flag is not None:
             assert f"`{setting.flag or '--' + name.replace('_', '-')}" in table, name
+
+
+NOT_SETTINGS = {
+    "PGWORKER_API_TOKEN": "pgworker serve's, not a worker's (docs/http-api.md)",
+    "PGWORKER_TOKENS": "pgworker serve's, not a worker's",
+    "PGWORKER_LOG_FORMAT": "the process's logging (RUN_ONLY's log_format), for every command",
+    "PGWORKER_LOG_LEVEL": "the process's logging, as PGWORKER_LOG_FORMAT",
+    "PGWORKER_BULK_BATCH": "the batch of a bulk action, run by the CLI or pgworker serve",
+    "PGWORKER_MAX_PAYLOAD_BYTES": "a bound of what is accepted, for every path and process, read "
+    "once at import (_validate.py), not per worker",
+    "PGWORKER_TEST_DSN": "the pytest plugin's server (pgworker.testing)",
+}
+"""The PGWORKER_* variables that are not worker settings, each with its reason."""
+
+
+def test_every_pgworker_variable_is_a_setting_or_listed() -> None:
+    package = Path(pgworker.__file__).parent
+    named = set()
+    for path in package.rglob("*.py"):
+        named |= set(re.findall(r"PGWORKER_[A-Z_]*[A-Z]", path.read_text()))
+    settings = {variable(name) for name in SETTINGS}
+    assert named - settings == set(NOT_SETTINGS)
