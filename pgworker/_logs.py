@@ -14,9 +14,10 @@ about the choice is kept between workers, or between tests:
   (job_id, attempt, correlation_id, worker_id, type, error, ..., and the structlog context
   variables bound around the job) are attributes of the LogRecord (``record.job_id``). A field
   named like a LogRecord attribute (``name``, ``module``, ...) gets a trailing underscore. pgworker
-  adds no handler and demotes no level: with nothing configured, Python's last-resort handler
-  prints WARNING and above (a lost connection, a result that cannot be stored) as bare messages
-  on stderr, and nothing per job.
+  adds no handler and demotes no level (but asyncpg's pool floor warnings, DEBUG while a worker
+  runs: it says itself that the database is unreachable, see _runtime/service.py): with nothing
+  configured, Python's last-resort handler prints WARNING and above (a lost connection, a result
+  that cannot be stored) as bare messages on stderr, and nothing per job.
 
 Levels: one INFO line per attempt's end (``job completed``, ``job retried``, ``job failed``, ...);
 ``job started`` is DEBUG. Hot paths ask `enabled(logger, level)` before
