@@ -324,7 +324,7 @@ async def test_show_cli_http_and_dashboard_list_parents_and_what_the_job_waits_f
 
     import httpx
 
-    from .test_cli import cli
+    from .helpers import cli
     from .webserver import serving
 
     done = await pgworker.enqueue(conn, "square", {"n": 1})

@@ -317,7 +317,7 @@ async def test_show_and_the_dashboard_say_what_a_job_waits_for(dsn, conn):
 
 
 async def test_the_emit_command_wakes_the_waiting_job_and_refuses_bad_input(dsn, conn):
-    from .test_cli import cli
+    from .helpers import cli
 
     calls: list[str] = []
     job = await pgworker.enqueue(conn, "approve", {"id": 9})

@@ -16,8 +16,7 @@ import pgworker
 from pgworker import cli as cli_module
 from pgworker import operations
 
-from .helpers import attempts, has_status, logged, serving_guarded, wait_for
-from .test_cli import cli
+from .helpers import attempts, cli, has_status, logged, serving_guarded, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

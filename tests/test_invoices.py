@@ -9,8 +9,7 @@ import pytest
 import pgworker
 from examples.invoices import repository, service
 
-from .helpers import attempts, has_status, spawn_worker, wait_for
-from .test_cli import cli
+from .helpers import attempts, cli, has_status, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

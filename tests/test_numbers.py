@@ -14,8 +14,7 @@ import pgworker
 from pgworker import _validate as validate
 from pgworker.settings import Settings
 
-from .helpers import ROOT
-from .test_cli import cli
+from .helpers import ROOT, cli
 from .webserver import Served, server
 
 session = pytest.mark.asyncio(loop_scope="session")

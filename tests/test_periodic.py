@@ -17,9 +17,12 @@ import pgworker
 import pgworker.testing
 from pgworker._maintenance.periodic import Periodic, grace
 from pgworker._schedule import MAX_CATCH_UP, key, set_name
+from pgworker.operations import list_periodic, list_queues, queue_controls
 from pgworker.settings import Settings
 
-from .helpers import cli, wait_for
+from .helpers import cli, has_status, wait_for
+from .test_dashboard import http
+from .webserver import serving
 
 PARIS = ZoneInfo("Europe/Paris")
 aio = pytest.mark.asyncio(loop_scope="session")
@@ -604,3 +607,138 @@ async def test_catch_up_all_over_1000_missed_slots_enqueues_the_last_1000_and_sa
         await pool.close()
     slots = [j["scheduled_at"] for j in await jobs_of(conn, "owed")]
     assert slots[0] == clock.now - timedelta(seconds=MAX_CATCH_UP - 1) and slots[-1] == clock.now
+
+
+# --- schedules and rows a hostile operator writes --------------------------------------------
+
+
+# What a psql session can store in a timestamptz but Python's datetime cannot hold: asyncpg gives
+# naive datetimes for the infinities, and raises OverflowError for a year BC or after 9999.
+HOSTILE_TIMES = ("-infinity", "infinity", "0044-03-15 BC", "10000-01-01 00:00:00+00")
+
+
+@pytest.mark.parametrize("zone", ["Europe", "America/", "a" * 10_000, "Europe/" + "b" * 300])
+def test_a_time_zone_naming_a_directory_or_too_long_is_a_config_error(zone: str):
+    """ZoneInfo reads the zone's file: a directory of the tz database (`Europe`) is an
+    IsADirectoryError, a name longer than a file name an OSError; both are unknown zones."""
+    registry = pgworker.Registry()
+
+    @registry.task("tick")
+    async def tick(ctx: pgworker.JobContext, payload: dict) -> None: ...
+
+    with pytest.raises(pgworker.ConfigError) as raised:
+        registry.periodic(tick, "* * * * *", timezone=zone)
+    assert raised.value.field == "timezone"
+    assert registry.schedules() == []
+
+
+async def hostile_rows(conn: Any) -> None:
+    """A paused queue and a schedule for each time Python cannot hold."""
+    for n, moment in enumerate(HOSTILE_TIMES):
+        await conn.execute(
+            "INSERT INTO pgworker.queues (name, paused_at, paused_by, pause_reason)"
+            " VALUES ($1, $2::text::timestamptz, 'ops', 'restore')",
+            f"q{n}",
+            moment,
+        )
+        await conn.execute(
+            "INSERT INTO pgworker.periodic (name, type, schedule, next_slot, last_slot, checked_at)"
+            " VALUES ($1, 't', 'every 1s', $2::text::timestamptz, $2::text::timestamptz,"
+            " $2::text::timestamptz)",
+            f"s{n}",
+            moment,
+        )
+
+
+def aware(moment: datetime | None) -> bool:
+    return moment is not None and moment.tzinfo is not None
+
+
+@aio
+async def test_infinite_and_out_of_range_times_are_listed_not_a_crash(dsn: str, conn: Any):
+    await hostile_rows(conn)
+    queues = await list_queues(conn)
+    assert [q.name for q in queues] == ["q0", "q1", "q2", "q3"]
+    assert all(q.paused and aware(q.paused_at) for q in queues)
+    assert all(c.paused and aware(c.paused_at) for c in await queue_controls(conn))
+    schedules = await list_periodic(conn)
+    assert all(aware(s.next_slot) and aware(s.last_slot) for s in schedules)
+    # A pause of a queue paused that way answers with the pause as it stands, writing nothing.
+    again = await pgworker.pause_queue(conn, "q0", by="alice")
+    assert (again.changed, again.paused, aware(again.paused_at)) == (False, True, True)
+    resumed = await pgworker.resume_queue(conn, "q2", by="alice")
+    assert resumed.changed and not resumed.paused
+    for args in (["queue", "list"], ["periodic", "list"]):
+        for extra in ([], ["--json"]):
+            done = cli(*args, *extra, "--dsn", dsn)
+            assert done.returncode == 0, done.stderr
+            assert "Traceback" not in done.stderr
+            if extra:
+                json.loads(done.stdout)
+    pause = cli("queue", "pause", "q1", "--dsn", dsn)
+    assert pause.returncode == 0 and "was already paused" in pause.stdout, pause.stderr
+
+
+@aio
+async def test_infinite_and_out_of_range_times_in_the_http_api_and_the_dashboard(
+    dsn: str, conn: Any
+):
+    await hostile_rows(conn)
+    waiting = (await pgworker.enqueue(conn, "t", {}, queue="q0")).job.id
+    async with serving(dsn) as served:
+        async with served.client() as c:
+            listed = await c.get("/queues")
+            assert listed.status_code == 200, listed.text
+            paused = {q["queue"]: q["paused_at"] for q in listed.json()["queues"]}
+            assert all(paused[f"q{n}"].endswith("+00:00") for n in range(4)), paused
+            schedules = await c.get("/periodic")
+            assert schedules.status_code == 200, schedules.text
+            assert all(s["next_slot"].endswith("+00:00") for s in schedules.json()["schedules"])
+            again = await c.post("/queues/q3/pause")
+            assert again.status_code == 200 and again.json()["changed"] is False, again.text
+        async with http(served) as client:
+            for page in ("/", "/ui/periodic", f"/ui/jobs/{waiting}"):
+                answer = await client.get(page)
+                assert answer.status_code == 200, (page, answer.status_code, served.stderr())
+
+
+@aio
+async def test_a_hostile_periodic_row_stops_no_schedule(dsn: str, conn: Any):
+    """Rows of the worker's own schedules with a next slot it cannot hold, or one thousands of
+    years away (no schedule of the code can be that far: the row is wrong): each schedule starts
+    again from now, the others are not held back, and the worker serves its other jobs."""
+    registry = pgworker.Registry()
+
+    @registry.task("tick")
+    async def tick(ctx: pgworker.JobContext, payload: dict) -> None: ...
+
+    @registry.task("other")
+    async def other(ctx: pgworker.JobContext, payload: dict) -> None: ...
+
+    names = [*(f"s{n}" for n in range(len(HOSTILE_TIMES))), "far", "fine"]
+    for name in names:
+        registry.periodic(tick, every=1, name=name)
+    await hostile_rows(conn)
+    await conn.execute(
+        "INSERT INTO pgworker.periodic (name, type, schedule, next_slot)"
+        " VALUES ('far', 'tick', 'every 1s', '9999-12-31 00:00:00+00')"
+    )
+    job = (await registry.enqueue(conn, "other")).job.id
+
+    async def every_schedule_ran() -> bool:
+        found = await conn.fetch(
+            "SELECT split_part(idempotency_key, ':', 2) AS name, count(*) AS n FROM pgworker.jobs"
+            " WHERE idempotency_key LIKE 'periodic:%' GROUP BY 1"
+        )
+        return {r["name"] for r in found if r["n"] >= 2} == set(names)
+
+    async with pgworker.Worker(registry, dsn, lease=4.0, poll_interval=0.2):
+        await wait_for(every_schedule_ran, timeout=30)
+        await wait_for(lambda: has_status(conn, job, "completed"))
+    rows = await conn.fetch(
+        "SELECT next_slot, last_slot FROM pgworker.periodic WHERE name = ANY($1)", names
+    )
+    now = datetime.now(UTC)
+    assert all(
+        aware(r[c]) and r[c].year == now.year for r in rows for c in ("next_slot", "last_slot")
+    )

@@ -385,3 +385,43 @@ async def test_http_queue_names_with_a_line_break_reach_their_routes(dsn, conn):
             answer = await c.post(f"/queues/a%0Ab/{verb}", json=body)
             assert answer.status_code == 200, answer.text
             assert answer.json()["queue"] == "a\nb"
+
+
+# --- huge names and reasons in the lists -----------------------------------------------------
+
+
+async def test_a_huge_author_or_task_does_not_pad_every_line_of_the_lists(dsn: str, conn: Any):
+    """`queue list` and `periodic list` align their columns: one value of 200,000 characters
+    must not make every line of the table that long."""
+    await conn.execute(
+        "INSERT INTO pgworker.queues (name, paused_at, paused_by, pause_reason)"
+        " SELECT 'q' || g, now(), CASE WHEN g = 1 THEN repeat('B', 200000) ELSE 'ops' END,"
+        " repeat('R', 1000000) FROM generate_series(1, 30) AS g"
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.periodic (name, type, schedule, next_slot)"
+        " SELECT 's' || g, CASE WHEN g = 1 THEN repeat('T', 200000) ELSE 'tick' END,"
+        " CASE WHEN g = 2 THEN repeat('S', 200000) ELSE 'every 1s' END, now()"
+        " FROM generate_series(1, 30) AS g"
+    )
+    for args in (["queue", "list"], ["periodic", "list"]):
+        done = cli(*args, "--dsn", dsn)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == 31 and max(map(len, lines)) < 1000, (args, max(map(len, lines)))
+
+
+async def test_a_huge_pause_reason_or_author_does_not_swell_the_dashboard(dsn: str, conn: Any):
+    """A reason of 1,000,000 characters and an author of 200,000 (rows set by hand: pause_queue
+    takes at most 2,000 and 200) are shown cut on the queues page and a waiting job's page."""
+    await conn.execute(
+        "INSERT INTO pgworker.queues (name, paused_at, paused_by, pause_reason)"
+        " VALUES ('big', now(), repeat('B', 200000), repeat('R', 1000000))"
+    )
+    waiting = (await pgworker.enqueue(conn, "t", {}, queue="big")).job.id
+    async with serving(dsn) as served, http(served) as client:
+        for page in ("/", f"/ui/jobs/{waiting}"):
+            answer = await client.get(page)
+            assert answer.status_code == 200, page
+            assert "RRRR" in answer.text and "BBBB" in answer.text
+            assert len(answer.text) < 100_000, (page, len(answer.text))

@@ -17,10 +17,9 @@ import pytest
 import pgworker
 from pgworker.operations import UNCHANGED, os_user
 
-from .helpers import wait_for
+from .helpers import cli, wait_for
 from .test_dashboard import csrf_of, http
 from .test_metrics import free_port, scrape, value
-from .test_queue_controls import cli
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -231,31 +230,31 @@ async def test_a_change_wakes_the_queues_workers_at_commit_and_no_change_sends_n
 
 async def test_cli_sets_clears_and_lists_limits(dsn, conn):
     await pgworker.enqueue(conn, "t", {}, queue="mail")
-    done = cli("queue", "limit", "mail", "5", "--rate", "600/m", "--reason", "db", dsn=dsn)
+    done = cli("queue", "limit", "mail", "5", "--rate", "600/m", "--reason", "db", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("limited queue mail: max_running 5, rate 600/m"), done.stdout
     assert await stored(conn) == (5, 600, 60)
-    same = cli("queue", "limit", "mail", "5", dsn=dsn)
+    same = cli("queue", "limit", "mail", "5", "--dsn", dsn)
     assert same.returncode == 0 and "already had these limits" in same.stdout, same.stdout
-    table = cli("queue", "list", dsn=dsn).stdout.splitlines()
+    table = cli("queue", "list", "--dsn", dsn).stdout.splitlines()
     assert table[0].split()[:6] == ["queue", "state", "pending", "running", "max_running", "rate"]
     assert table[1].split()[:6] == ["mail", "active", "1", "0", "5", "600/m"]
-    listed = json.loads(cli("queue", "list", "--json", dsn=dsn).stdout)
+    listed = json.loads(cli("queue", "list", "--json", "--dsn", dsn).stdout)
     assert listed[0]["limits"] == {"max_running": 5, "rate": "600/m"}
 
-    unrated = cli("queue", "limit", "mail", "--rate", "none", "--by", "alice", dsn=dsn)
+    unrated = cli("queue", "limit", "mail", "--rate", "none", "--by", "alice", "--dsn", dsn)
     assert unrated.returncode == 0 and "max_running 5" in unrated.stdout, unrated.stdout
     assert await stored(conn) == (5, None, None)
-    cleared = cli("queue", "limit", "mail", "--none", dsn=dsn)
+    cleared = cli("queue", "limit", "mail", "--none", "--dsn", dsn)
     assert cleared.returncode == 0 and cleared.stdout.startswith("limited queue mail: no limit")
     assert await stored(conn) == (None, None, None)
-    again = cli("queue", "limit", "mail", "--none", dsn=dsn)
+    again = cli("queue", "limit", "mail", "--none", "--dsn", dsn)
     assert again.returncode == 0 and "had no limit: nothing to clear" in again.stdout
-    assert json.loads(cli("queue", "list", "--json", dsn=dsn).stdout)[0]["limits"] == {}
-    table = cli("queue", "list", dsn=dsn).stdout.splitlines()
+    assert json.loads(cli("queue", "list", "--json", "--dsn", dsn).stdout)[0]["limits"] == {}
+    table = cli("queue", "list", "--dsn", dsn).stdout.splitlines()
     assert table[1].split()[:6] == ["mail", "active", "1", "0", "-", "-"]
 
-    fresh = cli("queue", "limit", "nowhere", "2", dsn=dsn)
+    fresh = cli("queue", "limit", "nowhere", "2", "--dsn", dsn)
     assert fresh.returncode == 0 and "note: no pending job, worker or earlier control" in (
         fresh.stdout
     )
@@ -287,7 +286,7 @@ async def test_cli_sets_clears_and_lists_limits(dsn, conn):
 async def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(dsn, conn, args, said):
     await pgworker.limit_queue(conn, "mail", max_running=2, rate="1/s")
     before = await snapshot(conn)
-    done = cli("queue", "limit", *args, dsn=dsn)
+    done = cli("queue", "limit", *args, "--dsn", dsn)
     assert done.returncode == 2, done
     assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert await snapshot(conn) == before

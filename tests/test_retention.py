@@ -16,8 +16,7 @@ from pgworker._maintenance import retention as _retention
 from pgworker._maintenance.leader import interval
 from pgworker._maintenance.maintenance import Maintenance
 
-from .helpers import has_status, logged, serving_guarded, wait_for
-from .test_cli import cli
+from .helpers import cli, has_status, logged, serving_guarded, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

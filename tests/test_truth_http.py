@@ -17,8 +17,7 @@ import pytest
 import pgworker
 from pgworker import _validate as validate
 
-from .helpers import PgProxy, attempts, status_of, wait_for
-from .test_cli import cli
+from .helpers import PgProxy, attempts, cli, status_of, wait_for
 from .webserver import Served, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
