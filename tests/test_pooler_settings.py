@@ -1,4 +1,4 @@
-"""Pooler mode attacked as a careless or hostile user would, through a real PgBouncer in
+"""Pooler mode's settings as a careless or hostile user gives them, through a real PgBouncer in
 transaction mode (tests/pgbouncer.py): the values PGWORKER_POOLER takes, a --listen-dsn that is
 the pooler itself, unreachable, garbage or holds secrets and control bytes, the settings of
 explicit transactions, the commands with pooler mode from the environment, and a service that

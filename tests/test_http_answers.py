@@ -1,4 +1,4 @@
-"""Issue 20, the HTTP API's answers tell the truth: never a 500 for a write that committed (deep
+"""The HTTP API's answers tell the truth: never a 500 for a write that committed (deep
 payloads and results, up to enqueue's nesting limit), every wait of `serve` bounded (a locked row,
 a stalled database: 503 with Retry-After, and nothing applied later), a cancelled job that fails
 ends cancelled, ids in paths are plain decimal integers, and no 422 echoes a secret."""
