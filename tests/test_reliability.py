@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import struct
 import time
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
 import pgworker
+from pgworker import RetryPolicy
 from pgworker._db import files
 from pgworker._db.connection import create_pool
 from pgworker._db.queries import queries
+from pgworker._runtime import notifier
 from pgworker.models import AttemptResult, JobStatus, Outcome
 
-from .helpers import all_finished, attempts, fake_claim, wait_for
+from .helpers import (
+    UPDATES_ATTEMPTS,
+    PgProxy,
+    all_finished,
+    attempts,
+    fake_claim,
+    logged,
+    status_of,
+    wait_for,
+)
 
 Q = queries("pgworker")
 
@@ -59,6 +72,45 @@ async def test_expired_lease_is_rescued_and_the_job_runs_again(dsn, conn):
     assert (job.status, job.retry_count) == ("failed", 0)
     assert "WorkerLost" in job.error
     assert runs == [2]
+
+
+async def test_each_duty_of_the_leader_is_a_service_of_its_own_at_its_interval(dsn, pool):
+    """Maintenance is the leadership's renewal and one service per duty, each at the interval
+    the docs give (not a count of ticks); a duty waits while another worker leads, and runs as
+    soon as this one does."""
+    from pgworker._logs import get_logger
+    from pgworker._maintenance.maintenance import Maintenance
+
+    def intervals(lease: float) -> dict[str, float]:
+        m = Maintenance(pool, pgworker.Settings(dsn=dsn, lease=lease))
+        return {s.name: s.every if hasattr(s, "every") else s.duty.every for s in m.services}
+
+    assert intervals(30) == {
+        "maintenance": 5.0,
+        "rescue": 5.0,
+        "retention": 300.0,
+        "prune": 300.0,
+        "rollup": 30.0,
+    }
+    assert intervals(2)["maintenance"] == intervals(2)["rescue"] == 1.0
+
+    job = (await pgworker.enqueue(pool, "t", {})).job.id
+    await fake_claim(pool, job)  # its lease expired a second ago
+    await pool.execute(
+        "INSERT INTO pgworker.leader (name, worker_id, expires_at) "
+        "VALUES ('maintenance', 'someone-else', now() + interval '1 hour')"
+    )
+    m = Maintenance(pool, pgworker.Settings(dsn=dsn, worker_id="follower", lease=2))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(m.run, get_logger(worker_id="follower"))
+        await wait_for(lambda: m.health.as_dict()["last_success"] is not None)
+        assert not m.leading and m.health.state == "ok"
+        assert await status_of(pool, job) == "running" and m.rescued == 0
+        await pool.execute("DELETE FROM pgworker.leader")
+        await wait_for(lambda: m.rescued == 1, timeout=10)
+        assert await status_of(pool, job) == "pending"
+        tg.cancel_scope.cancel()
+    assert m.health.state == "stopped"
 
 
 async def test_only_the_leader_rescues_even_when_it_lost_the_lease_after_renewing(dsn, pool):
@@ -339,3 +391,192 @@ async def test_an_uncertain_batch_is_checked_on_the_shared_connection(dsn, conn)
             await completer.shared.drop()
     finally:
         await pool.close()
+
+
+# --- promises of the README about cancels, leases, the listener and lost replies -------------
+
+
+FAST = RetryPolicy(max_retries=3, initial_delay=0.05, max_delay=0.2, jitter=0.1)
+
+
+async def outcomes(conn, job_id: int) -> list[str]:
+    return [a["outcome"] for a in await attempts(conn, job_id)]
+
+
+@pytest.mark.parametrize("failure", ["raises", "retry"])
+async def test_a_cancel_asked_for_while_running_is_not_undone_by_a_retry(dsn, conn, failure):
+    """The handler fails with retries left after its cancel was asked for but before its worker
+    heard of it (no LISTEN, the next heartbeat far off): that outcome would requeue the job; the
+    cancel must win."""
+    registry = pgworker.Registry()
+    asked = anyio.Event()
+    runs: list[int] = []
+
+    @registry.task("t", retry=FAST)
+    async def handle(ctx, payload):
+        runs.append(ctx.attempt)
+        await asked.wait()
+        if failure == "retry":
+            raise pgworker.Retry(after=0)
+        raise ValueError("boom")
+
+    r = await pgworker.enqueue(conn, "t", {})
+    async with pgworker.Worker(registry, dsn, listen=False, lease=60.0, poll_interval=0.05):
+        await wait_for(lambda: runs)
+        assert await pgworker.cancel(conn, r.job.id) == "cancelling"
+        asked.set()
+        await wait_for(lambda: all_finished(conn))
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, runs, job.retry_count) == ("cancelled", [1], 0)
+    assert job.finished_at is not None and job.run_at <= job.finished_at
+    assert await outcomes(conn, r.job.id) == ["cancelled"]
+
+
+async def test_a_rescued_job_whose_cancel_was_asked_for_ends_cancelled(dsn, conn):
+    """Its worker died with a cancel pending: the rescue must not give the job another run."""
+    registry = pgworker.Registry()
+    runs: list[int] = []
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        runs.append(ctx.attempt)
+
+    r = await pgworker.enqueue(conn, "t", {})
+    await fake_claim(conn, r.job.id)  # its worker is gone, its lease over
+    assert await pgworker.cancel(conn, r.job.id) == "cancelling"
+    async with pgworker.Worker(registry, dsn, lease=1.0, poll_interval=0.05):
+        await wait_for(lambda: all_finished(conn))
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.retry_count, runs) == ("cancelled", 0, [])
+    assert await outcomes(conn, r.job.id) == ["lost"]
+
+
+async def test_a_heartbeat_that_finds_the_lease_gone_stops_the_handler(dsn, conn):
+    """The job was rescued and claimed again elsewhere while this attempt ran (its row now names
+    another claim): the stale handler must be stopped, not left running beside the new one, and
+    its outcome must not touch the job."""
+    registry = pgworker.Registry()
+    started = anyio.Event()
+    stopped = anyio.Event()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        started.set()
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            stopped.set()
+            raise
+
+    r = await pgworker.enqueue(conn, "t", {})
+    with capture_logs() as logs:
+        async with pgworker.Worker(
+            registry, dsn, lease=1.5, poll_interval=0.05, shutdown_timeout=1.0
+        ):
+            with anyio.fail_after(10):
+                await started.wait()
+            await conn.execute(
+                """UPDATE pgworker.jobs SET attempts = attempts + 1, claimed_at = clock_timestamp(),
+                       worker_id = 'other', lease_expires_at = now() + interval '1 hour'
+                   WHERE id = $1""",
+                r.job.id,
+            )
+            with anyio.fail_after(10):  # heartbeats come every half second
+                await stopped.wait()
+            await wait_for(lambda: logged(logs, "outcome dropped", job_id=r.job.id))
+    assert logged(logs, "lease lost: stopping the attempt", job_id=r.job.id)
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.worker_id, job.attempts) == ("running", "other", 2)
+
+
+async def test_a_listener_that_stops_receiving_is_replaced(dsn, conn, monkeypatch):
+    """The LISTEN connection stays open but nothing reaches it any more (the proxy holds what the
+    server sends it): its own ping does not come back, so the worker replaces it, and a new job
+    wakes the worker at once again although its next poll is a minute away."""
+    # The one reach into internals: the ping's period and patience, lowered from 5 s each.
+    monkeypatch.setattr(notifier, "CHECK_EVERY", 0.2)
+    monkeypatch.setattr(notifier, "CHECK_TIMEOUT", 0.5)
+    registry = pgworker.Registry()
+    done: list[int] = []
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        done.append(payload["n"])
+
+    async with PgProxy(dsn) as proxy:
+        with capture_logs() as logs:
+            async with pgworker.Worker(registry, proxy.dsn, poll_interval=60.0):
+                listener = await wait_for(lambda: proxy.link("pgworker-listen"))
+                listener.pause()
+                await wait_for(lambda: logged(logs, "listener stopped receiving; reconnecting"))
+                await wait_for(lambda: logged(logs, "listener reconnected"))
+                await wait_for(listener.closed.is_set)
+                await pgworker.enqueue(conn, "t", {"n": 1})
+                await wait_for(lambda: done == [1], timeout=5)
+
+
+async def _run_with_the_outcome_reply_lost(dsn, conn, registry) -> tuple[int, list]:
+    """Enqueue one job of type "t" and serve it through a proxy that cuts the completer's
+    connection once the job's outcome statement has committed, before its reply arrives; the
+    job's id and the logs of the worker."""
+    # An id whose 8 bytes appear in no other statement's parameters by chance.
+    await conn.execute("SELECT setval(pg_get_serial_sequence('pgworker.jobs', 'id'), 7340033)")
+    r = await pgworker.enqueue(conn, "t", {})
+    async with PgProxy(dsn) as proxy:
+        proxy.cut_after(
+            lambda link, text: (
+                "maintenance" not in link.application_name and bool(UPDATES_ATTEMPTS.search(text))
+            ),
+            struct.pack("!q", r.job.id),
+        )
+        with capture_logs() as logs:
+            async with pgworker.Worker(registry, proxy.dsn, lease=60.0, poll_interval=0.05):
+                with anyio.fail_after(30):
+                    await proxy.cut_done.wait()
+                await wait_for(lambda: all_finished(conn), timeout=30)
+    return r.job.id, logs
+
+
+async def test_an_outcome_committed_whose_reply_was_lost_counts_as_written(dsn, conn):
+    """The completer's write commits on the server, then its connection dies before the reply
+    arrives. Written again on a new connection, the outcome is refused (the job is no longer
+    running): the completer must find it recorded, not call it dropped."""
+    registry = pgworker.Registry()
+    runs: list[int] = []
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        runs.append(ctx.attempt)
+        return {"ok": True}
+
+    job_id, logs = await _run_with_the_outcome_reply_lost(dsn, conn, registry)
+    job = await pgworker.get_job(conn, job_id)
+    assert (job.status, job.result, runs) == ("completed", {"ok": True}, [1])
+    assert await outcomes(conn, job_id) == ["completed"]
+    assert not logged(logs, "outcome dropped")
+    [stopped] = logged(logs, "worker stopped")
+    assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
+
+
+async def test_a_failure_ended_cancelled_whose_reply_was_lost_counts_as_written(dsn, conn):
+    """As above, for a handler that fails after an operator asked to cancel its job: the database
+    records the attempt `cancelled`, not `failed` as sent (job_finish_many.sql); the completer
+    that lost the reply must still find it recorded."""
+    registry = pgworker.Registry()
+    asked = anyio.Event()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        await conn.execute(
+            "UPDATE pgworker.jobs SET cancel_requested_at = now() WHERE id = $1", ctx.job_id
+        )
+        asked.set()
+        raise pgworker.PermanentError("gave up")
+
+    job_id, logs = await _run_with_the_outcome_reply_lost(dsn, conn, registry)
+    assert asked.is_set()
+    assert await status_of(conn, job_id) == "cancelled"
+    assert await outcomes(conn, job_id) == ["cancelled"]
+    assert not logged(logs, "outcome dropped")
+    [stopped] = logged(logs, "worker stopped")
+    assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
