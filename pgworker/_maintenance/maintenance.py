@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 
 class Maintenance:
+    """The leader's services, made for one worker (or `pgworker serve`) on its connection
+    `pool`: `run` runs them; `stopping` says the worker drains its jobs (it then gives the
+    leadership up); `metrics`, when on, adds the queue gauges."""
+
     def __init__(
         self,
         pool: Any,
