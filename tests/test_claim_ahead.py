@@ -1,7 +1,7 @@
-"""Claims ahead of the free slots (issue 26): a worker whose handlers end faster than a claim
-takes claims more jobs than it has free slots, so that the next claim runs while the slots work;
-a type that has not shown itself that quick is never claimed beyond the free slots; and the jobs
-claimed ahead go back at once when the worker stops. A claim's jobs share their attempts'
+"""Claims ahead of the free slots: a worker whose handlers end faster than a claim takes claims
+more jobs than it has free slots, so that the next claim runs while the slots work; a type that
+has not shown itself that quick is never claimed beyond the free slots; and the jobs claimed
+ahead go back at once when the worker stops. A claim's jobs share their attempts'
 started_at (the claim statement's time)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""What a claim reads (issue 22, item 4): not the pending jobs of the types a worker does not
-serve, not a whole table because its plan was made while the table was empty; and, reading each
-served type on its own, still the jobs of all of them in one claim order."""
+"""What a claim reads: not the pending jobs of the types a worker does not serve, not a whole
+table because its plan was made while the table was empty; and, reading each served type on its
+own, still the jobs of all of them in one claim order."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""No thundering herd (issue 22, item 3): idle workers take turns to claim and to poll, so that a
-fleet costs about one claim per job and one poll per interval in all; a job whose chosen worker
-is full or gone still starts within the documented bound (docs/scaling.md), and every
-job runs once. Claims are counted by wrapping the one method that sends the claim statement."""
+"""No thundering herd: idle workers take turns to claim and to poll, so that a fleet costs about
+one claim per job and one poll per interval in all; a job whose chosen worker is full or gone
+still starts within the documented bound (docs/scaling.md), and every job runs once. Claims are
+counted by wrapping the one method that sends the claim statement."""
 
 from __future__ import annotations
 

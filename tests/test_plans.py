@@ -1,4 +1,4 @@
-"""Plans made while `jobs` was empty (issue 22, item 4, beyond the claim): the statements a
+"""Plans made while `jobs` was empty, beyond the claim (test_claim_cost.py): the statements a
 worker repeats on its shared connection (outcomes, heartbeat, rescue) keep the generic plan they
 got on their first run; once 100,000 jobs arrive, that plan still probes the tables by key, as a
 plan made on the full table does. A transactional step's record, in a session that is not the

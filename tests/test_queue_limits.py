@@ -165,7 +165,7 @@ BAD = [
     ({"rate": "10001/s"}, "rate"),
     ({"rate": ""}, "rate"),
     ({"rate": 10}, "rate"),
-    ({"rate": pgworker.operations.limits.Rate(10, 7)}, "rate"),
+    ({"rate": pgworker.operations.validate.Rate(10, 7)}, "rate"),
     ({"max_running": 3, "rate": "1/y"}, "rate"),
     ({}, "max_running"),
     ({"queue": "", "max_running": 1}, "queue"),
@@ -189,7 +189,7 @@ async def test_bad_input_names_the_field_and_writes_nothing(conn, bad, field):
 
 
 async def test_a_rate_object_is_taken(conn):
-    state = await pgworker.limit_queue(conn, "mail", rate=pgworker.operations.limits.Rate(30, 60))
+    state = await pgworker.limit_queue(conn, "mail", rate=pgworker.operations.validate.Rate(30, 60))
     assert state.rate == "30/m"
 
 
