@@ -75,6 +75,14 @@ def test_sync_enqueue_takes_exactly_the_arguments_of_its_asynchronous_namesake()
             assert sync_hints[name] == async_hints[name], name
 
 
+def test_sync_enqueue_many_takes_the_arguments_of_its_asynchronous_namesake() -> None:
+    asynchronous = inspect.signature(pgworker.enqueue_many).parameters
+    synchronous = inspect.signature(sync.enqueue_many).parameters
+    assert [(p.name, p.kind, p.default) for p in synchronous.values()] == [
+        (p.name, p.kind, p.default) for p in asynchronous.values()
+    ]
+
+
 def test_jobspec_and_the_validated_fields_hold_the_declared_options() -> None:
     fields = dataclasses.fields(JobSpec)
     assert [f.name for f in fields] == [*JOB, *OPTIONS]
