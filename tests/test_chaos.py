@@ -16,7 +16,7 @@ import pgworker
 from examples import devdb
 from pgworker import JobSpec
 
-from .helpers import attempts, spawn_worker, wait_for
+from .helpers import all_finished, attempts, spawn_worker, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -243,3 +243,56 @@ async def _at_least(counter, n: int) -> bool:
         return await counter() >= n
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
         return False
+
+
+# --- PostgreSQL crashing mid-run -------------------------------------------------------------
+
+
+async def test_postgres_crashing_mid_run_loses_no_job_and_stops_no_worker(own_cluster, tmp_path):
+    """The soak's server crash, short: an immediate stop (claims that had not reached the disk
+    are undone, their late outcomes fenced), then a restart."""
+    dsn = own_cluster.dsn
+    conn = await asyncpg.connect(dsn)
+    await pgworker.migrate(conn)
+    total = 300
+    await pgworker.enqueue_many(
+        conn, [JobSpec("work", {"n": n, "ms": 40, "claim": True}) for n in range(total)]
+    )
+    workers = Workers(dsn, tmp_path)
+    try:
+        procs = [workers.start(name, "--lease", "2", "--concurrency", "5") for name in "ab"]
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) >= 60 FROM pgworker.jobs WHERE status = 'completed'"
+            ),
+            timeout=30,
+        )
+        left = await conn.fetchval(
+            "SELECT count(*) FROM pgworker.jobs WHERE status IN ('pending', 'running')"
+        )
+        assert left > 50  # the crash comes mid-run
+        await conn.close()
+        own_cluster.stop("immediate")
+        own_cluster.start()
+        conn = await asyncpg.connect(dsn)
+        await wait_for(lambda: all_finished(conn), timeout=40)
+        assert [p.poll() for p in procs] == [None, None]  # no worker exited
+        assert workers.stop_all() == [0, 0]
+        await reconcile(conn, total)
+        completed_twice = await conn.fetchval(
+            """SELECT count(*) FROM (SELECT job_id FROM pgworker.job_attempts
+                   WHERE outcome = 'completed' GROUP BY job_id HAVING count(*) > 1) AS d"""
+        )
+        assert completed_twice == 0
+        # A late outcome of a claim the crash undid must not complete the job's next claim.
+        not_by_its_claim = await conn.fetchval(
+            """SELECT count(*) FROM pgworker.jobs
+               WHERE (result->>'claimed_at')::timestamptz IS DISTINCT FROM claimed_at"""
+        )
+        assert not_by_its_claim == 0
+        assert "listener reconnected" in workers.log("a") + workers.log("b")
+    finally:
+        for p in workers.procs:
+            if p.poll() is None:
+                p.kill()
+        await conn.close()

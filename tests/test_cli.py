@@ -545,3 +545,39 @@ async def test_status_json_has_every_status_per_queue_and_the_oldest_age():
         "workers": [{"worker_id": "w", "queues": ["q"], "types": ["t"]}],
         "unserved": [{"queue": "q", "type": "u"}],
     }
+
+
+# --- a second SIGTERM ------------------------------------------------------------------------
+
+
+async def outcomes(conn, job_id: int) -> list[str]:
+    return [a["outcome"] for a in await attempts(conn, job_id)]
+
+
+async def test_a_second_sigterm_hands_running_jobs_back_at_once(dsn, conn, tmp_path):
+    """The grace period is ten minutes; the second signal must not wait for it."""
+    r = await pgworker.enqueue(conn, "sleep", {"seconds": 3600})
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(
+        "tests.apps.basic", dsn, log, "--shutdown-timeout", "600", "--log-format", "json"
+    )
+    try:
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status = 'running' FROM pgworker.jobs WHERE id = $1", r.job.id
+            ),
+            timeout=30,
+        )
+        worker.send_signal(signal.SIGTERM)
+        # Two signals pending at once would be one: send the second once the first was read.
+        await wait_for(lambda: "SIGTERM received" in log.read_text(), timeout=10)
+        assert (await pgworker.get_job(conn, r.job.id)).status == "running"
+        worker.send_signal(signal.SIGTERM)
+        await wait_for(lambda: worker.poll() is not None, timeout=15)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert worker.returncode == 0, log.read_text()
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.retry_count) == ("pending", 0)
+    assert await outcomes(conn, r.job.id) == ["interrupted"]

@@ -464,3 +464,21 @@ def commands(parser: argparse.ArgumentParser, prefix: str = "") -> list[str]:
             for name, sub in action.choices.items():
                 found += [f"{prefix}{name}", *commands(sub, f"{prefix}{name} ")]
     return found
+
+
+# --- the demo --------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_demo_checks_what_it_shows(dsn):
+    """`make run` exits non-zero when a job of the demo ends otherwise than the README says."""
+    out = subprocess.run(
+        [sys.executable, "examples/demo.py"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PGWORKER_DSN": dsn, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "every job ended as expected" in out.stdout

@@ -517,3 +517,29 @@ async def test_the_last_microsecond_as_run_at_does_not_park_a_job_forever(conn) 
     assert await conn.fetchval(finite, other.job.id)
     # Still a time update_job changes: the job is not parked.
     await pgworker.update_job(conn, job.job.id, run_at=datetime(2030, 1, 1, tzinfo=UTC))
+
+
+# --- Registry.enqueue's defaults -------------------------------------------------------------
+
+
+async def test_registry_enqueue_fills_in_only_what_the_caller_left_out(conn):
+    registry = pgworker.Registry()
+
+    @registry.task("mail-out", queue="mail", priority="high", max_retries=5)
+    async def mail_out(ctx, payload):
+        pass
+
+    async def stored(result) -> tuple:
+        job = await pgworker.get_job(conn, result.job.id)
+        return job.queue, job.priority, job.max_retries
+
+    assert await stored(await registry.enqueue(conn, "mail-out", {"n": 1})) == ("mail", 20, 5)
+    given = await registry.enqueue(
+        conn, "mail-out", {"n": 2}, queue="bulk", priority=0, max_retries=0
+    )
+    assert await stored(given) == ("bulk", 0, 0)  # 0 is a value, not "none given"
+    partly = await registry.enqueue(conn, "mail-out", {"n": 3}, priority="low")
+    assert await stored(partly) == ("mail", 0, 5)
+    with pytest.raises(pgworker.ValidationError) as unknown:  # a typo is not sent to `default`
+        await registry.enqueue(conn, "unknown", {})
+    assert unknown.value.field == "type"

@@ -262,3 +262,25 @@ async def test_fields_named_like_record_attributes_and_format_arguments(pgworker
     [r] = handler.records
     assert (r.getMessage(), r.name, r.levelno) == ("saw it", "pgworker", logging.INFO)
     assert (r.name_, r.module_, r.n, r.worker_id, r.job_id) == ("mine", "m", 1, "w1", 7)
+
+
+# --- a handler's bound context ---------------------------------------------------------------
+
+
+async def test_structlog_context_bound_by_a_handler_does_not_reach_the_next_job(dsn, conn):
+    """One slot runs both jobs: what the first binds must be gone when the second starts."""
+    registry = pgworker.Registry()
+    seen: dict[int, dict] = {}
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        seen[ctx.job_id] = structlog.contextvars.get_contextvars()
+        structlog.contextvars.bind_contextvars(leaked=ctx.job_id, job_id=-1)
+
+    first = await pgworker.enqueue(conn, "t", {"n": 1}, priority=1)
+    second = await pgworker.enqueue(conn, "t", {"n": 2})
+    async with pgworker.Worker(registry, dsn, concurrency=1):
+        await wait_for(lambda: all_finished(conn))
+    assert list(seen) == [first.job.id, second.job.id]
+    assert "leaked" not in seen[second.job.id]
+    assert (seen[second.job.id]["job_id"], seen[second.job.id]["attempt"]) == (second.job.id, 1)

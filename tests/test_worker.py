@@ -11,11 +11,12 @@ from datetime import UTC, datetime, timedelta
 import anyio
 import asyncpg
 import pytest
+from structlog.testing import capture_logs
 
 import pgworker
 from pgworker import JobSpec, RetryPolicy
 
-from .helpers import all_finished, attempts, wait_for
+from .helpers import all_finished, attempts, logged, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -442,3 +443,28 @@ async def test_nul_characters_in_errors_and_results_do_not_block_outcomes(dsn, c
     assert (job.status, job.error) == ("failed", "PermanentError: bad\\x00byte")
     job = await pgworker.get_job(conn, returned.job.id)
     assert (job.status, job.result) == ("completed", None)
+
+
+# --- a result that is not JSON ---------------------------------------------------------------
+
+
+async def outcomes(conn, job_id: int) -> list[str]:
+    return [a["outcome"] for a in await attempts(conn, job_id)]
+
+
+async def test_a_result_that_is_not_json_completes_the_job_without_it(dsn, conn):
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx, payload):
+        return {"at": datetime.now(UTC)}
+
+    r = await pgworker.enqueue(conn, "t", {})
+    with capture_logs() as logs:
+        async with pgworker.Worker(registry, dsn):
+            await wait_for(lambda: all_finished(conn))
+    job = await pgworker.get_job(conn, r.job.id)
+    assert (job.status, job.result, job.error) == ("completed", None, None)
+    assert await outcomes(conn, r.job.id) == ["completed"]
+    warnings = [e for e in logged(logs, "result", job_id=r.job.id) if e["log_level"] == "warning"]
+    assert warnings, logs
