@@ -1,4 +1,4 @@
-"""Issue 25, items 1-3: the job lists' one filter (service, HTTP API, CLI), and bulk actions over
+"""The job lists' one filter (service, HTTP API, CLI), and bulk actions over
 it (replay, cancel, delete, reschedule) in batches, resumable after a kill, each job handled once
 and recorded; against a real database, the real CLI and a real `pgworker serve`."""
 

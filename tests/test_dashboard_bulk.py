@@ -1,7 +1,8 @@
-"""Issue 25 in the dashboard, against a real server, database and (Debian's) Chromium: lists that
-show why (each row's error, its traceback one click away; failures grouped by error on the
-needs-attention page), the one filter in a shareable URL (payload containment), and bulk actions
-over it with a confirmation stating the count, a progress page, CSRF, origin and read-only checks.
+"""The dashboard's job lists and bulk actions, against a real server, database and (Debian's)
+Chromium: lists that show why (each row's error, its traceback one click away; failures grouped by
+error on the needs-attention page), the one filter in a shareable URL (payload containment), and
+bulk actions over it with a confirmation stating the count, a progress page, CSRF, origin and
+read-only checks.
 Screenshots go to PGWORKER_SCREENSHOTS, else a temporary directory (never committed)."""
 
 from __future__ import annotations

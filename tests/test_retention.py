@@ -1,4 +1,4 @@
-"""Retention (issue 13, item 6): the elected worker deletes finished jobs past their age, in
+"""Retention: the elected worker deletes finished jobs past their age, in
 batches, with everything recorded about them, fenced by its leadership, while claims go on;
 `pgworker prune` and `pgworker.prune` do the same by hand; the settings and options that say how
 long jobs are kept."""
