@@ -187,9 +187,9 @@ class Notifier:
         with anyio.move_on_after(self._next_check - anyio.current_time()):
             await _either(self._lost, self._turns.nudged)
         if self._lost.is_set():
-            self._log.warning("listener connection lost; reconnecting")
-            self.close()
-            return
+            # A failure like any other service's (a lost database is said once, by the worker's
+            # service.Contact); `reset` closes the connection, the next step opens another.
+            raise ConnectionError("the listener's connection was lost")
         if anyio.current_time() < self._next_check:
             return  # nudged: the next step passes turns on or reads the list
         self._next_check = anyio.current_time() + CHECK_EVERY
