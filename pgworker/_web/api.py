@@ -110,11 +110,10 @@ async def resources(app: Any, config: WebConfig, given: Any = None) -> AsyncIter
 
 
 async def _ready(app: Any, config: WebConfig, pool: Any) -> None:
-    """What every route reads from app.state: the pool (set last: its presence says the rest is
-    there), the queries, and whether the server takes client_connection_check_interval."""
-    q = queries(config.schema)
-    app.state.queries = q
-    app.state.client_check = await client_check(pool, q)
+    """What the routes (through routes.common.Api) and the dashboard read from app.state: the
+    pool (set last: its presence says the rest is there), and whether the server takes
+    client_connection_check_interval."""
+    app.state.client_check = await client_check(pool, queries(config.schema))
     app.state.pool = pool
 
 

@@ -20,6 +20,8 @@ from .common import router as make_router
 
 router = make_router("bulk")
 
+_STARTED = "the action, created: it runs in the background"
+
 
 async def _start(
     api: Api, kind: str, body: BulkBody, request: Request, run_at: Any = None
@@ -44,7 +46,12 @@ async def _start(
     return found
 
 
-@router.post("/jobs/actions/replay", status_code=202, response_model=BulkAction)
+@router.post(
+    "/jobs/actions/replay",
+    status_code=202,
+    response_model=BulkAction,
+    response_description=_STARTED,
+)
 async def bulk_replay(body: BulkBody, request: Request, api: Served) -> Response:
     """Replay every failed or cancelled job matching `filter` (whose keys are GET /jobs's
     query parameters), in batches in the background; each replay recorded in the job's
@@ -52,14 +59,24 @@ async def bulk_replay(body: BulkBody, request: Request, api: Served) -> Response
     return await _start(api, "replay", body, request)
 
 
-@router.post("/jobs/actions/cancel", status_code=202, response_model=BulkAction)
+@router.post(
+    "/jobs/actions/cancel",
+    status_code=202,
+    response_model=BulkAction,
+    response_description=_STARTED,
+)
 async def bulk_cancel(body: BulkBody, request: Request, api: Served) -> Response:
     """Cancel every pending job matching `filter`, and ask the workers of the running ones
     to stop them, in batches in the background; each recorded in the job's events."""
     return await _start(api, "cancel", body, request)
 
 
-@router.post("/jobs/actions/delete", status_code=202, response_model=BulkAction)
+@router.post(
+    "/jobs/actions/delete",
+    status_code=202,
+    response_model=BulkAction,
+    response_description=_STARTED,
+)
 async def bulk_delete(body: BulkBody, request: Request, api: Served) -> Response:
     """Delete every finished (completed, failed, cancelled) job matching `filter`, with its
     attempts and history, in batches in the background; the ids deleted are recorded in
@@ -67,7 +84,12 @@ async def bulk_delete(body: BulkBody, request: Request, api: Served) -> Response
     return await _start(api, "delete", body, request)
 
 
-@router.post("/jobs/actions/reschedule", status_code=202, response_model=BulkAction)
+@router.post(
+    "/jobs/actions/reschedule",
+    status_code=202,
+    response_model=BulkAction,
+    response_description=_STARTED,
+)
 async def bulk_reschedule(body: RescheduleBody, request: Request, api: Served) -> Response:
     """Set `run_at` of every pending job matching `filter` (not those parked waiting for an
     event), in batches in the background; each recorded in the job's events."""
@@ -77,6 +99,7 @@ async def bulk_reschedule(body: RescheduleBody, request: Request, api: Served) -
 @router.get(
     "/jobs/actions/{id}",
     response_model=BulkAction,
+    response_description="the action and its progress",
     responses={404: {"model": Problem, "description": "no such action"}},
 )
 async def bulk_progress(

@@ -16,7 +16,11 @@ router = make_router("events")
 
 
 # `{name:text}`: an event's name may hold any character, a `/` (sent as %2F) too.
-@router.post("/events/{name:text}", response_model=Emitted)
+@router.post(
+    "/events/{name:text}",
+    response_model=Emitted,
+    response_description="the event, and how many jobs it woke",
+)
 async def emit_event(
     name: Annotated[EventName, Path(description="the event's name, URL-encoded")],
     api: Served,

@@ -20,6 +20,7 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/healthz",
     response_model=Health,
+    response_description="the database answers and its schema is current",
     responses={503: {"model": Problem, "description": "the database or its schema is not ready"}},
 )
 async def healthz(api: Served) -> JSONResponse:

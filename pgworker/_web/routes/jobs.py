@@ -59,6 +59,7 @@ router = make_router("jobs")
     "/jobs",
     status_code=201,
     response_model=JobAnswer,
+    response_description="the job, enqueued",
     responses={
         200: {
             "model": JobAnswer,
@@ -103,7 +104,22 @@ def _options(body: EnqueueBody) -> dict[str, Any]:
     return options
 
 
-@router.get("/jobs/{id}", response_model=JobDetail, responses=UNKNOWN)
+@router.get(
+    "/jobs/{id}",
+    response_model=JobDetail,
+    responses={
+        **UNKNOWN,
+        200: {
+            "description": "the job; with `wait`, once it ended or the wait ran out",
+            "headers": {
+                "Pgworker-Wait": {
+                    "description": "with `wait` only: whether the job ended",
+                    "schema": {"type": "string", "enum": ["ended", "timeout"]},
+                }
+            },
+        },
+    },
+)
 async def get_job(
     id: JobId,
     request: Request,
@@ -179,7 +195,7 @@ def _wait_word(row: Row) -> str:
     return "ended" if row["status"] in FINISHED else "timeout"
 
 
-@router.get("/jobs", response_model=JobPage)
+@router.get("/jobs", response_model=JobPage, response_description="a page of jobs, newest first")
 async def list_jobs(
     api: Served,
     status: Annotated[JobStatus | None, Query()] = None,
@@ -236,6 +252,7 @@ async def list_jobs(
 @router.patch(
     "/jobs/{id}",
     response_model=JobAnswer,
+    response_description="the job, changed",
     responses={**UNKNOWN, 409: {"model": Problem, "description": "the job is not pending"}},
 )
 async def update_pending_job(
@@ -258,7 +275,12 @@ async def update_pending_job(
         return answer(job_json(await job(api, conn, changed.id)))
 
 
-@router.post("/jobs/{id}/cancel", response_model=CancelledJob, responses=UNKNOWN)
+@router.post(
+    "/jobs/{id}/cancel",
+    response_model=CancelledJob,
+    response_description="the job, and what the cancel did",
+    responses=UNKNOWN,
+)
 async def cancel_job(id: JobId, api: Served) -> Response:
     """Cancel a pending job, or ask the worker of a running one to stop it (its heartbeat
     says `cancel_requested`); a finished job is left as it is. 200 with the job and `cancel`:
@@ -272,6 +294,7 @@ async def cancel_job(id: JobId, api: Served) -> Response:
 @router.post(
     "/jobs/{id}/replay",
     response_model=JobAnswer,
+    response_description="the job, pending again",
     responses={
         **UNKNOWN,
         409: {

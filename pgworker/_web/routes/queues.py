@@ -25,8 +25,10 @@ from .common import router as make_router
 
 router = make_router("operators")
 
+_CHANGED = "the queue's controls as they now are"
 
-@router.get("/queues", response_model=Queues)
+
+@router.get("/queues", response_model=Queues, response_description="every queue")
 async def list_queues(api: Served) -> Response:
     """Per queue (each that a job names or that has controls): the jobs by status, the age in
     seconds of the oldest due pending job (null when none is due), whether it is `paused`
@@ -48,7 +50,9 @@ async def list_queues(api: Served) -> Response:
 
 
 # `{queue:text}`: a queue's name may hold any character, a `/` (sent as %2F) too.
-@router.post("/queues/{queue:text}/pause", response_model=QueueChange)
+@router.post(
+    "/queues/{queue:text}/pause", response_model=QueueChange, response_description=_CHANGED
+)
 async def pause(
     queue: QueuePath, request: Request, api: Served, body: QueueControlBody | None = None
 ) -> Response:
@@ -69,7 +73,9 @@ async def pause(
         return answer(_change(state))
 
 
-@router.post("/queues/{queue:text}/resume", response_model=QueueChange)
+@router.post(
+    "/queues/{queue:text}/resume", response_model=QueueChange, response_description=_CHANGED
+)
 async def resume(
     queue: QueuePath, request: Request, api: Served, body: QueueControlBody | None = None
 ) -> Response:
@@ -88,7 +94,9 @@ async def resume(
         return answer(_change(state))
 
 
-@router.post("/queues/{queue:text}/limit", response_model=QueueChange)
+@router.post(
+    "/queues/{queue:text}/limit", response_model=QueueChange, response_description=_CHANGED
+)
 async def limit(queue: QueuePath, body: QueueLimitBody, request: Request, api: Served) -> Response:
     """Limit the queue on every worker: `max_running`, the most of its jobs running at once,
     and `rate`, the most starts per period (`600/m`); a key left out leaves that limit as it

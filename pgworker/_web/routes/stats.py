@@ -17,7 +17,7 @@ from .common import router as make_router
 router = make_router("operators")
 
 
-@router.get("/stats", response_model=StatsAnswer)
+@router.get("/stats", response_model=StatsAnswer, response_description="the charts' series")
 async def get_stats(
     api: Served,
     window: Annotated[StatsWindow, Query()] = StatsWindow.HOUR,
@@ -35,7 +35,7 @@ async def get_stats(
         return answer(await charts.stats(conn, api.queries, window.value, queue, type))
 
 
-@router.get("/periodic", response_model=Schedules)
+@router.get("/periodic", response_model=Schedules, response_description="the schedules")
 async def list_schedules(api: Served) -> Response:
     """The periodic schedules the database records, by name (at most 1,000): each one's
     task, `schedule` (when it runs), `last_slot` enqueued and its job (`last_job_id`,

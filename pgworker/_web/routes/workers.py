@@ -47,6 +47,7 @@ router = make_router()
     "/jobs/claim",
     tags=["workers"],
     response_model=ClaimedJob,
+    response_description="the job claimed, and its attempt",
     responses={204: {"description": "nothing is due"}},
 )
 async def claim(body: ClaimBody, request: Request, api: Served) -> Response:
@@ -97,6 +98,7 @@ async def claim(body: ClaimBody, request: Request, api: Served) -> Response:
     "/jobs/{id}/heartbeat",
     tags=["workers"],
     response_model=BeatJob,
+    response_description="the job, its lease extended",
     responses={**UNKNOWN, **FENCED},
 )
 async def heartbeat(id: JobId, body: HeartbeatBody, request: Request, api: Served) -> Response:
@@ -123,6 +125,7 @@ async def heartbeat(id: JobId, body: HeartbeatBody, request: Request, api: Serve
     "/jobs/{id}/complete",
     tags=["workers"],
     response_model=JobAnswer,
+    response_description="the job, completed",
     responses={**UNKNOWN, **FENCED},
 )
 async def complete(id: JobId, body: CompleteBody, request: Request, api: Served) -> Response:
@@ -148,6 +151,7 @@ async def complete(id: JobId, body: CompleteBody, request: Request, api: Served)
     "/jobs/{id}/fail",
     tags=["workers"],
     response_model=JobAnswer,
+    response_description="the job, pending again for a retry, or failed",
     responses={**UNKNOWN, **FENCED},
 )
 async def fail(id: JobId, body: FailBody, request: Request, api: Served) -> Response:
@@ -188,7 +192,12 @@ async def fail(id: JobId, body: FailBody, request: Request, api: Served) -> Resp
         return await _finish(api, conn, written)
 
 
-@router.get("/workers", tags=["operators"], response_model=Workers)
+@router.get(
+    "/workers",
+    tags=["operators"],
+    response_model=Workers,
+    response_description="the workers known",
+)
 async def list_workers(api: Served) -> Response:
     """The workers known (Python and HTTP ones), with the ids of the jobs each runs."""
     async with api.transaction() as conn:
