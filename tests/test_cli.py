@@ -12,6 +12,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -581,3 +582,41 @@ async def test_a_second_sigterm_hands_running_jobs_back_at_once(dsn, conn, tmp_p
     job = await pgworker.get_job(conn, r.job.id)
     assert (job.status, job.retry_count) == ("pending", 0)
     assert await outcomes(conn, r.job.id) == ["interrupted"]
+
+
+# --- show of a deep payload, of a payload that is not an object ------------------------------
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(depth - 1):
+        value = {"password": "p4ssw0rd-deep", "next": value}
+    return value
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+async def test_show_a_job_whose_payload_is_nested_as_deep_as_enqueue_allows(dsn, conn, form):
+    """A payload nested 499 deep (enqueue takes 500) and a step result as deep: `pgworker show`
+    died with a RecursionError traceback (redacting the payload, making it JSON)."""
+    r = await pgworker.enqueue(conn, "deep", nested(499, 1))
+    await conn.execute(
+        "INSERT INTO pgworker.job_steps (job_id, name, result, attempt, started_at) "
+        "VALUES ($1, 's', $2::jsonb, 1, now())",
+        r.job.id,
+        json.dumps(nested(400, [1])),
+    )
+    shown = cli("show", str(r.job.id), *(["--json"] if form == "json" else []), "--dsn", dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "p4ssw0rd-deep" not in shown.stdout.split("steps")[0]
+    if form == "json":
+        payload = json.loads(shown.stdout)["job"]["payload"]
+        assert payload["password"] == "[REDACTED]"
+
+
+@pytest.mark.parametrize("payload", [[1, {"token": "tok-12345"}], "a string", 42, None, True])
+async def test_show_a_job_whose_payload_is_not_an_object(dsn, conn, payload):
+    r = await pgworker.enqueue(conn, "scalar", payload)
+    for extra in ([], ["--json"]):
+        shown = cli("show", str(r.job.id), *extra, "--dsn", dsn)
+        assert shown.returncode == 0, shown.stderr
+        assert "tok-12345" not in shown.stdout

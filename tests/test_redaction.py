@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -26,7 +27,7 @@ from pgworker._redact import (
     summary,
 )
 
-from .helpers import all_finished, cli, spawn_worker, wait_for
+from .helpers import all_finished, cli, has_status, serving_guarded, spawn_worker, wait_for
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -283,3 +284,94 @@ def test_secrets_are_found_in_any_letter_case():
     assert r.text("retry with DB_PassWord=abc1 then") == f"retry with DB_PassWord={REDACTED} then"
     assert r.text("sent BEARER eyJ.abc-def now") == f"sent BEARER {REDACTED} now"
     assert r.text("sent Bearer eyJ.abc-def now") == f"sent Bearer {REDACTED} now"
+
+
+# --- secrets in another letter case, many secrets, bad redact keys ---------------------------
+
+
+async def texts_of(conn: Any, job_id: int) -> str:
+    """Every text pgworker stored about a job: its row and its attempts' rows."""
+    row = await conn.fetchval(
+        "SELECT to_jsonb(j)::text FROM pgworker.jobs AS j WHERE id = $1", job_id
+    )
+    attempts = await conn.fetchval(
+        "SELECT coalesce(jsonb_agg(to_jsonb(a)), '[]')::text FROM pgworker.job_attempts AS a "
+        "WHERE job_id = $1",
+        job_id,
+    )
+    # The payload holds the secrets as given: what matters is every other column.
+    job = json.loads(row)
+    del job["payload"]
+    return json.dumps(job) + attempts
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_secret_in_another_letter_case_or_url_encoded_is_redacted(dsn, conn):
+    """The payload's password shown upper-cased, and its api key URL-encoded (as an HTTP
+    client's error quotes a query string), were stored word for word in jobs.error and
+    job_attempts."""
+    registry = pgworker.Registry()
+
+    @registry.task("login", max_retries=0)
+    async def login(ctx: pgworker.JobContext, p: dict[str, Any]) -> None:
+        from urllib.parse import quote
+
+        raise ValueError(
+            f"user {p['password'].upper()} refused; GET /x?k={quote(p['api_key'], safe='')}\n"
+            f"second line {p['password'].upper()}"
+        )
+
+    payload = {"password": "Hunter2-Xyzzy", "api_key": "sk live/123 ü"}
+    r = await pgworker.enqueue(conn, "login", payload)
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: has_status(conn, r.job.id, "failed"))
+    stored = await texts_of(conn, r.job.id)
+    assert "[REDACTED]" in stored
+    for leak in ("HUNTER2-XYZZY", "sk%20live%2F123%20%C3%BC", "Hunter2"):
+        assert leak.lower() not in stored.lower(), leak
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_payload_with_many_secrets_never_stalls_the_worker(dsn, conn):
+    """20,000 tokens under a sensitive key: each failure searched its texts with a regular
+    expression of 20,000+ alternatives, tried at every position, for seconds on the event loop
+    (no heartbeat, no claim meanwhile) per text. Now the search is bounded and such a payload's
+    error texts are withheld whole: no token is stored, the job fails promptly."""
+    import random
+    import string
+    import time
+
+    from pgworker._redact import redactor
+
+    rng = random.Random(13)
+    tokens = ["".join(rng.choices(string.ascii_letters, k=12)) for _ in range(20_000)]
+    started = time.thread_time()  # CPU time: a loaded machine does not stretch it
+    text = redactor().text("x" * 60_000 + tokens[7], {"tokens": tokens})
+    assert time.thread_time() - started < 2.0
+    assert tokens[7] not in text
+
+    registry = pgworker.Registry()
+
+    @registry.task("many", max_retries=0)
+    async def many(ctx: pgworker.JobContext, p: dict[str, Any]) -> None:
+        raise ValueError(f"rejected {p['tokens'][7]} and {p['tokens'][19_999]}")
+
+    r = await pgworker.enqueue(conn, "many", {"tokens": tokens})
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: has_status(conn, r.job.id, "failed"), timeout=20)
+    stored = await texts_of(conn, r.job.id)
+    assert tokens[7] not in stored and tokens[19_999] not in stored
+    assert "REDACTED" in stored
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("keys", ["password", [5], [""], None])
+async def test_show_job_with_bad_redact_keys_is_a_validation_error(conn, keys):
+    """`redact_keys="password"` redacted every key holding one of its letters; `[5]` raised
+    AttributeError once a job was found. Checked like Settings.redact_keys, job or not."""
+    from pgworker.operations import show_job
+
+    r = await pgworker.enqueue(conn, "t", {"apple": 1, "password": "hunter2-x"})
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await show_job(conn, r.job.id, redact_keys=keys)
+    assert caught.value.field == "redact_keys"

@@ -306,3 +306,14 @@ async def test_retention_settings_default_validate_and_read_their_variables(dsn)
     assert out.returncode == 2
     [line] = out.stderr.strip().splitlines()
     assert "--retain-completed" in line and "a week" in line, line
+
+
+# --- prune's statuses ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("statuses", [[["failed"]], [{"failed": 1}]])
+async def test_prune_with_statuses_that_are_not_names_is_a_validation_error(conn, statuses):
+    """A list inside the list raised TypeError (unhashable) from a public function."""
+    with pytest.raises(pgworker.ValidationError) as caught:
+        await pgworker.prune(conn, older_than=3600, statuses=statuses)
+    assert caught.value.field == "statuses"

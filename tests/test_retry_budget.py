@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -212,3 +213,20 @@ async def test_a_completed_job_keeps_no_error_of_its_earlier_attempts(dsn, conn)
         ("completed", None),
     ]
     assert "Traceback" in rows[0]["error_detail"] and rows[1]["error_detail"] is None
+
+
+# --- max_retries beside a policy -------------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_max_retries_beside_a_policy_keeps_its_retry_budget():
+    """`task(max_retries=3, retry=RetryPolicy(max_retries=3, max_elapsed=60))` rebuilt the
+    policy from four of its fields: the retry budget in time was dropped, silently."""
+    registry = pgworker.Registry()
+    policy = pgworker.RetryPolicy(max_retries=3, initial_delay=2, max_elapsed=60)
+
+    @registry.task("budgeted", max_retries=3, retry=policy)
+    async def handler(ctx: pgworker.JobContext, payload: Any) -> None:
+        return None
+
+    assert registry["budgeted"].retry == policy

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 import pytest_asyncio
@@ -535,3 +536,166 @@ async def test_a_step_that_is_not_callable_is_refused(contexts):
     with pytest.raises(ValidationError) as e:
         await ctx.step("x", 42)  # type: ignore[arg-type]
     assert e.value.field == "fn"
+
+
+# --- steps run twice at once, transactions ended inside a step, steps from def handlers ------
+
+
+class PooledContexts:
+    """JobContexts of attempts claimed by hand (fake_claim), outside a worker, their steps on a
+    store of `size` connections (a worker's has one per slot)."""
+
+    def __init__(self, dsn: str, conn: Any) -> None:
+        self.dsn = dsn
+        self.conn = conn
+        self.stores: list[StepStore] = []
+
+    async def new(self, payload: Any = None, size: int = 4) -> JobContext:
+        store = StepStore(self.dsn, "pgworker", size, "hostile4")
+        self.stores.append(store)
+        r = await pgworker.enqueue(self.conn, "t", payload or {})
+        await fake_claim(self.conn, r.job.id, worker_id="hostile4", lease_s=600)
+        row = await Q.job_get(self.conn, r.job.id)
+        return JobContext(Attempt(row, store), "hostile4")
+
+    async def close(self) -> None:
+        for store in self.stores:
+            await store.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def contexts_pooled(dsn: str, conn: Any) -> AsyncIterator[PooledContexts]:
+    c = PooledContexts(dsn, conn)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def step_names(conn: Any, job_id: int) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT name FROM pgworker.job_steps WHERE job_id = $1 ORDER BY name", job_id
+    )
+    return [r["name"] for r in rows]
+
+
+async def test_one_step_run_by_two_tasks_of_a_handler_at_once_runs_once(contexts_pooled):
+    """`asyncio.gather(ctx.step("x", f), ctx.step("x", f))`: both saw the step not done and both
+    ran `f` (the record kept the first result). One runs it; the other gets its result."""
+    ctx = await contexts_pooled.new()
+    calls: list[int] = []
+
+    async def charge() -> int:
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        return len(calls)
+
+    with anyio.fail_after(10):
+        first, second = await asyncio.gather(ctx.step("x", charge), ctx.step("x", charge))
+    assert calls == [1]
+    assert first == second == 1
+
+
+async def test_one_transactional_step_run_by_two_tasks_at_once_writes_once(contexts_pooled, conn):
+    await conn.execute("CREATE TABLE effects (job_id bigint)")
+    ctx = await contexts_pooled.new()
+
+    async def write(c: Any) -> str:
+        await c.execute("INSERT INTO effects VALUES ($1)", ctx.job_id)
+        await asyncio.sleep(0.05)
+        return "written"
+
+    with anyio.fail_after(10):
+        results = await asyncio.gather(
+            ctx.transactional_step("w", write), ctx.transactional_step("w", write)
+        )
+    assert results == ["written", "written"]
+    assert await conn.fetchval("SELECT count(*) FROM effects") == 1
+
+
+@pytest.mark.parametrize("ending", ["ROLLBACK", "COMMIT"])
+async def test_a_transactional_step_that_ends_its_transaction_is_not_recorded(
+    contexts_pooled, conn, ending
+):
+    """fn sends ROLLBACK (or COMMIT) itself: the record then committed alone, a checkpoint
+    without its effect (ROLLBACK: the effect never happens, the step is done). Now a
+    ValidationError naming fn, and no step recorded."""
+    await conn.execute("CREATE TABLE effects (x int)")
+    ctx = await contexts_pooled.new()
+
+    async def sneaky(c: Any) -> str:
+        await c.execute("INSERT INTO effects VALUES (1)")
+        await c.execute(ending)
+        return "done"
+
+    with anyio.fail_after(10), pytest.raises(pgworker.ValidationError) as caught:
+        await ctx.transactional_step("sneaky", sneaky)
+    assert caught.value.field == "fn" and "'sneaky'" in str(caught.value)
+    assert await step_names(conn, ctx.job_id) == []
+
+
+async def test_a_savepoint_inside_a_transactional_step_is_fine(contexts_pooled, conn):
+    await conn.execute("CREATE TABLE effects (x int)")
+    ctx = await contexts_pooled.new()
+
+    async def with_savepoint(c: Any) -> int:
+        await c.execute("INSERT INTO effects VALUES (1)")
+        try:
+            async with c.transaction():
+                await c.execute("INSERT INTO effects VALUES (2)")
+                raise RuntimeError("undo the savepoint")
+        except RuntimeError:
+            pass
+        return 1
+
+    with anyio.fail_after(10):
+        assert await ctx.transactional_step("sp", with_savepoint) == 1
+    assert [r["x"] for r in await conn.fetch("SELECT x FROM effects")] == [1]
+    assert await step_names(conn, ctx.job_id) == ["sp"]
+
+
+@pytest.mark.parametrize("inner", ["progress", "step", "transactional_step"])
+async def test_a_milestone_or_step_inside_a_transactional_step_is_a_clear_error(
+    contexts_pooled, conn, inner
+):
+    """With every connection of the steps' pool (one per slot) inside a transactional step,
+    `ctx.progress` or `ctx.step` in its function waited for another connection forever: the job
+    stuck, its lease renewed. Now a PgWorkerError at once, naming the outer step; nothing
+    recorded."""
+    ctx = await contexts_pooled.new(size=1)
+
+    async def nothing(*_: Any) -> int:
+        return 1
+
+    async def outer(c: Any) -> int:
+        if inner == "progress":
+            await ctx.progress("inside")
+        elif inner == "step":
+            await ctx.step("inner", nothing)
+        else:
+            await ctx.transactional_step("inner", nothing)
+        return 1
+
+    with anyio.fail_after(10), pytest.raises(pgworker.PgWorkerError, match="'outer'"):
+        await ctx.transactional_step("outer", outer)
+    assert await step_names(conn, ctx.job_id) == []
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.job_milestones") == 0
+
+
+async def test_a_step_from_a_plain_def_handler_runs_and_returns_its_result(dsn, conn):
+    """In a `def` handler (a thread), `ctx.step(...)` once made a coroutine that nobody awaited:
+    `fn` never ran, the job completed as if it had (then it raised PgWorkerError at once). Now
+    the call runs the step on the worker's loop and returns its result (issue 24)."""
+    registry = pgworker.Registry()
+    ran: list[str] = []
+
+    @registry.task("sync-steps", max_retries=0)
+    def handler(ctx: pgworker.JobContext, payload: Any) -> Any:
+        return ctx.step("charge", lambda: ran.append("charged") or "charged")
+
+    r = await pgworker.enqueue(conn, "sync-steps", {})
+    async with serving_guarded(registry, dsn):
+        await wait_for(lambda: has_status(conn, r.job.id, "completed"))
+    job = await pgworker.get_job(conn, r.job.id)
+    assert job is not None and job.result == "charged"
+    assert ran == ["charged"]
