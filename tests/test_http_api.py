@@ -739,7 +739,13 @@ async def test_nul_in_json_is_refused_by_the_document_and_the_server_alike(
             assert event.is_valid(data) and job.is_valid({"type": "t", "payload": data})
             taken = await c.post("/events/e", content=json.dumps(data), headers=JSON_TYPE)
             assert taken.status_code == 200, taken.text
-    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
+        pending = (await pgworker.enqueue(conn, "t", {"k": 1})).job.id
+        changed = await c.patch(
+            f"/jobs/{pending}", content='{"payload": {"k\\u0000": 1}}', headers=JSON_TYPE
+        )
+        assert_problem(changed, 422, "payload")
+    assert (await pgworker.get_job(conn, pending)).payload == {"k": 1}
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 1
     assert await conn.fetchval("SELECT count(*) FROM pgworker.events") == 3
 
 
