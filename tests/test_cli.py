@@ -620,3 +620,26 @@ async def test_show_a_job_whose_payload_is_not_an_object(dsn, conn, payload):
         shown = cli("show", str(r.job.id), *extra, "--dsn", dsn)
         assert shown.returncode == 0, shown.stderr
         assert "tok-12345" not in shown.stdout
+
+
+# --- show of a milestone Python cannot decode ------------------------------------------------
+
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_pgworker_show_of_a_milestone_python_cannot_decode_is_one_line(dsn, conn):
+    """A milestone's detail nested too deep (written by SQL): `pgworker show ID` ended in a
+    RecursionError traceback (and the dashboard's job page in a bare 500)."""
+    job = (await pgworker.enqueue(conn, "t", {})).job.id
+    await conn.execute(
+        "INSERT INTO pgworker.job_milestones (job_id, attempt, milestone, detail) "
+        "VALUES ($1, 1, 'm', $2::jsonb)",
+        job,
+        DEEP,
+    )
+    out = cli("show", str(job), "--dsn", dsn)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and "milestone" in out.stderr
+    assert "cannot be decoded" in out.stderr

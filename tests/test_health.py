@@ -6,6 +6,7 @@ retries; and one line says why for each way the file can be wrong."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -364,3 +365,94 @@ def test_the_command_reads_the_file_only(tmp_path):
     """A probe needs neither a DSN nor a database: none is set here and it answers."""
     out = health(record(tmp_path / "h.json"), env={"PGWORKER_DSN": "", "DATABASE_URL": ""})
     assert out.returncode == 0, out.stderr
+
+
+# --- health files that are not files, never end, or hold garbage -----------------------------
+
+
+def health_probe(path: Path, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    """`pgworker health --health-file PATH`, bounded: a probe that hangs fails the test."""
+    return cli("health", "--health-file", str(path), timeout=timeout)
+
+
+def fresh(**changes: object) -> str:
+    content: dict[str, object] = {
+        "written_at": datetime.now(UTC).isoformat(),
+        "lease": 30,
+        "worker_id": "w",
+        "pid": 1,
+        "stopping": False,
+        "services": {"producer": {"state": "ok"}},
+    }
+    return json.dumps({**content, **changes})
+
+
+def test_a_fifo_at_the_health_file_path_is_unhealthy_at_once_not_a_hung_probe(tmp_path):
+    """open() of a FIFO blocks until a writer comes: the probe hung (till its own timeout)."""
+    path = tmp_path / "health.json"
+    os.mkfifo(path)
+    out = health_probe(path, timeout=10)
+    assert out.returncode == 1
+    assert "not a regular file" in out.stderr
+
+
+def test_a_health_file_turned_into_an_endless_file_is_unhealthy_without_reading_it_all(tmp_path):
+    """A symlink to /dev/zero (or a huge file): the probe read it all into memory, forever."""
+    path = tmp_path / "health.json"
+    path.symlink_to("/dev/zero")
+    out = health_probe(path, timeout=10)
+    assert out.returncode == 1 and "not a regular file" in out.stderr
+    big = tmp_path / "big.json"
+    big.write_text(fresh()[:-1] + ', "x": "' + "a" * (2 * 1024 * 1024) + '"}')
+    out = health_probe(big)
+    assert out.returncode == 1 and "over 1,048,576 bytes" in out.stderr
+
+
+def test_a_symlink_to_a_fresh_file_is_still_judged_and_a_directory_is_unhealthy(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text(fresh())
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert health_probe(link).returncode == 0
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    out = health_probe(directory)
+    assert out.returncode == 1 and out.stderr.startswith("pgworker health: unhealthy: ")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        fresh(written_at="9999-12-31T00:00:00+00:00"),
+        fresh(written_at=(datetime.now(UTC) + timedelta(days=1)).isoformat()),
+        fresh(written_at="2000-01-01T00:00:00+00:00", lease=1e300),
+    ],
+    ids=["year-9999", "a-day-ahead", "lease-1e300"],
+)
+def test_a_garbage_health_file_that_never_goes_stale_is_unhealthy(tmp_path, content):
+    """A written_at in the future counted as written 0 s ago, and a lease of 1e300 never ran
+    out: a file replaced by such garbage said healthy forever, whatever the worker did."""
+    path = tmp_path / "health.json"
+    path.write_text(content)
+    out = health_probe(path)
+    assert out.returncode == 1, out.stdout
+
+
+def test_a_health_file_of_deep_json_or_lone_surrogates_is_judged_in_one_line(tmp_path):
+    """json.loads raised RecursionError (not ValueError) on deep JSON, and a service name or
+    state holding a lone surrogate ("\\ud800", valid JSON) could not be printed: both ended
+    the probe with a traceback instead of its one line."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    out = health_probe(deep)
+    assert out.returncode == 1 and "unreadable JSON" in out.stderr
+    assert "Traceback" not in out.stderr
+    named = tmp_path / "named.json"
+    named.write_text(fresh(services={"\ud800x": {"state": "ok"}}))
+    out = health_probe(named)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("pgworker health: ok: ") and "\\ud800x ok" in out.stdout
+    state = tmp_path / "state.json"
+    state.write_text(fresh(services={"a": {"state": "bad\ud800"}}))
+    out = health_probe(state)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr

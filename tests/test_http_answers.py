@@ -5,8 +5,10 @@ ends cancelled, ids in paths are plain decimal integers, and no 422 echoes a sec
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+import uuid
 from typing import Any
 
 import anyio
@@ -17,7 +19,16 @@ import pytest
 import pgworker
 from pgworker import _validate as validate
 
-from .helpers import PgProxy, attempts, cli, status_of, wait_for
+from .helpers import (
+    PgProxy,
+    attempts,
+    cli,
+    database_of,
+    fake_claim,
+    has_status,
+    status_of,
+    wait_for,
+)
 from .webserver import Served, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -394,3 +405,234 @@ async def test_no_422_echoes_what_was_sent(server: Served, conn: Any) -> None:
         r = await c.get(f"/jobs/{SECRET}")
         assert r.status_code == 422 and SECRET not in r.text, r.text
     assert await count_jobs(conn) == 1
+
+
+# --- serve: killed connections, clients leaving, large or undecodable jobs, a read-only server
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_serve_recovers_when_its_connections_are_killed_never_dropping_a_client(dsn, conn):
+    """pg_terminate_backend of serve's connections while requests run: asyncpg's
+    InternalClientError reached the Exception handler, whose answer Starlette re-raises; uvicorn
+    logged a traceback (with the bearer token among its locals) and closed the client's
+    connection, so the next request on it failed with a ReadError."""
+    async with serving(dsn) as served:
+        async with served.client(timeout=30) as client:
+            seen: list[object] = []
+            for _ in range(4):
+                await asyncio.gather(*(client.get("/jobs") for _ in range(12)))
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE 'pgworker:serve%' AND datname = $1",
+                    database_of(dsn),
+                )
+                for i in range(6):
+                    answers = await asyncio.gather(
+                        client.get("/jobs"),
+                        client.post("/jobs", json={"type": "t", "payload": i}),
+                        client.get("/queues"),
+                        client.get("/workers"),
+                        client.get("/jobs/1"),
+                        return_exceptions=True,
+                    )
+                    seen += [getattr(a, "status_code", a) for a in answers]
+            assert all(s in (200, 201, 404, 503) for s in seen), seen
+            assert (await client.get("/jobs")).status_code == 200
+        log = served.stderr()
+    assert served.token not in log
+    assert "Exception in ASGI application" not in log
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_clients_that_leave_mid_body_leave_no_traceback_in_the_log(dsn, capsys, caplog):
+    """A POST whose client disconnects before the end of its body: the dashboard's form (the
+    login, which needs no token) logged two error tracebacks each time, so anyone could fill
+    serve's log with them. The application is called as uvicorn calls it, so that the test knows
+    when the request has been dealt with (the call returns): uvicorn logs its traceback ("Exception
+    in ASGI application") exactly when that call raises."""
+    from pgworker._web.app import create_app
+    from pgworker._web.config import WebConfig
+
+    app = create_app(WebConfig(dsn=dsn, tokens=("token",)))
+    for path, kind in [
+        ("/ui/login", b"application/x-www-form-urlencoded"),
+        ("/jobs", b"application/json"),
+    ]:
+        left, sent = await _leave_mid_body(app, path, kind)
+        assert left == 1, "the application did not read the body"
+        assert all(m.get("status", 400) < 500 for m in sent), sent
+    logged = capsys.readouterr()
+    assert "Traceback" not in logged.out + logged.err and "[error" not in logged.out + logged.err
+    assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
+async def _leave_mid_body(app: Any, path: str, kind: bytes) -> tuple[int, list[dict[str, Any]]]:
+    """POST `path` to the application as uvicorn does, the client leaving after 8 of the 100
+    bytes it announced; returns the messages left unread (the disconnect) and those sent. The
+    call raising is what uvicorn logs a traceback for."""
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b"csrf=abc", "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if len(messages) > 1 else messages[0]
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"authorization", b"Bearer token"),
+            (b"content-type", kind),
+            (b"content-length", b"100"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    await app(scope, receive, send)
+    return len(messages), sent
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_page_of_large_jobs_is_cut_by_its_size_and_the_pages_still_list_every_job(
+    dsn, conn
+):
+    """GET /jobs?limit=1000 read a thousand jobs whole, payloads and results of up to 64 MB each:
+    one request could hold gigabytes in serve's memory. A page now ends at about 8 MB of JSON,
+    with a next_before, and following the pages lists every job once."""
+    big = "x" * (3 * 1024 * 1024)
+    made = [(await pgworker.enqueue(conn, "big", {"blob": big, "n": i})).job.id for i in range(12)]
+    small = [(await pgworker.enqueue(conn, "small", {"n": i})).job.id for i in range(5)]
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        first = await client.get("/jobs", params={"limit": 1000})
+        assert first.status_code == 200
+        assert len(first.content) < 16 * 1024 * 1024
+        seen: list[int] = []
+        page = first.json()
+        while True:
+            assert page["jobs"], page
+            seen += [j["id"] for j in page["jobs"]]
+            if page["next_before"] is None:
+                break
+            answer = await client.get(
+                "/jobs", params={"limit": 1000, "before": page["next_before"]}
+            )
+            assert answer.status_code == 200 and len(answer.content) < 16 * 1024 * 1024
+            page = answer.json()
+        assert seen == sorted(made + small, reverse=True)
+        only = await client.get("/jobs", params={"type": "small", "limit": 5})
+        assert [j["id"] for j in only.json()["jobs"]] == small[::-1]
+
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_job_python_cannot_decode_hides_neither_a_page_nor_itself_nor_the_next_claim(
+    dsn, conn
+):
+    """One such job made GET /jobs answer 409 for every page it was on (nobody could list the
+    jobs), GET /jobs/{id} of a job with such a result or milestone 500, and every HTTP claim
+    that took it 409 (the job left running till its lease ran out, then claimed again)."""
+    insert = "INSERT INTO pgworker.jobs (type, payload) VALUES ($1, $2::jsonb) RETURNING id"
+    good = await conn.fetchval(insert, "t", "{}")
+    poison = await conn.fetchval(insert, "t", DEEP)
+    done = await conn.fetchval(
+        "INSERT INTO pgworker.jobs (type, payload, status, result, finished_at) "
+        "VALUES ('u', '{}', 'completed', $1::jsonb, now()) RETURNING id",
+        DEEP,
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.job_milestones (job_id, attempt, milestone, detail) "
+        "VALUES ($1, 1, 'm', $2::jsonb)",
+        done,
+        DEEP,
+    )
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        listed = await client.get("/jobs")
+        assert listed.status_code == 200, listed.text
+        assert [j["id"] for j in listed.json()["jobs"]] == [done, poison, good]
+        shown = (await client.get(f"/jobs/{poison}")).json()
+        assert shown["payload"] is None and "RecursionError" in shown["unreadable"]["payload"]
+        shown = await client.get(f"/jobs/{done}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["result"] is None and shown.json()["milestones"][0]["detail"] is None
+        claims = []
+        for _ in range(3):
+            answer = await client.post("/jobs/claim", json={"worker_id": "w", "types": ["t"]})
+            assert answer.status_code in (200, 204), answer.text
+            claims.append(answer.json()["id"] if answer.status_code == 200 else None)
+        assert claims == [good, None, None]
+    row = await conn.fetchrow("SELECT status, error FROM pgworker.jobs WHERE id = $1", poison)
+    assert row["status"] == "failed" and row["error"].startswith("InvalidPayload: ")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_http_worker_can_fail_its_job_when_a_column_of_it_cannot_be_decoded(dsn, conn):
+    """Its milestone written deep by SQL while it ran: `fail` decoded the whole row first and
+    answered 409, so the worker could not end its attempt."""
+    async with serving(dsn) as served, served.client(timeout=60) as client:
+        await client.post("/jobs", json={"type": "t", "payload": {"a": 1}})
+        claimed = (await client.post("/jobs/claim", json={"worker_id": "w"})).json()
+        await conn.execute(
+            "UPDATE pgworker.jobs SET progress = $2::jsonb WHERE id = $1", claimed["id"], DEEP
+        )
+        body = {
+            "worker_id": "w",
+            "attempt": claimed["attempt"],
+            "error": "E: no",
+            "permanent": True,
+        }
+        failed = await client.post(f"/jobs/{claimed['id']}/fail", json=body)
+        assert failed.status_code == 200, failed.text
+        assert failed.json()["status"] == "failed" and "progress" in failed.json()["unreadable"]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_read_only_server_writes_nothing_not_even_maintenance(dsn, conn):
+    """`serve --read-only` ("reads only", says the README) still led maintenance: it took the
+    leader row, rescued and pruned (deleted) jobs; on a database role that may only read, it
+    logged a traceback of `permission denied` over and over."""
+    role = f"pgw_reader_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await conn.execute(
+            f"GRANT USAGE ON SCHEMA pgworker TO {role}; "
+            f"GRANT SELECT ON ALL TABLES IN SCHEMA pgworker TO {role}"
+        )
+        expired = (await pgworker.enqueue(conn, "t", {})).job.id
+        await fake_claim(conn, expired, worker_id="gone", lease_s=-60)
+        reader = dsn.replace("postgres@", f"{role}@", 1)
+        fast = {"PGWORKER_LEASE": "1"}  # maintenance, were it on, would tick every 0.5 s
+        async with serving(reader, "--read-only", env=fast) as served, served.client() as client:
+            assert (await client.get("/jobs")).status_code == 200
+            # Maintenance starts with the server, before it answers, and tries to lead at once.
+            # A witness started after that (a worker with maintenance, the same 1 s lease) leads
+            # and rescues the expired job: by then the server's first tick, were there one, has
+            # come and gone, and a read-only role's attempt to lead is `permission denied`.
+            witness = pgworker.Registry()
+            witness.task("elsewhere-only", queue="elsewhere")(_nothing)
+            async with pgworker.Worker(witness, dsn, worker_id="witness", lease=1.0):
+                await wait_for(lambda: has_status(conn, expired, "pending"), timeout=30)
+                assert await conn.fetchval("SELECT worker_id FROM pgworker.leader") == "witness"
+            assert (await client.get("/jobs")).status_code == 200
+            log = served.stderr()
+        assert "permission denied" not in log and "Traceback" not in log, log
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+async def _nothing(ctx: pgworker.JobContext, payload: Any) -> None:
+    return None

@@ -284,3 +284,34 @@ async def test_structlog_context_bound_by_a_handler_does_not_reach_the_next_job(
     assert list(seen) == [first.job.id, second.job.id]
     assert "leaked" not in seen[second.job.id]
     assert (seen[second.job.id]["job_id"], seen[second.job.id]["attempt"]) == (second.job.id, 1)
+
+
+# --- tracebacks without locals ---------------------------------------------------------------
+
+
+def test_a_logged_traceback_never_shows_the_locals_of_its_frames():
+    """The console log rendered tracebacks with rich, every frame's locals included: the bearer
+    token of the request, the DSN's password, a payload were printed in plain text on stderr."""
+    import io
+
+    import structlog
+
+    from pgworker import _logs
+
+    out = io.StringIO()
+    secret = "".join(reversed("lacol-a-ni-nekot-terces"))  # not in this file's source lines
+    _logs.configure("console", "info", stream=out)
+    try:
+
+        def handle(authorization: str) -> None:
+            raise RuntimeError("boom")
+
+        try:
+            handle(f"Bearer {secret}")
+        except RuntimeError:
+            structlog.get_logger("t").error("failed", exc_info=True)
+    finally:
+        _logs.configure("console", "info")
+    text = out.getvalue()
+    assert "RuntimeError: boom" in text and "in handle" in text
+    assert secret not in text

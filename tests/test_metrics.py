@@ -478,3 +478,35 @@ async def test_the_queue_gauges_show_at_most_so_many_queues(conn):
     ]
     assert all(r["oldest_pending_seconds"] >= 0 for r in rows)
     assert _metrics.MAX_QUEUES == 1000
+
+
+# --- endless queue names ---------------------------------------------------------------------
+
+
+def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_bound():
+    """The elected worker's rescue counted `lost` under each rescued job's (queue, type), of any
+    queue and type: a client claiming over HTTP in a new queue name each time (then letting the
+    lease run out) added a series of ~50 samples per name to every scrape, for ever."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pgworker._runtime.metrics import Metrics
+    from pgworker.settings import Settings
+
+    bound = 1000  # _metrics.MAX_LOST_SERIES
+    metrics = Metrics(Settings(dsn="postgresql://x@127.0.0.1/x", metrics_port=1))
+    metrics.lost([("default", "served")])
+    metrics.lost((f"q-{i}", "t") for i in range(5 * bound))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    families = text_string_to_metric_families(generate_latest(registry).decode())
+    lost = {
+        (s.labels["queue"], s.labels["type"]): s.value
+        for f in families
+        if f.name == "pgworker_jobs"
+        for s in f.samples
+        if s.name == "pgworker_jobs_total" and s.labels["outcome"] == "lost"
+    }
+    assert len(lost) <= bound + 1
+    assert sum(lost.values()) == 5 * bound + 1
+    assert lost[("default", "served")] == 1

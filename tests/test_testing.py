@@ -29,7 +29,7 @@ from pgworker.testing import (
     run_job,
 )
 
-from .helpers import attempts, database_of
+from .helpers import attempts, database_of, status_of
 
 aio = pytest.mark.asyncio(loop_scope="session")
 
@@ -746,3 +746,57 @@ async def test_run_job_refuses_what_a_worker_could_not_run():
     with pytest.raises(pgworker.ValidationError) as caught:
         await run_job(registry, "ok", attempt=0)
     assert caught.value.field == "attempt"
+
+
+# --- the helpers name a bad argument ---------------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_drain_and_run_job_refuse_a_lone_string_where_a_list_of_names_goes(conn):
+    """drain(conn, registry, redact_keys="password") took the string as the keys "p", "a", "s",
+    ...: the password the handler's error quoted was stored unredacted; queues="default" drained
+    the queues "d", "e", "f", ... and left the default queue's jobs pending, silently."""
+    from pgworker.testing import drain, run_job
+
+    registry = pgworker.Registry()
+
+    @registry.task("leaks", max_retries=0)
+    async def leaks(ctx: pgworker.JobContext, payload: dict[str, str]) -> None:
+        raise ValueError(f"login failed for {payload['password']}")
+
+    job = (await pgworker.enqueue(conn, "leaks", {"password": "hunter2-secret"})).job.id
+    with pytest.raises(pgworker.ValidationError, match="redact_keys") as refused:
+        await drain(conn, registry, redact_keys="password")
+    assert "['password']" in str(refused.value)
+    with pytest.raises(pgworker.ValidationError, match="queues"):
+        await drain(conn, registry, queues="default")
+    with pytest.raises(pgworker.ValidationError, match="redact_keys"):
+        await run_job(registry, "leaks", {"password": "x"}, redact_keys="password")
+    assert await status_of(conn, job) == "pending"
+    ran = await drain(conn, registry, redact_keys=["password"])
+    assert ran.failed == [job] and "hunter2-secret" not in (ran.attempts[0].error or "")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_enqueued_job_helpers_name_the_bad_argument(conn):
+    """A NUL or a lone surrogate in `type`, a payload nested too deep or holding a lone
+    surrogate: asyncpg's and PostgreSQL's own errors (CharacterNotInRepertoireError, DataError,
+    InvalidTextRepresentationError, RecursionError), not a ValidationError naming the field."""
+    from pgworker.testing import assert_enqueued, assert_not_enqueued, enqueued_jobs
+
+    deep: list[Any] = []
+    for _ in range(3000):
+        deep = [deep]
+    cases = [
+        ("type", enqueued_jobs(conn, type="a\x00b")),
+        ("type", enqueued_jobs(conn, type="\ud800")),
+        ("queue", enqueued_jobs(conn, queue="q\x00")),
+        ("correlation_id", enqueued_jobs(conn, correlation_id="\x00")),
+        ("payload", assert_enqueued(conn, type="t", payload=deep)),
+        ("payload", assert_not_enqueued(conn, type="t", payload={"\ud800": 1})),
+        ("payload_contains", enqueued_jobs(conn, payload_contains={"k": "\x00"})),
+    ]
+    for field, call in cases:
+        with pytest.raises(pgworker.ValidationError) as refused:
+            await call
+        assert refused.value.field == field
