@@ -6,6 +6,7 @@ ends cancelled, ids in paths are plain decimal integers, and no 422 echoes a sec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -636,3 +637,65 @@ async def test_a_read_only_server_writes_nothing_not_even_maintenance(dsn, conn)
 
 async def _nothing(ctx: pgworker.JobContext, payload: Any) -> None:
     return None
+
+
+# --- a body sent a byte at a time; ids with a leading zero -----------------------------------
+
+
+BODY_BOUND = 30.0
+
+
+async def test_a_body_sent_a_byte_at_a_time_is_answered_408_and_closed(server: Served) -> None:
+    """A client that announced 100 bytes and sent one a second held its connection and a task
+    of the server for as long as it liked, answered never: 60 s later it was still open."""
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + server.token.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    await writer.drain()
+    started = time.monotonic()
+    answer = b""
+
+    async def trickle() -> None:
+        # Until 2 s before the bound: a byte the server has not read when it closes would turn
+        # its close into a reset, which can drop the answer before this client reads it.
+        with contextlib.suppress(OSError):
+            for _ in range(int(BODY_BOUND) - 2):
+                await anyio.sleep(1)
+                writer.write(b" ")
+                await writer.drain()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(trickle)
+        with anyio.move_on_after(BODY_BOUND + 30):
+            answer = await reader.read()  # to the end: the server closes the connection
+        tg.cancel_scope.cancel()
+    writer.close()
+    waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), (waited, answer[:300])
+    assert b"did not arrive within 30 s" in answer
+    assert waited < BODY_BOUND + 30
+
+
+async def test_an_id_with_a_leading_zero_names_no_job(server: Served, conn: Any) -> None:
+    """The README lists `01` among the ids that name no job (422 naming `id`); `GET /jobs/01`
+    answered job 1, and `POST /jobs/01/cancel` cancelled it."""
+    r = await pgworker.enqueue(conn, "t", {})
+    assert r.job.id == 1
+    async with server.client() as c:
+        for raw in ["01", "001", "00", "-01"]:
+            for method, path in [
+                ("GET", f"/jobs/{raw}"),
+                ("POST", f"/jobs/{raw}/cancel"),
+                ("POST", f"/jobs/{raw}/replay"),
+            ]:
+                answer = await c.request(method, path)
+                assert answer.status_code == 422, (path, answer.status_code, answer.text)
+                body = answer.json()
+                assert body["field"] == "id" and "digits" in body["error"], (path, body)
+        assert (await c.get("/jobs?before=01")).status_code == 422
+        assert (await c.get("/jobs/1")).status_code == 200
+    assert await status_of(conn, r.job.id) == "pending"

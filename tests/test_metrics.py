@@ -3,6 +3,7 @@ after a run of known jobs; the settings and options; errors at start-up."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from pgworker._runtime import metrics as _metrics
 from pgworker._version import DISTRIBUTION
 
 from .apps.metrics import HOSTILE
-from .helpers import ROOT, fake_claim, spawn_worker, wait_for
+from .helpers import ROOT, attempts, fake_claim, spawn_worker, status_of, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -510,3 +511,53 @@ def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_b
     assert len(lost) <= bound + 1
     assert sum(lost.values()) == 5 * bound + 1
     assert lost[("default", "served")] == 1
+
+
+# --- a cancelled attempt counted as its row says ---------------------------------------------
+
+
+@pytest.mark.parametrize("ends", ["fails", "completes"])
+async def test_metrics_count_a_cancelled_attempt_as_its_row_says(
+    dsn: str, conn: Any, ends: str
+) -> None:
+    """The handler of a job an operator cancels fails before a heartbeat tells it: the database
+    ends the job and its attempt `cancelled` (job_finish_many.sql), and pgworker_jobs_total said
+    `retried`. A completion stays completed on both sides."""
+    registry = pgworker.Registry()
+    started, go = asyncio.Event(), asyncio.Event()
+
+    @registry.task("slow", retry=pgworker.RetryPolicy(max_retries=3, initial_delay=60))
+    async def slow(ctx: pgworker.JobContext, payload: dict[str, Any]) -> None:
+        started.set()
+        await go.wait()
+        if ends == "fails":
+            raise RuntimeError("failed after the cancel request")
+
+    r = await pgworker.enqueue(conn, "slow", {})
+    port = free_port()
+    # A lease of 10 minutes and no LISTEN: neither a heartbeat nor a notification tells the
+    # handler of the cancel before it ends.
+    async with pgworker.Worker(registry, dsn, metrics_port=port, lease=600, listen=False):
+        await asyncio.wait_for(started.wait(), 30)
+        assert await pgworker.cancel(conn, r.job.id) == "cancelling"
+        go.set()
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT status <> 'running' FROM pgworker.jobs WHERE id = $1", r.job.id
+            ),
+            timeout=30,
+        )
+        rows = [a["outcome"] for a in await attempts(conn, r.job.id)]
+        wanted = {"fails": "cancelled", "completes": "completed"}[ends]
+        assert rows == [wanted]
+        assert await status_of(conn, r.job.id) == wanted
+
+        def counted() -> dict[str, float] | None:
+            found = {
+                dict(labels)["outcome"]: v
+                for (name, labels), v in scrape(port).items()
+                if name == "pgworker_jobs_total" and v
+            }
+            return found or None
+
+        assert await wait_for(counted, timeout=30) == {wanted: 1.0}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import struct
 import time
+from typing import Any
 
 import anyio
+import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
@@ -26,6 +28,10 @@ from .helpers import (
     logged,
     status_of,
     wait_for,
+)
+from .webserver import (
+    Served,
+    server,  # noqa: F401  (the fixture)
 )
 
 Q = queries("pgworker")
@@ -580,3 +586,39 @@ async def test_a_failure_ended_cancelled_whose_reply_was_lost_counts_as_written(
     assert not logged(logs, "outcome dropped")
     [stopped] = logged(logs, "worker stopped")
     assert (stopped["outcomes_written"], stopped["outcomes_dropped"]) == (1, 0)
+
+
+# --- a heartbeat that could not extend the lease ---------------------------------------------
+
+
+async def test_a_heartbeat_that_could_not_extend_the_lease_says_so(
+    server: Served, conn: Any, dsn: str
+) -> None:
+    """Another session holds the job's row locked: the heartbeat skips it (as the Python
+    worker's does), and answered 200 with the claim's lease, as if extended. Now: 503 with
+    Retry-After, nothing changed; once the lock is gone, 200 and the lease extended."""
+    async with server.client(timeout=60) as c:
+        await c.post("/jobs", json={"type": "beat", "payload": {}})
+        claimed = (
+            await c.post("/jobs/claim", json={"worker_id": "w", "types": ["beat"], "lease": 5})
+        ).json()
+        body = {"worker_id": "w", "attempt": claimed["attempt"], "lease": 600}
+        path = f"/jobs/{claimed['id']}/heartbeat"
+        lease = "SELECT lease_expires_at, heartbeat_at FROM pgworker.jobs WHERE id = $1"
+        before = await conn.fetchrow(lease, claimed["id"])
+        other = await asyncpg.connect(dsn)
+        try:
+            async with other.transaction():
+                await other.execute(
+                    "SELECT FROM pgworker.jobs WHERE id = $1 FOR UPDATE", claimed["id"]
+                )
+                beat = await c.post(path, json=body)
+                assert beat.status_code == 503, beat.text
+                assert beat.headers["Retry-After"] == "2"
+                assert "lease was not extended" in beat.json()["error"]
+        finally:
+            await other.close()
+        assert await conn.fetchrow(lease, claimed["id"]) == before
+        beat = await c.post(path, json=body)
+        assert beat.status_code == 200, beat.text
+        assert beat.json()["lease_expires_at"] > claimed["lease_expires_at"]

@@ -385,3 +385,61 @@ async def test_run_job_and_drain_refuse_a_step_that_ends_its_transaction(conn):
     assert [(s["name"], s["attempt"]) for s in await step_rows(conn, r.job.id)] == [("write", 2)]
     effects = await conn.fetch("SELECT job_id, attempt FROM effects")
     assert [(e["job_id"], e["attempt"]) for e in effects] == [(r.job.id, 2)]
+
+
+# --- a COMMIT after a routine or a comment ---------------------------------------------------
+
+
+ROUTINE = "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql "
+
+
+ESCAPES_AFTER_ROUTINES = {
+    "attribute named case": ROUTINE + "BEGIN ATOMIC SELECT x.case FROM (SELECT 1 AS case) x; "
+    "END; COMMIT",
+    "label after AS": ROUTINE + "BEGIN ATOMIC SELECT 1 AS case; END; COMMIT",
+    "bare label": ROUTINE + "BEGIN ATOMIC SELECT 1 case; END; COMMIT",
+    "end as a label": ROUTINE + "BEGIN ATOMIC SELECT 1 AS end; END; COMMIT",
+    "begin, atomic is no body": ROUTINE + "SET search_path = begin, atomic AS 'select 1'; END",
+    # PostgreSQL ends a -- comment at a carriage return as at a newline
+    "comment ended by CR": "SELECT 1 -- c\r; COMMIT",
+    "comment ended by CR in a body": ROUTINE + "BEGIN ATOMIC SELECT 1; -- c\rEND; COMMIT",
+}
+
+
+@pytest.mark.parametrize(
+    "sql", list(ESCAPES_AFTER_ROUTINES.values()), ids=list(ESCAPES_AFTER_ROUTINES)
+)
+async def test_a_step_cannot_commit_after_a_routine_or_a_comment(
+    contexts: Any,  # noqa: F811
+    conn: Any,
+    sql: str,
+) -> None:
+    """Sent, each text commits the step's transaction (PostgreSQL reads the body by its grammar):
+    the step's effect would stay without its checkpoint, and its retry would make it again."""
+    await conn.execute("CREATE TABLE effects (n int)")
+    ctx = await contexts.new()
+
+    async def write(c: Any) -> None:
+        await c.execute("INSERT INTO effects VALUES (1)")
+        await c.execute(sql)
+
+    with pytest.raises(ValidationError, match=r"sent (COMMIT|END) "):
+        await ctx.transactional_step("routine", write)
+    assert await conn.fetchval("SELECT count(*) FROM effects") == 0
+    assert await step_rows(conn, ctx.job_id) == []
+
+
+async def test_a_step_creates_a_routine_whose_body_names_case_and_end(
+    contexts: Any,  # noqa: F811
+    conn: Any,
+) -> None:
+    ctx = await contexts.new()
+
+    async def write(c: Any) -> int:
+        await c.execute(
+            ROUTINE + "BEGIN ATOMIC SELECT x.case + x.end FROM (SELECT 1 AS case, 2 AS end) x; END"
+        )
+        return int(await c.fetchval("SELECT pg_temp.f()"))
+
+    assert await ctx.transactional_step("routine", write) == 3
+    assert [s["name"] for s in await step_rows(conn, ctx.job_id)] == ["routine"]

@@ -87,3 +87,44 @@ def test_a_transaction_control_statement_is_found(sql, keyword):
 @pytest.mark.parametrize("sql", SENT)
 def test_text_that_only_mentions_transaction_words_is_not_refused(sql):
     assert transaction_control(sql) is None
+
+
+# --- BEGIN ATOMIC bodies with case and end words, comments ended by CR -----------------------
+
+
+ROUTINE = "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql "
+
+
+ESCAPES = {
+    "attribute named case": ROUTINE + "BEGIN ATOMIC SELECT x.case FROM (SELECT 1 AS case) x; "
+    "END; COMMIT",
+    "label after AS": ROUTINE + "BEGIN ATOMIC SELECT 1 AS case; END; COMMIT",
+    "bare label": ROUTINE + "BEGIN ATOMIC SELECT 1 case; END; COMMIT",
+    "end as a label": ROUTINE + "BEGIN ATOMIC SELECT 1 AS end; END; COMMIT",
+    "begin, atomic is no body": ROUTINE + "SET search_path = begin, atomic AS 'select 1'; END",
+    # PostgreSQL ends a -- comment at a carriage return as at a newline
+    "comment ended by CR": "SELECT 1 -- c\r; COMMIT",
+    "comment ended by CR in a body": ROUTINE + "BEGIN ATOMIC SELECT 1; -- c\rEND; COMMIT",
+}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("sql", list(ESCAPES.values()), ids=list(ESCAPES))
+async def test_a_commit_after_a_body_or_a_comment_is_found(sql: str) -> None:
+    assert transaction_control(sql) in ("COMMIT", "END")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize(
+    "sql",
+    [
+        ROUTINE + "BEGIN ATOMIC SELECT x.case FROM (SELECT 1 AS case) x; END",
+        ROUTINE + "BEGIN /* c */ ATOMIC SELECT 1 end; END; SELECT 1",
+        ROUTINE + "BEGIN ATOMIC SELECT CASE WHEN true THEN 1 END; "
+        "SELECT (CASE WHEN true THEN 2 END); END; SELECT 1",
+        ROUTINE + "BEGIN ATOMIC END",
+        "SELECT 1 -- c; COMMIT\r\nSELECT 2",
+    ],
+)
+async def test_a_begin_atomic_body_with_case_and_end_words_is_sent(sql: str) -> None:
+    assert transaction_control(sql) is None
