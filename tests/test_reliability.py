@@ -592,7 +592,9 @@ async def test_a_failure_ended_cancelled_whose_reply_was_lost_counts_as_written(
 
 
 async def test_a_heartbeat_that_could_not_extend_the_lease_says_so(
-    server: Served, conn: Any, dsn: str
+    server: Served,  # noqa: F811  (the fixture imported above)
+    conn: Any,
+    dsn: str,
 ) -> None:
     """Another session holds the job's row locked: the heartbeat skips it (as the Python
     worker's does), and answered 200 with the claim's lease, as if extended. Now: 503 with
