@@ -171,6 +171,10 @@ def _drop(kind: str, name: str) -> str:
     return _DROP.get(kind, f"DROP {kind} IF EXISTS {{}} CASCADE").format(name)
 
 
+_NUMBERS = itertools.count()
+"""The numbers of this process's databases: every pool of it names its own apart."""
+
+
 class NotFresh(Exception):
     """A database that the reset could not bring back to its template's state."""
 
@@ -184,7 +188,6 @@ class DatabasePool:
         self.template = template
         self._free: list[str] = []
         self._all: set[str] = set()
-        self._numbers = itertools.count()
         self._admin: asyncpg.Connection | None = None
         self._newest_oid = 0
         self._tables: list[str] = []
@@ -197,7 +200,7 @@ class DatabasePool:
         return self._admin
 
     async def create(self, name: str | None = None) -> str:
-        name = name or f"{self.template}_{next(self._numbers)}"
+        name = name or f"{self.template}_{next(_NUMBERS)}"
         admin = await self._connection()
         await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
         self._all.add(name)
@@ -287,7 +290,7 @@ class DatabasePool:
     @contextlib.asynccontextmanager
     async def fresh(self) -> AsyncIterator[str]:
         """A database made from the template for one test, dropped after it."""
-        name = await self.create(f"{self.template}_fresh_{next(self._numbers)}")
+        name = await self.create(f"{self.template}_fresh_{next(_NUMBERS)}")
         try:
             yield name
         finally:

@@ -523,6 +523,7 @@ async def test_queues_and_workers(server: Served) -> None:
         assert go7["running_job_ids"] == [claimed["id"]] and go7["queues"] == ["default"]
 
 
+@pytest.mark.fresh_db  # it drops the pgworker schema
 async def test_healthz_503_when_the_schema_is_not_current(server: Served, conn: Any) -> None:
     async with httpx.AsyncClient(base_url=server.url) as c:
         assert (await c.get("/healthz")).status_code == 200
@@ -657,6 +658,7 @@ async def test_hostile_input_is_a_4xx_naming_the_field(server: Served, conn: Any
     assert "abcdefgh" not in detail and "[REDACTED]" in detail
 
 
+@pytest.mark.fresh_db  # it drops the database
 async def test_database_gone_is_503_never_500(server_dsn: str, dsn: str) -> None:
     async with serving(dsn) as served, served.client() as c:
         assert (await c.get("/healthz")).status_code == 200

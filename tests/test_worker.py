@@ -326,6 +326,7 @@ async def test_only_served_types_and_queues_are_claimed(dsn, conn):
         assert (await pgworker.get_job(conn, r.job.id)).status == "pending"
 
 
+@pytest.mark.fresh_db  # it deletes the applied migrations
 async def test_worker_refuses_a_missing_older_or_newer_schema(empty_dsn, dsn):
     registry = pgworker.Registry()
 
