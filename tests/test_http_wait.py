@@ -33,7 +33,8 @@ async def awaited(conn: Any, n: int) -> bool:
 async def waiters(conn: Any) -> int:
     return int(
         await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgworker-wait:%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgworker-wait:%' "
+            "AND datname = current_database()"
         )
     )
 
