@@ -15,7 +15,7 @@ from pgworker._maintenance import rescue as _rescue
 from pgworker._maintenance.maintenance import Maintenance
 
 from .helpers import serving_guarded, wait_for
-from .test_hostile3 import lost_jobs
+from .test_rescue import lost_jobs
 from .test_retention import finished, remaining
 from .turns import timed_turns
 

@@ -1,6 +1,6 @@
-"""Hostile users, third round: the restructured internals (the rescue that applies the retry rule,
-the operations module, the schema's channels, the job row read by name). Each test states what a
-mature job queue does."""
+"""Rescue: a job whose worker is gone is rescued whatever its row holds (a lease without a claim
+time, an attempt counter reset by hand), and a rescue that the database refuses for some jobs
+(a trigger, more refused jobs than a page) still rescues the others."""
 
 from __future__ import annotations
 
