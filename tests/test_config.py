@@ -7,12 +7,16 @@ import random
 import subprocess
 import sys
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 import pgworker
 from pgworker import ConfigError, RetryPolicy, Settings
 from pgworker import _validate as validate
+from pgworker._runtime import notifier as _notifier
+
+from .helpers import serving_guarded, wait_for
 
 
 @pytest.mark.parametrize(
@@ -186,3 +190,57 @@ def test_payload_size_limit_is_read_from_the_environment():
         check=True,
     )
     assert out.stdout.strip() == "12345"
+
+
+# --- schema names and their channels ---------------------------------------------------------
+
+
+registry = pgworker.Registry()
+
+
+@registry.task("plain")
+async def plain(ctx: pgworker.JobContext, payload: Any) -> Any:
+    return payload
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_schema_name_too_long_for_its_channels_is_refused_before_anything_is_written(
+    dsn, conn
+):
+    """A schema name of 57 to 63 characters migrated, and then every enqueue raised asyncpg's
+    "channel name too long" (its NOTIFY channels are named after it)."""
+    for bad in ("s" * 57, "s" * 63):
+        for call in (
+            pgworker.migrate(conn, schema=bad),
+            pgworker.enqueue(conn, "t", {}, schema=bad),
+            pgworker.get_job(conn, 1, schema=bad),
+        ):
+            with pytest.raises(pgworker.ValidationError, match="schema") as info:
+                await call
+            assert "56" in str(info.value)
+        with pytest.raises(pgworker.ConfigError, match="schema"):
+            pgworker.Settings(dsn, schema=bad)
+    assert not await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'sss%'")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_longest_schema_name_serves_with_a_listener_that_hears_itself(
+    dsn, conn, monkeypatch
+):
+    """At 56 characters every channel fits; the listener's ping channel, named after the schema,
+    did not (from 46 characters): every health check failed and the listener reconnected for
+    ever."""
+    monkeypatch.setattr(_notifier, "CHECK_EVERY", 0.1)
+    schema = "s" * 56
+    await pgworker.migrate(conn, schema=schema)
+    async with serving_guarded(registry, dsn, schema=schema, poll_interval=60) as worker:
+        r = await pgworker.enqueue(conn, "plain", {"x": 1}, schema=schema)
+
+        async def completed() -> bool:
+            job = await pgworker.get_job(conn, r.job.id, schema=schema)
+            return job is not None and job.status == "completed"
+
+        await wait_for(completed)
+        # The listener's health check (a ping to itself) went round, and no check failed.
+        await wait_for(lambda: worker.health()["notifier"]["last_success"] is not None)
+        assert worker.health()["notifier"]["last_error"] is None

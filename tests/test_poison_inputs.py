@@ -17,8 +17,9 @@ import pytest
 import pgworker
 from pgworker import ConfigError, JobSpec, Retry, RetryPolicy, Settings, ValidationError
 from pgworker import _validate as validate
+from pgworker.operations import status
 
-from .helpers import ROOT, cli, database_of
+from .helpers import ROOT, cli, database_of, has_status
 from .test_cli import cli_env
 
 SURROGATE = "\udcff"
@@ -386,3 +387,47 @@ async def test_M_asyncpg_pool_warnings_from_a_real_worker_are_json_lines(
     assert floor and floor[0]["logger"] == "asyncpg.pool", lines
     assert "Traceback" in floor[0]["exception"]
     assert {x["level"] for x in floor} == {"debug"}, floor
+
+
+# --- ids past bigint, a bad --live-within, rows too deep to decode ---------------------------
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("bad", [True, "1", 1.0, 2**63, 0, None])
+async def test_a_job_id_that_is_not_a_bigint_is_a_validation_error_naming_it(conn, bad):
+    """get_job and cancel passed the id to asyncpg as given: "1" or 2**63 raised asyncpg's
+    DataError, 1.0 was rounded, and True read and cancelled job 1."""
+    first = await pgworker.enqueue(conn, "t", {})
+    assert first.job.id == 1
+    for call in (pgworker.get_job, pgworker.cancel):
+        with pytest.raises(pgworker.ValidationError, match="job_id") as info:
+            await call(conn, bad)
+        assert info.value.field == "job_id"
+    assert await has_status(conn, first.job.id, "pending")
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("bad", [float("nan"), "60", 1e300, -1, 0])
+async def test_status_with_a_bad_live_within_is_a_validation_error_naming_it(conn, bad):
+    with pytest.raises(pgworker.ValidationError, match="live_within"):
+        await status(conn, live_within=bad)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_row_too_deep_to_decode_is_a_typed_error_naming_the_job_and_column(conn):
+    """A payload or result nested past Python's recursion, written around enqueue: get_job
+    raised a bare RecursionError. (A worker fails such a job; operators then read it.)"""
+    depth = 5000
+    job_id = await conn.fetchval(
+        "INSERT INTO pgworker.jobs (type, payload) VALUES ('t', $1::jsonb) RETURNING id",
+        "[" * depth + "]" * depth,
+    )
+    with pytest.raises(pgworker.PgWorkerError, match=rf"payload: .*job {job_id}.*SQL"):
+        await pgworker.get_job(conn, job_id)
+    await conn.execute(
+        "UPDATE pgworker.jobs SET payload = '{}', result = $2::jsonb WHERE id = $1",
+        job_id,
+        '{"a":' * depth + "1" + "}" * depth,
+    )
+    with pytest.raises(pgworker.PgWorkerError, match=rf"result: .*job {job_id}"):
+        await pgworker.get_job(conn, job_id)

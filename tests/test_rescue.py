@@ -6,17 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 import pytest
 
 import pgworker
-from pgworker._db import files
 from pgworker._maintenance import rescue as _rescue
 from pgworker._maintenance.maintenance import Maintenance
-from pgworker._runtime import notifier as _notifier
-from pgworker.operations import status
 
-from .helpers import has_status, serving_guarded, wait_for
+from .helpers import has_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -156,96 +152,4 @@ async def test_a_rescue_closes_the_open_attempt_of_a_job_whose_counter_was_reset
 # --- operations with bad arguments -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [True, "1", 1.0, 2**63, 0, None])
-async def test_a_job_id_that_is_not_a_bigint_is_a_validation_error_naming_it(conn, bad):
-    """get_job and cancel passed the id to asyncpg as given: "1" or 2**63 raised asyncpg's
-    DataError, 1.0 was rounded, and True read and cancelled job 1."""
-    first = await pgworker.enqueue(conn, "t", {})
-    assert first.job.id == 1
-    for call in (pgworker.get_job, pgworker.cancel):
-        with pytest.raises(pgworker.ValidationError, match="job_id") as info:
-            await call(conn, bad)
-        assert info.value.field == "job_id"
-    assert await has_status(conn, first.job.id, "pending")
-
-
-@pytest.mark.parametrize("bad", [float("nan"), "60", 1e300, -1, 0])
-async def test_status_with_a_bad_live_within_is_a_validation_error_naming_it(conn, bad):
-    with pytest.raises(pgworker.ValidationError, match="live_within"):
-        await status(conn, live_within=bad)
-
-
-async def test_migrate_through_a_pool(empty_dsn):
-    """migrate(pool) took the migration lock on one pooled connection, then raised
-    AttributeError (a pool has no transaction), the lock left behind."""
-    async with asyncpg.create_pool(empty_dsn, min_size=1, max_size=3) as p:
-        assert await pgworker.migrate(p) == [m.version for m in files.migrations("pgworker")]
-        assert await pgworker.migrate(p) == []
-        locks = await p.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        assert locks == 0
-
-
-async def test_a_row_too_deep_to_decode_is_a_typed_error_naming_the_job_and_column(conn):
-    """A payload or result nested past Python's recursion, written around enqueue: get_job
-    raised a bare RecursionError. (A worker fails such a job; operators then read it.)"""
-    depth = 5000
-    job_id = await conn.fetchval(
-        "INSERT INTO pgworker.jobs (type, payload) VALUES ('t', $1::jsonb) RETURNING id",
-        "[" * depth + "]" * depth,
-    )
-    with pytest.raises(pgworker.PgWorkerError, match=rf"payload: .*job {job_id}.*SQL"):
-        await pgworker.get_job(conn, job_id)
-    await conn.execute(
-        "UPDATE pgworker.jobs SET payload = '{}', result = $2::jsonb WHERE id = $1",
-        job_id,
-        '{"a":' * depth + "1" + "}" * depth,
-    )
-    with pytest.raises(pgworker.PgWorkerError, match=rf"result: .*job {job_id}"):
-        await pgworker.get_job(conn, job_id)
-
-
 # --- schemas ---------------------------------------------------------------------------------
-
-
-async def test_a_schema_name_too_long_for_its_channels_is_refused_before_anything_is_written(
-    dsn, conn
-):
-    """A schema name of 57 to 63 characters migrated, and then every enqueue raised asyncpg's
-    "channel name too long" (its NOTIFY channels are named after it)."""
-    for bad in ("s" * 57, "s" * 63):
-        for call in (
-            pgworker.migrate(conn, schema=bad),
-            pgworker.enqueue(conn, "t", {}, schema=bad),
-            pgworker.get_job(conn, 1, schema=bad),
-        ):
-            with pytest.raises(pgworker.ValidationError, match="schema") as info:
-                await call
-            assert "56" in str(info.value)
-        with pytest.raises(pgworker.ConfigError, match="schema"):
-            pgworker.Settings(dsn, schema=bad)
-    assert not await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'sss%'")
-
-
-async def test_the_longest_schema_name_serves_with_a_listener_that_hears_itself(
-    dsn, conn, monkeypatch
-):
-    """At 56 characters every channel fits; the listener's ping channel, named after the schema,
-    did not (from 46 characters): every health check failed and the listener reconnected for
-    ever."""
-    monkeypatch.setattr(_notifier, "CHECK_EVERY", 0.1)
-    schema = "s" * 56
-    await pgworker.migrate(conn, schema=schema)
-    async with serving_guarded(registry, dsn, schema=schema, poll_interval=60) as worker:
-        r = await pgworker.enqueue(conn, "plain", {"x": 1}, schema=schema)
-
-        async def completed() -> bool:
-            job = await pgworker.get_job(conn, r.job.id, schema=schema)
-            return job is not None and job.status == "completed"
-
-        await wait_for(completed)
-        # The listener's health check (a ping to itself) went round, and no check failed.
-        await wait_for(lambda: worker.health()["notifier"]["last_success"] is not None)
-        assert worker.health()["notifier"]["last_error"] is None

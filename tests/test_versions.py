@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import asyncpg
 import pytest
 
 import pgworker
@@ -381,3 +382,19 @@ async def test_a_worker_serving_a_name_with_an_at_sign_serves_its_version_1(dsn,
         found = await operations.status(conn)
     assert [tuple(w["types"]) for w in found["workers"]] == [("x@2@1",)]
     assert [(u["type"], u["version"]) for u in found["unserved"]] == [("x", 2)]
+
+
+# --- migrate through a pool ------------------------------------------------------------------
+
+
+async def test_migrate_through_a_pool(empty_dsn):
+    """migrate(pool) took the migration lock on one pooled connection, then raised
+    AttributeError (a pool has no transaction), the lock left behind."""
+    async with asyncpg.create_pool(empty_dsn, min_size=1, max_size=3) as p:
+        assert await pgworker.migrate(p) == [m.version for m in files.migrations("pgworker")]
+        assert await pgworker.migrate(p) == []
+        locks = await p.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        assert locks == 0
