@@ -1,4 +1,4 @@
-"""Hostile handlers for tests/test_hostile.py (`pgworker run tests.apps.hostile`)."""
+"""Hostile handlers for tests/test_worker_keeps_serving.py (`pgworker run tests.apps.hostile`)."""
 
 import asyncio
 import sys

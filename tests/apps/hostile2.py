@@ -1,4 +1,5 @@
-"""Hostile handlers for tests/test_hostile2.py (`pgworker run tests.apps.hostile2`)."""
+"""Hostile handlers for tests/test_cancelled_workers_and_refused_writes.py
+(`pgworker run tests.apps.hostile2`)."""
 
 import os
 import sys

@@ -1,6 +1,6 @@
-"""Hostile-but-plausible handlers, calls and database operations, beyond issue 11's list
-(tests/test_poison.py): what a user's handler may do to the event loop, the task it runs in and
-structlog's context; what a caller may do with a Worker object; what an operator may do to the
+"""The worker keeps serving whatever a handler, a caller or an operator does, beyond
+tests/test_poison.py's list: what a user's handler may do to the event loop, the task it runs in
+and structlog's context; what a caller may do with a Worker object; what an operator may do to the
 database. Each test states what a mature job queue does: the worker keeps serving, the job ends
 in a documented state with a readable error, nothing is left running, shutdown ends."""
 

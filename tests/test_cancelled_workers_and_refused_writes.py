@@ -1,6 +1,8 @@
-"""Hostile handlers, callers and operators, second round: what the fixes of the first round
-(slots as tasks of their own, abandoned handlers, lock_timeout, the leadership lease, refused
-outcomes written row by row) left open. Each test states what a mature job queue does."""
+"""A worker cancelled from outside, or forked, hands its running jobs back; an outcome, a
+heartbeat or a rescue the database refuses for one job (a trigger, a row an operator locked)
+holds up no other job (slots as tasks of their own, abandoned handlers, lock_timeout, the
+leadership lease, refused outcomes written row by row). Each test states what a mature job
+queue does."""
 
 from __future__ import annotations
 
