@@ -15,11 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
+import pgworker
 from pgworker import _bulk as bulk
 from pgworker._filters import FIELDS, JobFilter
 from pgworker.errors import ValidationError
 
-from .helpers import cli, cli_process, wait_for
+from .helpers import cli, cli_process, has_status, serving_guarded, wait_for
+from .test_dashboard import csrf_of, http
 from .webserver import ROOT, Served, server, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -406,3 +408,69 @@ async def test_serve_resumes_an_action_left_running(dsn: str, conn: Any, pool: A
 
         await wait_for(finished, timeout=30, every=0.1)
     assert await replays_of(conn, ids) == dict.fromkeys(ids, 1)
+
+
+# --- a reschedule to year 1, controls in jobs list --json, a form field sent as a file
+
+
+async def test_a_reschedule_to_the_first_moment_of_year_1_does_not_stop_the_workers(dsn, conn):
+    """0001-01-01T00:00:00Z is a valid RFC 3339 time, but asyncpg sends it as '-infinity': a job
+    run_at -infinity made every claim of its queue fail (claimed_at - run_at overflows), and the
+    worker's producer retried forever. It is kept one microsecond later, a finite time."""
+    victim = await pgworker.enqueue(conn, "t", {}, queue="mail")
+    async with serving(dsn) as served, served.client() as client:
+        started = await client.post(
+            "/jobs/actions/reschedule",
+            json={"filter": {"queue": "mail"}, "run_at": "0001-01-01T00:00:00Z"},
+        )
+        assert started.status_code == 202, started.text
+        action = started.json()["id"]
+
+        async def done() -> bool:
+            return (await client.get(f"/jobs/actions/{action}")).json()["status"] == "done"
+
+        await wait_for(done, timeout=30)
+        answered = (await client.get(f"/jobs/{victim.job.id}")).json()["run_at"]
+        assert answered.startswith("0001-01-01T00:00:00.000001") and answered.endswith("+00:00")
+    direct = await pgworker.enqueue(conn, "t", {}, run_at=datetime.min.replace(tzinfo=UTC))
+    finite = "SELECT bool_and(isfinite(run_at)) FROM pgworker.jobs WHERE id = ANY($1)"
+    assert await conn.fetchval(finite, [victim.job.id, direct.job.id])
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def t(ctx: Any, payload: Any) -> None:
+        return None
+
+    async with serving_guarded(registry, dsn, queues=["mail", "default"]):
+        for job_id in (victim.job.id, direct.job.id):
+            await wait_for(lambda j=job_id: has_status(conn, j, "completed"), timeout=20)
+
+
+async def test_jobs_list_json_stays_json_with_control_characters_from_the_database(dsn, conn):
+    """`jobs list --json` of a job whose values hold C1 controls (U+009B, the 8-bit CSI), ESC and
+    a bidi override: valid JSON that gives the values back, and no raw control reaches the
+    terminal (the escaper turned U+009B into `\\x9b`, which is not JSON)."""
+    odd = "corr\u009b31m\x1b[2J\u202e"
+    await pgworker.enqueue(conn, "t\x1b]0;pwned\x07", {}, correlation_id=odd)
+    done = cli("jobs", "list", "--json", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    assert not any(c in done.stdout for c in "\x1b\x07\u009b\u202e")
+    (job,) = json.loads(done.stdout)["jobs"]
+    assert job["correlation_id"] == odd and job["type"] == "t\x1b]0;pwned\x07"
+
+
+async def test_a_bulk_forms_field_sent_as_a_file_is_refused_not_dropped(dsn, conn):
+    """The confirmation's hidden fields are the filter: one sent as a file (multipart) was left
+    out, and the action widened to every job (`status` dropped: every job replayed); `max_id` as
+    a file was a 500. Each is refused (400) naming the field, and no action is created."""
+    async with serving(dsn) as served, http(served) as client:
+        csrf = csrf_of((await client.get("/ui/jobs")).text)
+        for field in ("status", "queue", "max_id", "run_at"):
+            form = {"csrf": csrf, "kind": "reschedule", "queue": "mail", "status": "pending"}
+            form.pop(field, None)
+            answer = await client.post(
+                "/ui/jobs/actions", data=form, files={field: ("f", b"failed", "text/plain")}
+            )
+            assert answer.status_code == 400, (field, answer.status_code, answer.text[:300])
+            assert f"{field}: must be text" in answer.text
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.bulk_actions") == 0

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 import pgworker
@@ -289,3 +290,103 @@ async def test_the_queue_page_forms_need_their_csrf_token_and_origin(dsn, conn):
         # A queue named like a button has its page too (GET on the button's path).
         assert (await client.get("/ui/queues/pause")).status_code == 200
         assert "Queue pause" in (await client.get("/ui/queues/pause")).text
+
+
+# --- the live parts for a proxy user, past the shown queues, with thousands of rows ----------
+
+
+USER = "X-Forwarded-User"
+
+
+async def test_the_live_counts_and_charts_answer_a_trusted_proxy_user(dsn, conn):
+    """The pages show themselves to a user the proxy names; their script's polls (/ui/live,
+    /ui/stats) answered that user 401, so the counts never moved and no chart was drawn."""
+    await pgworker.enqueue(conn, "t", {}, queue="mail")
+    args = ("--trusted-user-header", USER)
+    async with (
+        serving(dsn, *args, token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        assert (await client.get("/", headers={USER: "carol"})).status_code == 200
+        live = await client.get("/ui/live", headers={USER: "carol"})
+        assert live.status_code == 200, live.text
+        assert live.json()["queues"]["mail"]["pending"] == 1
+        stats = await client.get("/ui/stats", headers={USER: "carol"})
+        assert stats.status_code == 200, stats.text
+        # and still nobody without the header
+        assert (await client.get("/ui/live")).status_code == 401
+
+
+async def test_the_live_totals_count_every_queue_past_the_shown_ones(dsn, conn):
+    """/ui/live reports at most SHOWN_QUEUES queues; its totals (the cards of the queues page)
+    were the sum of those only, so with more queues the cards dropped to a wrong number at the
+    first poll. The totals count every job; `truncated` says queues were left out."""
+    from pgworker._web.console import SHOWN_QUEUES
+
+    await conn.execute(
+        "INSERT INTO pgworker.jobs (type, queue, payload) "
+        "SELECT 't', 'q' || lpad(g::text, 5, '0'), '{}' FROM generate_series(1, $1) AS g",
+        SHOWN_QUEUES + 5,
+    )
+    async with serving(dsn) as served, http(served) as client:
+        live = (await client.get("/ui/live")).json()
+    assert live["totals"]["pending"] == SHOWN_QUEUES + 5
+    assert len(live["queues"]) == SHOWN_QUEUES and live["truncated"] is True
+
+
+async def test_the_live_poll_answers_with_thousands_of_queues_and_workers(dsn, conn):
+    """Every open page polls /ui/live every few seconds, and the queue page reads the same
+    counts: they ran operations.status, whose queues-no-worker-serves check costs pending jobs
+    times live workers. With 15,000 of each it ran past the statement timeout (a 503 for every
+    poll, seconds of the database's time each). Both answer."""
+    n = 15_000
+    await conn.execute(
+        "INSERT INTO pgworker.jobs (type, queue, payload) "
+        "SELECT 't', 'q' || g, '{}' FROM generate_series(1, $1) AS g",
+        n,
+    )
+    await conn.execute(
+        "INSERT INTO pgworker.workers (worker_id, hostname, pid, queues, types, concurrency) "
+        "SELECT 'w' || g, 'h', g, ARRAY['other' || g], ARRAY['t'], 1 "
+        "FROM generate_series(1, $1) AS g",
+        n,
+    )
+    async with serving(dsn) as served, http(served) as client:
+        live = await client.get("/ui/live")
+        assert live.status_code == 200, live.text
+        assert live.json()["workers"] == n and live.json()["totals"]["pending"] == n
+        queue = await client.get("/ui/queues/q1")
+        assert queue.status_code == 200, queue.text
+
+
+async def test_the_live_script_shows_queue_names_as_names_and_keeps_left_out_counts(
+    page: Any, dsn: str, conn: Any
+) -> None:
+    """In a real Chromium. A queue named `constructor` (every JS object inherits one) with no
+    waiting job showed "function Object() { [native code] }" as its oldest waiting job after
+    the first poll; a queue past the SHOWN_QUEUES /ui/live reports had its counts set to 0."""
+    from pgworker._web.console import SHOWN_QUEUES
+
+    await pgworker.enqueue(conn, "t", {}, queue="constructor")
+    await conn.execute("UPDATE pgworker.jobs SET status = 'completed', finished_at = now()")
+    await conn.execute(
+        "INSERT INTO pgworker.jobs (type, queue, payload) "
+        "SELECT 't', 'a' || lpad(g::text, 5, '0'), '{}' FROM generate_series(1, $1) AS g",
+        SHOWN_QUEUES - 1,  # and constructor: the queues /ui/live reports; zz is left out
+    )
+    for _ in range(2):
+        await pgworker.enqueue(conn, "t", {}, queue="zz")
+
+    def polled(d: Any) -> bool:
+        return bool(css(d, "body").get_attribute("data-live-at"))
+
+    async with serving(dsn) as served:
+        log_in(page, served)
+        page.get(f"{served.url}/ui/queues/constructor")
+        until(page, polled)
+        oldest = css(page, "[data-live-oldest]").text
+        assert oldest == "-", oldest
+        assert css(page, "[data-live-status=completed]").text == "1"
+        page.get(f"{served.url}/ui/queues/zz")
+        until(page, polled)
+        assert css(page, "[data-live-status=pending]").text == "2"

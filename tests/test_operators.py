@@ -19,7 +19,8 @@ import pgworker
 from pgworker.errors import ConfigError
 from pgworker.web import Operator
 
-from .test_dashboard import csrf_of
+from .helpers import has_status
+from .test_dashboard import csrf_of, http
 from .webserver import ROOT, Served, serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -256,3 +257,107 @@ async def test_the_operator_log_pages_newest_first(dsn, conn):
         assert "op4<" in second and "op0<" in second and "op5<" not in second
         bad = await client.get("/ui/log?before=yesterday")
         assert bad.status_code == 400
+
+
+# --- pages of other sites, a header sent twice, a Windows tokens file, the log's cursor ------
+
+
+USER = "X-Forwarded-User"
+
+
+EVIL = "https://evil.example"
+
+
+async def test_a_page_of_another_site_cannot_act_as_the_proxy_user(dsn, conn):
+    """Behind a proxy that names its user in a header, the browser's every request carries that
+    user: a form of another site posting to the API would act as them (the bearer token never
+    left a page; this does). A change whose Origin or Sec-Fetch-Site says another site is refused
+    (403 naming Origin); the same change from this server's own origin goes through."""
+    args = ("--trusted-user-header", USER, "--trusted-user-role", "operate")
+    async with (
+        serving(dsn, *args, token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        forged = [
+            {USER: "carol", "Origin": EVIL},
+            {USER: "carol", "Origin": "null"},
+            {USER: "carol", "Sec-Fetch-Site": "cross-site"},
+        ]
+        for headers in forged:
+            # what a <form method=post> of another site sends: no JSON, no token
+            refused = await client.post(
+                "/queues/mail/pause",
+                headers={**headers, "Content-Type": "application/x-www-form-urlencoded"},
+            )
+            assert refused.status_code == 403, (headers, refused.text)
+            assert refused.json()["field"] == "Origin"
+            assert "another site" in refused.json()["error"]
+        assert await operator_log(conn) == []
+        # the browser's own origin, and a client that is not a browser (no Origin at all)
+        own = await client.post("/queues/mail/pause", headers={USER: "carol", "Origin": served.url})
+        assert own.status_code == 200, own.text
+        plain = await client.post("/queues/mail/resume", headers={USER: "carol"})
+        assert plain.status_code == 200, plain.text
+    assert await operator_log(conn) == [("carol", "pause", "mail"), ("carol", "resume", "mail")]
+
+
+async def test_a_page_of_another_site_cannot_act_on_an_insecure_no_auth_server(dsn, conn):
+    """--insecure-no-auth on a trusted network: any page a browser on that network opens could
+    post to it. A change from another site is refused; a script without Origin is not."""
+    job = await pgworker.enqueue(conn, "t", {})
+    async with (
+        serving(dsn, "--insecure-no-auth", token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        refused = await client.post(f"/jobs/{job.job.id}/cancel", headers={"Origin": EVIL})
+        assert refused.status_code == 403 and refused.json()["field"] == "Origin"
+        assert await has_status(conn, job.job.id, "pending")
+        assert (await client.post(f"/jobs/{job.job.id}/cancel")).status_code == 200
+    assert await has_status(conn, job.job.id, "cancelled")
+
+
+async def test_a_trusted_header_sent_twice_names_nobody(dsn, conn):
+    """A proxy that appends its header to the client's rather than replacing it passes both on;
+    the first is the client's, anyone's. Two values: no user (401, the login form), never the
+    first one."""
+    args = ("--trusted-user-header", USER, "--trusted-user-role", "operate")
+    twice = [(USER, "mallory"), (USER, "carol")]
+    async with (
+        serving(dsn, *args, token=None) as served,
+        httpx.AsyncClient(base_url=served.url) as client,
+    ):
+        assert (await client.get("/queues", headers=[(USER, "carol")])).status_code == 200
+        assert (await client.get("/queues", headers=twice)).status_code == 401
+        assert (await client.post("/queues/mail/pause", headers=twice)).status_code == 401
+        page = await client.get("/", headers=twice)
+        assert page.status_code == 303 and "/ui/login" in page.headers["location"]
+    assert await operator_log(conn) == []
+
+
+async def test_a_tokens_file_saved_on_windows_reads_the_same(tmp_path):
+    """A tokens file with a byte order mark and CRLF line ends (Notepad's UTF-8): the BOM made
+    line 1's name invalid and `serve` refused to start."""
+    import argparse
+
+    from pgworker.cli._serve import _operators
+
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(
+        "\ufeffalice:alice-token-0123456789:operate\r\nreader:reader-token-0123456789:read\r\n".encode()
+    )
+    found = _operators(argparse.Namespace(tokens_file=str(tokens)))
+    assert [(o.name, o.token, o.role) for o in found] == [
+        ("alice", "alice-token-0123456789", "operate"),
+        ("reader", "reader-token-0123456789", "read"),
+    ]
+
+
+async def test_the_operator_log_refuses_a_cursor_past_the_calendar(dsn):
+    """The Older link's cursor, edited to a time outside years 1 to 9999 once in UTC, was a 503
+    "Database unavailable" (asyncpg could not send it): a 400 saying the page is not one."""
+    async with serving(dsn) as served, http(served) as client:
+        for cursor in ("0001-01-01T00:00:00+14:00|job|1", "9999-12-31T23:59:59-14:00|job|1"):
+            answer = await client.get("/ui/log", params={"before": cursor})
+            assert answer.status_code == 400, (cursor, answer.status_code)
+            assert "not a page of the operator log" in answer.text
+        assert (await client.get("/ui/log")).status_code == 200
