@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) examples/demo.py
 
-## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster).
+## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster), in
+## TEST_WORKERS processes (pytest-xdist; each has its own template and databases): the suite
+## mostly waits on PostgreSQL, subprocesses and timeouts, so more processes than cores pay.
+## Under CI the 30 slowest tests are listed.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(if $(CI),--durations=30)
 
 ## The suite's core on every PostgreSQL major installable here (servers installed into .matrix/).
 test-matrix: $(STAMP)
