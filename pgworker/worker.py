@@ -89,11 +89,15 @@ class _Services:
         )
         self.heartbeat = Heartbeat(self.producer, s)
         self.maintenance = Maintenance(
-            self.completer.shared, s, worker.registry, stopping=self.producer.done, metrics=metrics
+            self.completer.shared,
+            s,
+            worker.registry,
+            stopping=self.producer.stopped,
+            metrics=metrics,
         )
         schedules = worker.registry.schedules()
         self.periodic = (
-            Periodic(self.completer.shared, s, schedules, stopping=self.producer.done)
+            Periodic(self.completer.shared, s, schedules, stopping=self.producer.stopped)
             if schedules
             else None
         )

@@ -70,7 +70,7 @@ class Leader:
         self._stopping = stopping
         self._on_lost = on_lost
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return False
 
     async def step(self) -> None:
@@ -106,7 +106,7 @@ class Led:
         self.wait: float | None = None
         """Seconds until the next round, as the last one said; None: until this worker leads."""
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return False
 
     async def step(self) -> None:

@@ -67,7 +67,7 @@ class Periodic:
         """Each schedule's first slot not yet dealt with, while this worker leads."""
         self.enqueued = 0
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return False
 
     def now(self) -> datetime:

@@ -85,7 +85,7 @@ class Completer:
         self._give_up_at = anyio.current_time() + self.give_up_after
         self._ready.set()
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return self.finished.is_set()
 
     async def flush(self) -> None:
@@ -94,7 +94,7 @@ class Completer:
         the middle of a statement: a fresh one is taken."""
         self.close()
         await self.shared.discard()
-        while not self.done():
+        while not self.stopped():
             try:
                 await self.step()
             except Exception as exc:

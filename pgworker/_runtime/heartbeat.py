@@ -81,7 +81,7 @@ class Heartbeat:
     async def unregister(self) -> None:
         await self._q.worker_unregister(self._producer.shared, self._settings.worker_id)
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return False
 
     async def reset(self, exc: Exception) -> None:

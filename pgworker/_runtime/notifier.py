@@ -155,7 +155,7 @@ class Notifier:
             await self._pong.wait()
         return self._pong.is_set()
 
-    def done(self) -> bool:
+    def stopped(self) -> bool:
         return False
 
     async def idle(self) -> None:

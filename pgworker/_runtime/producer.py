@@ -296,9 +296,9 @@ class Producer:
 
     # The claim service (service.py): one claim per step.
 
-    def done(self) -> bool:
-        """The claim service's steps end when the worker stops claiming (`stop`); the slots
-        still run what was claimed, until the grace period ends."""
+    def stopped(self) -> bool:
+        """Whether the worker stopped claiming (`stop`): the claim service takes no more steps,
+        while the slots still run what was claimed, until the grace period ends."""
         return self._stopping.is_set()
 
     async def reset(self, exc: Exception) -> None:

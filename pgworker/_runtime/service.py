@@ -218,7 +218,7 @@ class Joint:
 class Service(Protocol):
     """What `supervise` runs. `step` does one round of work and raises on failure; `idle` waits
     for the next round; `reset` forgets what the failure `exc` may have broken (a held
-    connection, read-only sessions); `done` says the service has finished its work (the worker
+    connection, read-only sessions); `stopped` says the service takes no more steps (the worker
     is stopping)."""
 
     name: str
@@ -229,7 +229,7 @@ class Service(Protocol):
 
     async def reset(self, exc: Exception) -> None: ...
 
-    def done(self) -> bool: ...
+    def stopped(self) -> bool: ...
 
 
 async def supervise(
@@ -238,11 +238,11 @@ async def supervise(
     """Run `service` until it is done or cancelled, surviving every exception of its steps. A
     backoff ends early when `stop` is set."""
     try:
-        while not service.done():
+        while not service.stopped():
             try:
                 await service.step()
                 health.succeeded()
-                if not service.done():
+                if not service.stopped():
                     await service.idle()
             except Exception as exc:
                 await _recover(service, health, log, exc, stop)
