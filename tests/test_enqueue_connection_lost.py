@@ -163,3 +163,42 @@ async def test_a_statement_the_server_cancels_is_not_a_lost_connection(
                 await pgworker.enqueue(other, "t", {})
     finally:
         await other.close()
+
+
+async def test_a_pool_whose_server_cannot_be_reached_raises_database_unavailable(
+    dsn: str,
+) -> None:
+    async with PgProxy(dsn) as proxy:
+        gone = proxy.dsn
+    pool = await asyncpg.create_pool(gone, min_size=0, max_size=1)
+    try:
+        for enqueue in (
+            lambda: pgworker.enqueue(pool, "t", {}),
+            lambda: pgworker.enqueue_many(pool, _specs(3)),
+        ):
+            with pytest.raises(pgworker.DatabaseUnavailable):
+                await enqueue()
+    finally:
+        pool.terminate()
+
+
+async def test_a_sqlalchemy_connection_raises_database_unavailable(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    import sqlalchemy
+
+    async with _StallAt(dsn, b"") as proxy:  # armed once connected: connecting runs statements
+        url = proxy.dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = sqlalchemy.create_engine(
+            url, connect_args={"application_name": VICTIM}, poolclass=sqlalchemy.pool.NullPool
+        )
+        target = await asyncio.to_thread(engine.connect)
+        proxy.at = b"B"
+        try:
+            raised = await _shut_down_mid_statement(
+                conn, proxy, lambda: asyncio.to_thread(sync.enqueue, target, "t", {})
+            )
+        finally:
+            await asyncio.to_thread(target.close)
+            engine.dispose()
+    assert isinstance(raised, pgworker.DatabaseUnavailable), repr(raised)
