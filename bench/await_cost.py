@@ -32,7 +32,7 @@ TRIGGERS = (
     "jobs_repark_dependants",
     "jobs_recount_parents",
 )
-"""The row triggers on a job's status (issue 24), each with a WHEN clause that plain jobs fail."""
+"""The row triggers on a job's status, each with a WHEN clause that plain jobs fail."""
 
 
 async def one_round(pool: asyncpg.Pool, jobs: int, batch: int) -> tuple[float, float]:

@@ -1,5 +1,5 @@
 """What one claim costs a worker when its queue holds pending jobs of types it does not serve, and
-when its plan was made on an empty table (issue 22, item 4).
+when its plan was made on an empty table.
 
     PYTHONPATH=. python -m bench.claim_cost [--dsn DSN] [--backlog 100000] [--types 1,10,100]
 

@@ -1,4 +1,4 @@
-"""What blocked dependants cost the claim (issue 24, item 3): 10,000 parked jobs (pending, waiting
+"""What blocked dependants cost the claim: 10,000 parked jobs (pending, waiting
 for their parents: run_at = 'infinity', see migration 0019) of the same type and queue as the
 claimed jobs, and of another type, beside the same claims with none.
 

@@ -1,4 +1,4 @@
-"""What bounds enqueueing (issue 26: bulk enqueue against the floor's COPY, and the wake-up's
+"""What bounds enqueueing (bulk enqueue against the floor's COPY, and the wake-up's
 enqueue): how much of it is the `jobs` table itself, and how much pgworker's code.
 
     PYTHONPATH=. python -m bench.enqueue_cost [--dsn DSN] [--jobs N] [--rounds 5] [--singles 300]

@@ -1,6 +1,6 @@
 """What each statement a worker runs over and over costs once `jobs` fills, when its plan was
 cached while the table was empty (a new or truncated `jobs`), beside a plan made on the full
-table (issue 22, item 4, for the statements other than the claim).
+table (for the statements other than the claim).
 
     PYTHONPATH=. python -m bench.plan_cache [--dsn DSN] [--backlog 100000] [--batch 10] [--plans]
 

@@ -9,14 +9,14 @@ from typing import Any
 from bench.systems import BASE, GROWTH, LIB_SYSTEMS, OPTIONAL, PEERS, SYSTEMS
 
 FLEET = ("pgworker", "pgworker-pooler")  # the systems W5 measures
-W5_TARGET = 0.9  # issue 26: W5 within 10% of W1
-POOLER_TARGET = 0.8  # issue 26: pooler mode within 20% of direct
-PROCESSING_TARGET = 0.6  # issue 26: processing at concurrency 10, against the floor
+W5_TARGET = 0.9  # target: W5 within 10% of W1
+POOLER_TARGET = 0.8  # target: pooler mode within 20% of direct
+PROCESSING_TARGET = 0.6  # target: processing at concurrency 10, against the floor
 PROCESSING_TARGET_C100 = 0.7  # the same at concurrency 100
-PG_CPU_TARGET = 1.15  # issue 26: PostgreSQL CPU per job, against the floor's
-WORKER_CPU_TARGET = 3.0  # issue 26: worker CPU per job, against the floor's client
-ENQUEUE_TARGET = 0.5  # issue 26: bulk enqueue, against the floor's COPY
-WAKE_UP_TARGET_MS = 0.5  # issue 26: the wake-up's p50, beyond the floor's
+PG_CPU_TARGET = 1.15  # target: PostgreSQL CPU per job, against the floor's
+WORKER_CPU_TARGET = 3.0  # target: worker CPU per job, against the floor's client
+ENQUEUE_TARGET = 0.5  # target: bulk enqueue, against the floor's COPY
+WAKE_UP_TARGET_MS = 0.5  # target: the wake-up's p50, beyond the floor's
 
 FIGURES = (
     "enqueue_jps",
@@ -262,7 +262,7 @@ def target_line(
 
 
 def floor_lines(runs: list[dict[str, Any]], concurrency: int) -> list[str]:
-    """Issue 26's targets against the floor, per run and as the median of the runs' figures:
+    """The floor targets, per run and as the median of the runs' figures:
     processing, CPU per job (PostgreSQL's, and the worker's against the floor's client), bulk
     enqueue and the wake-up's p50."""
     rate = PROCESSING_TARGET_C100 if concurrency >= 100 else PROCESSING_TARGET
@@ -289,11 +289,11 @@ def floor_lines(runs: list[dict[str, Any]], concurrency: int) -> list[str]:
         at_most=True,
         unit=" ms",
     )
-    return ["", "## Issue 26: against the floor, each run", "", *out] if out else []
+    return ["", "## Against the floor, each run", "", *out] if out else []
 
 
 def fleet_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """Issue 26's targets, per run and as the median of the runs' ratios: W5 (the fleet's
+    """The fleet targets, per run and as the median of the runs' ratios: W5 (the fleet's
     features in the table) / W1 (an empty table), and pooler mode / direct, processing."""
     out = []
     key = "processing_jps"
@@ -309,11 +309,7 @@ def fleet_lines(runs: list[dict[str, Any]]) -> list[str]:
             paired(runs, f"pgworker-pooler{suffix}", f"pgworker{suffix}", key),
             POOLER_TARGET,
         )
-    return (
-        ["", "## Issue 26: the fleet's features in the table, and pooler mode", "", *out]
-        if out
-        else []
-    )
+    return ["", "## The fleet's features in the table, and pooler mode", "", *out] if out else []
 
 
 def pooler_lines(direct: dict[str, Any], pooled: dict[str, Any]) -> list[str]:

@@ -1,5 +1,5 @@
 """How long a worker's outcome writes wait for its shared connection while its maintenance works
-through a backlog on that same connection (issue 22, item 2): retention of `--finished` jobs
+through a backlog on that same connection: retention of `--finished` jobs
 past their age, or the rescue of `--expired` jobs whose worker died.
 
     PYTHONPATH=. python -m bench.shared_wait [--dsn DSN] [--finished 100000] [--expired 0]

@@ -1,4 +1,4 @@
-"""Bulk actions over a filter (issue 25, item 3): replay, cancel, delete or reschedule every job a
+"""Bulk actions over a filter: replay, cancel, delete or reschedule every job a
 `JobFilter` matches, in bounded batches, each its own short transaction.
 
 An action is a row of `bulk_actions` (migration 21). `create` counts the matching jobs and fixes

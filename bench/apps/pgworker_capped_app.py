@@ -1,4 +1,4 @@
-"""A pgworker task with a limit (issue 23), for `python -m bench.herd --type noop-capped`: no
+"""A pgworker task with a limit, for `python -m bench.herd --type noop-capped`: no
 other task, so that every claim the fleet makes is a limited one."""
 
 from __future__ import annotations
