@@ -125,7 +125,9 @@ async def test_sigstop_past_the_lease_then_sigcont_completes_once(dsn, conn, wor
     )
     a.send_signal(signal.SIGSTOP)
     try:
-        workers.start("b", "--lease", "1")
+        # b's lease outlasts the job by far: on a busy machine a 1 s lease may lapse between
+        # two heartbeats, and b's attempt be rescued too (a third attempt, not the promise here)
+        workers.start("b", "--lease", "10")
         await wait_for(
             lambda: conn.fetchval(
                 "SELECT status = 'completed' FROM pgworker.jobs WHERE id = $1", r.job.id
