@@ -37,6 +37,10 @@ POLL = "60"
 
 
 def stop(worker: subprocess.Popen[bytes]) -> int:
+    """Stop `worker` (SIGTERM) and return its exit status; one that has ended is not signalled
+    again (a second SIGTERM while it exits would kill it)."""
+    if worker.poll() is not None:
+        return worker.returncode
     worker.send_signal(signal.SIGTERM)
     try:
         return worker.wait(timeout=30)
@@ -399,6 +403,7 @@ async def test_a_draining_worker_passes_the_room_of_its_limited_jobs_on(dsn, con
                 "AND a.worker_id = 'second'"
             )
             assert ran == 4
+            assert first.wait(timeout=30) == 0, (tmp_path / "first.log").read_text()[-2000:]
         finally:
             assert stop(second) == 0, (tmp_path / "second.log").read_text()[-2000:]
     finally:

@@ -52,7 +52,7 @@ async def register(conn: Any, worker_id: str, functions: list[str] | None, http:
 async def test_migrate_drops_the_functions_no_worker_calls_and_keeps_the_others(
     conn: Any, pooler: bool
 ) -> None:
-    current = set(queries("pgworker").pooled_names())
+    current = set(queries("pgworker")._pooled_names())
     assert await queries("pgworker").pooled_functions(conn) == []
     await make_old(conn, OLD, KEPT)
     await register(conn, "other-release", [KEPT])
@@ -87,7 +87,7 @@ async def test_a_worker_registers_the_functions_it_calls(dsn: str, conn: Any, po
         row = await wait_for(
             lambda: conn.fetchrow("SELECT functions FROM pgworker.workers WHERE worker_id = 'w'")
         )
-        expected = set(queries("pgworker").pooled_names()) if pooler else set()
+        expected = set(queries("pgworker")._pooled_names()) if pooler else set()
         assert set(row["functions"]) == expected
         if pooler:
             await make_old(conn, OLD)

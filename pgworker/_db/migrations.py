@@ -69,9 +69,12 @@ async def _prune(conn: Conn, schema: str) -> None:
     schema is newer than this code: a newer release's migrate knows its own functions."""
     if await schema_version(conn, schema) != files.latest_version():
         return
-    dropped = await queries(schema).pooled_functions_prune(conn)
-    if dropped:
-        _log.info("pooled functions dropped", functions=dropped)
+    q = queries(schema)
+    unused = await q.pooled_functions_unused(conn)
+    for function in unused:
+        await q.pooled_function_drop(conn, function["signature"])
+    if unused:
+        _log.info("pooled functions dropped", functions=[f["name"] for f in unused])
 
 
 async def _apply(conn: Conn, schema: str) -> list[int]:

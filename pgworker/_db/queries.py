@@ -191,7 +191,7 @@ class Queries:
         theirs. Returns the names of those the role cannot call: missing and not made (the role
         may not create in the schema), or made and not executable by the role (EXECUTE revoked
         from PUBLIC). Their statements stay plain."""
-        wanted = self.pooled_names()
+        wanted = self._pooled_names()
         failed = []
         async with transaction(conn) as c:
             # Waits for any session making them or migrating; what is missing is read after.
@@ -213,20 +213,18 @@ class Queries:
                 self._pooled[name] = f'SELECT * FROM "{self.schema}".{function}({arguments})'
         return failed
 
-    def pooled_names(self) -> dict[str, str]:
+    def _pooled_names(self) -> dict[str, str]:
         """This release's pooled functions: each statement of POOLED, by function name."""
         return {_pooled_name(name, self._sql[name]): name for name in POOLED}
 
-    async def pooled_functions_prune(self, conn: Conn) -> list[str]:
-        """Drop the pooled functions no one may call any more (pooled_functions_unused.sql:
-        neither this release's nor any a registered worker says it calls); their names. Under
-        the migrations' lock, which a worker making its functions takes too."""
-        unused = await conn.fetch(self._sql["pooled_functions_unused"], list(self.pooled_names()))
-        for row in unused:
-            await conn.execute(
-                self._sql["pooled_function_drop"].replace("{signature}", row["signature"])
-            )
-        return [row["name"] for row in unused]
+    async def pooled_functions_unused(self, conn: Conn) -> list[Row]:
+        """The pooled functions no one may call any more: neither this release's nor any a
+        registered worker says it calls (name, signature)."""
+        return await conn.fetch(self._sql["pooled_functions_unused"], list(self._pooled_names()))
+
+    async def pooled_function_drop(self, conn: Conn, signature: str) -> None:
+        """Drop one pooled function, `signature` as pooled_functions_unused.sql gives it."""
+        await conn.execute(self._sql["pooled_function_drop"].replace("{signature}", signature))
 
     async def pooled_function(self, conn: Conn, function: str, name: str) -> str:
         """The CREATE FUNCTION of statement `name`'s pooled function `function` (pooled_function.sql
@@ -564,7 +562,7 @@ class Queries:
             list(types),
             concurrency,
             lease,
-            list(self.pooled_names()) if through_pooler(conn) else [],
+            list(self._pooled_names()) if through_pooler(conn) else [],
         )
 
     async def workers_live(self, conn: Runner, seen_within: float) -> list[Row]:
