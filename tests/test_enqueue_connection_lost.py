@@ -6,6 +6,7 @@ in a pool's connection, in the rollback after it)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,7 +21,9 @@ from .helpers import PgProxy
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-VICTIM = "pgworker-victim"
+VICTIM = f"pgworker-victim-{os.getpid()}"
+"""The session to end: named after this test process, since pg_stat_activity shows every
+database's sessions and other pytest-xdist processes run these tests too."""
 
 
 class _StallAt(PgProxy):
@@ -48,13 +51,15 @@ async def _shut_down_mid_statement(
 
     async def shut_down() -> None:
         await proxy.stalled.wait()
-        ended = await conn.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = $1",
-            VICTIM,
-        )
-        assert ended == 1
-        proxy.resume()
+        try:
+            ended = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = $1 AND datname = current_database()",
+                VICTIM,
+            )
+            assert ended == 1
+        finally:  # whatever happened, the stalled client is not left waiting for ever
+            proxy.resume()
 
     async with asyncio.timeout(30):
         killer = asyncio.create_task(shut_down())
