@@ -67,7 +67,7 @@ SCALING = {2: 1.5, 4: 2.4}
 """The least speed-up over one host that 2 and 4 hosts must reach (near-linear, with room for a
 shared 2-core machine)."""
 FENCE_EVENTS = ("lost contact with the database",)
-"""What a worker that fences itself logs when it stops its attempts (issue 22, item 5); the
+"""What a worker that fences itself logs when it stops its attempts; the
 running code is taken to fence itself when its source logs one of these."""
 TICK_S = 0.02
 

@@ -1,4 +1,4 @@
-"""Issue 20, item D beyond the HTTP API: the dashboard's pages and buttons are bounded as the API's
+"""Bounded work beyond the HTTP API: the dashboard's pages and buttons are bounded as the API's
 requests are (503 page with Retry-After, a button given up never applied later), a replay given
 up is never logged as done, and serve's maintenance gives up a lock it waits on and goes on.
 Also: enqueued_jobs(payload=None) finds a job enqueued with None, and enqueue_many works in a

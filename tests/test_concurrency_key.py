@@ -1,4 +1,4 @@
-"""`concurrency_key` at enqueue (issue 23, item 3), against the real PostgreSQL: every way in
+"""`concurrency_key` at enqueue, against the real PostgreSQL: every way in
 stores it (enqueue, enqueue_many's COPY and INSERT, a task's handle, the registry, pgworker.sync,
 psycopg, the CLI, HTTP, the SQL function by name and by position); every place that shows a job
 shows it (get_job, `pgworker show`, the HTTP job, the dashboard's job page); a bad one is refused

@@ -1,4 +1,4 @@
-"""The operator console's live parts (issue 25, items 4 and 5), against a real `pgworker serve`
+"""The operator console's live parts, against a real `pgworker serve`
 and a real database: GET /stats (and /ui/stats) count a seeded hour; in Debian's headless
 Chromium, a chart drawn, a count that changes without a reload, a pause from a queue's page, the
 workers page's gone worker and HTTP claimer; markup in queue and type names shown as text; the

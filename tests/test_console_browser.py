@@ -1,5 +1,5 @@
 """The operator console in a real Chromium, mounted under /admin/jobs in a user's FastAPI app under
-uvicorn (issue 25): an `operate` operator pauses a queue from its page and the log names them; a
+uvicorn: an `operate` operator pauses a queue from its page and the log names them; a
 `read` operator sees no button and a forged press is refused (403); every page of the console is
 drawn under the prefix. Screenshots of each page go to PGWORKER_SCREENSHOTS, else a temporary
 directory (never committed)."""

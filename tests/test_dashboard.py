@@ -1,4 +1,4 @@
-"""The web dashboard of `pgworker serve` (issue 14, item 4), against a real server and a real
+"""The web dashboard of `pgworker serve`, against a real server and a real
 database: in Debian's headless Chromium driven by Selenium (log in, see a failed job in seed 001's
 words, replay it, see it received then done; a phone's width; escaping; CSRF from another origin)
 and over HTTP for what a hostile client sends (forged sessions and tokens, foreign origins, huge
@@ -796,7 +796,7 @@ async def test_the_wheel_carries_the_templates_and_the_stylesheet(tmp_path):
     shipped, wanted = _wheel_and_web_files(tmp_path)
     assert wanted and wanted <= shipped
     assert {f"pgworker/sql/queries/dashboard_{n}.sql" for n in ("workers", "overdue")} <= shipped
-    # The job lists' query and its filter, a fragment (issue 25).
+    # The job lists' query and its filter, a fragment.
     assert {f"pgworker/sql/queries/{n}.sql" for n in ("jobs_filtered", "_job_filter")} <= shipped
 
 

@@ -1,4 +1,4 @@
-"""Plain `def` handlers on a par with `async def` ones (issue 24, item 5): `ctx.step`,
+"""Plain `def` handlers on a par with `async def` ones: `ctx.step`,
 `ctx.transactional_step` (with a synchronous connection) and `ctx.progress` block the handler's
 thread and return their value; `ctx.stopping` is set as soon as the worker asks an attempt to
 stop (SIGTERM's grace period, an operator's cancel, the task's timeout), on async handlers too."""

@@ -1,4 +1,4 @@
-"""Dependencies and fan-in (issue 24, item 3), with real workers: a job enqueued with after= runs
+"""Dependencies and fan-in, with real workers: a job enqueued with after= runs
 only once every parent has ended (its attempt starts after the last parent's finished_at), reads
 their results through ctx.parents, is cancelled by a failed parent (or runs, with "run"), runs at
 once when its parents already ended; bad input is refused with nothing written; many parents

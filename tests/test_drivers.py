@@ -1,4 +1,4 @@
-"""Enqueue through every driver (issue 15, item 3): asyncpg, psycopg 3 (async and sync),
+"""Enqueue through every driver: asyncpg, psycopg 3 (async and sync),
 SQLAlchemy (AsyncConnection, AsyncSession, Connection, Session), Django's connection, and the SQL
 function give the same row and the same idempotency behaviour (created, existing, conflict);
 a rollback leaves nothing; bad connections get a clear error and write nothing. The Django
@@ -397,7 +397,7 @@ async def test_the_same_enqueue_gives_the_same_row_and_idempotency(via, conn):
 
 @aio
 async def test_null_payloads_and_equal_numbers_are_one_job_on_every_driver(via, conn):
-    """Issue 20, item E: a null payload is the {} that asyncpg's enqueue stores, and one key
+    """A null payload is the {} that asyncpg's enqueue stores, and one key
     with payloads equal as JSON values (1 and 1.0, at any depth) is one job, whichever path
     enqueued it first; a different value still conflicts."""
     ours = await via.enqueue("t", None, idempotency_key="null-theirs")

@@ -335,7 +335,7 @@ async def test_enqueue_many_copy_path_rolls_back_when_a_late_chunk_is_invalid(co
     assert await count_jobs(conn) == 1101
 
 
-# --- one payload, one row, whatever the path (issue 20, item E) --------------------------------
+# --- one payload, one row, whatever the path --------------------------------
 
 
 async def sql_function(conn: asyncpg.Connection, payload_json: str, key: str) -> tuple[int, bool]:
@@ -420,7 +420,7 @@ async def test_a_batch_compares_a_repeated_key_by_json_value(conn):
     assert await count_jobs(conn) == 2
 
 
-# --- registry.enqueue of a type it has no task for (issue 20, item I) --------------------------
+# --- registry.enqueue of a type it has no task for --------------------------
 
 
 async def test_registry_enqueue_refuses_a_type_it_has_no_task_for(conn):
@@ -449,7 +449,7 @@ async def test_registry_enqueue_refuses_a_type_it_has_no_task_for(conn):
     assert (await pgworker.enqueue(conn, "send-invoce", {})).created
 
 
-# --- an unusable asyncpg connection (issue 20, item J) -----------------------------------------
+# --- an unusable asyncpg connection -----------------------------------------
 
 
 async def test_an_aborted_transaction_on_asyncpg_says_to_roll_back(conn):

@@ -1,4 +1,4 @@
-"""Durable waits for an event (issue 24, item 4), with real workers: a waiting job holds no
+"""Durable waits for an event, with real workers: a waiting job holds no
 attempt and no slot, `emit` (from SQL too) resumes it with the data, the steps before the wait
 are not repeated, a timeout raises TimeoutError inside the handler, an event emitted before the
 wait is consumed at once, an emit between the wait's record and the attempt's outcome is not

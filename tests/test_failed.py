@@ -1,4 +1,4 @@
-"""Failed jobs as a dead-letter set (issue 13, item 4): `pgworker failed list`, `show` and
+"""Failed jobs as a dead-letter set: `pgworker failed list`, `show` and
 `replay` from the real CLI on a scratch database, and `list_failed` / `replay` from Python: what
 they select, what a replay resets and keeps, what it records and logs, and the bad input that
 writes nothing."""

@@ -1,4 +1,4 @@
-"""Issue 22, item 5: a worker cut off from the database fences itself. Through a proxy that stops
+"""A worker cut off from the database fences itself. Through a proxy that stops
 forwarding anything (a database that no longer answers, every socket open: what a silently
 dropped network looks like), the worker stops its attempt before the lease it holds can expire,
 says so once, writes nothing; another worker rescues the job and runs it; once the proxy

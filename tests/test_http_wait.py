@@ -1,4 +1,4 @@
-"""GET /jobs/{id}?wait=SECONDS (issue 24, item 2), against a real `pgworker serve`: the long poll
+"""GET /jobs/{id}?wait=SECONDS, against a real `pgworker serve`: the long poll
 answers 200 with the job as soon as it ends (`Pgworker-Wait: ended`), or 200 with the job as it is
 when the wait ran out (`Pgworker-Wait: timeout`, the job unchanged); a bad `wait` is 422 naming it,
 an unknown job 404 at once; long polls hold no connection of the server's pool (more of them than

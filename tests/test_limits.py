@@ -1,4 +1,4 @@
-"""Cluster-wide limits (issue 23, items 2-4), with three real `pgworker run` processes of
+"""Cluster-wide limits, with three real `pgworker run` processes of
 tests.apps.limits: `max_running` of a task and of a queue (set from the CLI while the workers
 run), `max_running_per_key` and its round-robin between keys, and `rate_limit`. What ran at once
 is read twice: sampled from `jobs` while the jobs run, and from the attempts' intervals in

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 14, item 1): a real `pgworker run --metrics-port` scraped over HTTP
+"""Prometheus metrics: a real `pgworker run --metrics-port` scraped over HTTP
 after a run of known jobs; the settings and options; errors at start-up."""
 
 from __future__ import annotations

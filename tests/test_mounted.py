@@ -1,4 +1,4 @@
-"""The dashboard mounted in a user's FastAPI application (issue 25, item 7): under a real uvicorn,
+"""The dashboard mounted in a user's FastAPI application: under a real uvicorn,
 every link, redirect, form, cookie and static file stays under the prefix; a pool passed in is
 used and left open; a DSN opens a pool at the first request (no lifespan runs for a mount)."""
 

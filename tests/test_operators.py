@@ -1,4 +1,4 @@
-"""Named operators (issue 25, item 6): `pgworker.web.Operator`, tokens from a file or
+"""Named operators: `pgworker.web.Operator`, tokens from a file or
 $PGWORKER_TOKENS, a trusted proxy's header only when enabled, the `read` role refused every
 change (403) on the API and the dashboard whatever the route, actions recorded under the
 operator's name, and the operator log's page."""

@@ -1,4 +1,4 @@
-"""Pausing a queue (issue 23, item 5), with real `pgworker run` processes: a pause stops the
+"""Pausing a queue, with real `pgworker run` processes: a pause stops the
 claims of its queue on every worker within a second of its commit (measured on the database's
 clock, from `job_attempts.started_at`), the jobs running then finish as completed, enqueue still
 works (the jobs wait as pending), the other queues go on; a resume wakes every worker of the

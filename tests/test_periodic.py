@@ -1,4 +1,4 @@
-"""Periodic jobs (issue 23, item 1): the options checked at registration, the slots of a schedule
+"""Periodic jobs: the options checked at registration, the slots of a schedule
 on a clock the test sets (time zones and DST), the catch-up policies, and the service on a real
 database: the slot reaches the handler, a schedule removed from the code stops, two fleets with
 other schedule sets each enqueue their own. tests/test_periodic_fleet.py runs real processes."""

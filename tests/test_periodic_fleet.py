@@ -1,4 +1,4 @@
-"""Periodic jobs across a fleet (issue 23, item 1, acceptance): 3 real `pgworker run` processes
+"""Periodic jobs across a fleet: 3 real `pgworker run` processes
 serve tests/apps/periodic.py, three one-second schedules of one task (catch_up "latest", "all"
 and "none"). While they run, each slot is one job (no slot twice, none missed) enqueued about
 when it falls; after the fleet was stopped for several slots, each policy catches up as it says.

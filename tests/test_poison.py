@@ -1,5 +1,5 @@
-"""Nothing a handler returns or raises, and no database error, stops a worker (issue 11, items
-A-H, J, N; the input items I, K, L, M are in test_poison_inputs.py).
+"""Nothing a handler returns or raises, and no database error, stops a worker (the inputs
+refused where they enter are in test_poison_inputs.py).
 
 Each test runs a real worker on a real PostgreSQL, puts a poison job in one claim with plain
 jobs, and checks that the poison job ends in its documented state with a readable error, that

@@ -1,4 +1,4 @@
-"""Issue 11, items I, K, L and M: inputs that used to pass the boundary and then break a claim,
+"""Inputs that used to pass the boundary and then break a claim,
 an outcome write or a read, or come out of the CLI as a traceback. Each is now refused where it
 enters, by a ValidationError or ConfigError naming the field (or one line and exit status 2 from
 the CLI), and nothing is written."""

@@ -1,4 +1,4 @@
-"""Pausing a queue from each door (issue 23, item 5): Python (`pause_queue`, `resume_queue`,
+"""Pausing a queue from each door: Python (`pause_queue`, `resume_queue`,
 `list_queues`), the CLI (`pgworker queue pause|resume|list`), the HTTP API (`POST
 /queues/{queue}/pause|resume`, `GET /queues`) and the dashboard's button. A pause or resume that
 changes nothing logs nothing; a queue nothing names yet is paused all the same, and said so; bad

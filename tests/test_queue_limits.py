@@ -1,4 +1,4 @@
-"""A queue's limits from each door (issue 23): Python (`limit_queue`, `list_queues`), the CLI
+"""A queue's limits from each door: Python (`limit_queue`, `list_queues`), the CLI
 (`pgworker queue limit Q [N] [--rate R] [--none]`, `queue list`), the HTTP API (`POST
 /queues/{queue}/limit`, `GET /queues`) and the dashboard's form. A change is one row of the
 operator log and wakes the queue's workers at commit; a change that changes nothing writes, logs

@@ -1,4 +1,4 @@
-"""Secrets kept out (issue 13, item 5): error texts are redacted before they are stored
+"""Secrets kept out: error texts are redacted before they are stored
 (`jobs.error`, `job_attempts.error_message`, `job_attempts.error_detail`) or logged, and a DSN's
 password never appears in a pgworker message."""
 

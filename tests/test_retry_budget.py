@@ -1,4 +1,4 @@
-"""Retries capped in time, and snoozes that spend none (issue 13, item 3); a completed job keeps
+"""Retries capped in time, and snoozes that spend none; a completed job keeps
 no error of its earlier attempts (item 4)."""
 
 from __future__ import annotations

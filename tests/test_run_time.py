@@ -1,4 +1,4 @@
-"""One word for one thing (issue 25, item 8): an attempt's run time is the handler's, one number
+"""One word for one thing: an attempt's run time is the handler's, one number
 named `run_ms` in the worker's log line, in job_attempts, in `pgworker show` and on the
 dashboard ("run time"); the wait (the claim's time past the job's run_at) is shown beside it,
 apart. A state's friendly word keeps its technical status beside it."""

@@ -1,5 +1,5 @@
-"""The maintenance takes turns with the outcome writes on the worker's shared connection (issue 22,
-item 2): a backlog of retention or rescue is worked through in small statements, the connection
+"""The maintenance takes turns with the outcome writes on the worker's shared connection: a
+backlog of retention or rescue is worked through in small statements, the connection
 given back between two, so that outcome writes never wait long behind it."""
 
 from __future__ import annotations

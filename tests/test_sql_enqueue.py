@@ -1,4 +1,4 @@
-"""The SQL function `pgworker.enqueue(type, payload, queue => ..., ...)` (issue 15, item 2): the
+"""The SQL function `pgworker.enqueue(type, payload, queue => ..., ...)`: the
 same checks, priorities, idempotency fingerprint, conflict error (SQLSTATE PGW01) and NOTIFY as
 the Python helper, tested to agree with it on generated arguments; 50 concurrent calls with one
 key give one job; a trigger can enqueue inside the writing transaction."""

@@ -1,4 +1,4 @@
-"""A transactional step cannot escape its transaction (issue 20, C and K): a function that sends
+"""A transactional step cannot escape its transaction: a function that sends
 COMMIT, ROLLBACK, BEGIN or savepoint commands, by whatever method, in whatever letter case or
 place of a multi-statement string, fails its attempt with a ValidationError before the command
 reaches the server; nothing is recorded, and the retry does the effect exactly once. What the

@@ -1,4 +1,4 @@
-"""Durable steps and milestones (issue 13, items 1 and 2): what runs once per job, what a later
+"""Durable steps and milestones: what runs once per job, what a later
 attempt gets back, the attempt's fence on every write, and the bad input that writes nothing."""
 
 from __future__ import annotations
@@ -685,7 +685,7 @@ async def test_a_milestone_or_step_inside_a_transactional_step_is_a_clear_error(
 async def test_a_step_from_a_plain_def_handler_runs_and_returns_its_result(dsn, conn):
     """In a `def` handler (a thread), `ctx.step(...)` once made a coroutine that nobody awaited:
     `fn` never ran, the job completed as if it had (then it raised PgWorkerError at once). Now
-    the call runs the step on the worker's loop and returns its result (issue 24)."""
+    the call runs the step on the worker's loop and returns its result."""
     registry = pgworker.Registry()
     ran: list[str] = []
 

@@ -1,7 +1,7 @@
 """Text from the database never drives the operator's terminal: every command of the real CLI,
 and the console log of `pgworker run`, show the control characters of job types, queues,
 errors, tracebacks, payloads, results, worker ids, milestones, steps and replays as visible
-escapes (issue 20, G)."""
+escapes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unique jobs (issue 24, item 1) against the real PostgreSQL: a unique index decides, so 50
+"""Unique jobs against the real PostgreSQL: a unique index decides, so 50
 concurrent enqueues with one key give one job; the key is free again once the job leaves its
 states; a unique period gives one job per bucket; replace=True is a debounce of the pending job
 and is refused while it runs; every way in takes the key; bad input names its field and writes

@@ -1,4 +1,4 @@
-"""update_job (issue 24, item 6) against the real PostgreSQL: a pending job is rescheduled,
+"""update_job against the real PostgreSQL: a pending job is rescheduled,
 reprioritised or given a new payload, recorded in job_events; a job that runs or ended, a parked
 job's run_at, an unknown id and bad values are refused with nothing changed; the CLI's
 `pgworker job update` and HTTP's PATCH /jobs/{id} do the same."""

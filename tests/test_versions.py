@@ -1,4 +1,4 @@
-"""Versioned payloads for rolling deploys (issue 13, item 7): a task's payload version, the
+"""Versioned payloads for rolling deploys: a task's payload version, the
 upgraders that let a newer handler run older jobs, the claim that takes only the (type, version)
 pairs a worker serves, and `pgworker status` naming the pending pairs nobody serves."""
 

@@ -1,4 +1,4 @@
-"""The dashboard views of migration 7 (issue 14, item 2): each returns the right rows for a small
+"""The dashboard views of migration 7: each returns the right rows for a small
 known set of jobs and attempts, and each answers through an index in under 50 ms over a million
 attempts and 50,000 jobs. docs/operations/monitoring.md documents every column."""
 

@@ -1,4 +1,4 @@
-"""Awaiting a job (issue 24, item 2) against real `pgworker run` processes: `pgworker.wait`
+"""Awaiting a job against real `pgworker run` processes: `pgworker.wait`
 returns within 100 ms of the job's end (measured on the database's clock against the attempt's
 `finished_at`) with 200 jobs awaited at once from one process on one connection; completed,
 failed and cancelled jobs all return; a timeout raises TimeoutError and leaves the job as it was;

@@ -122,7 +122,7 @@ async def test_transient_failures_retry_with_backoff_then_succeed(dsn, conn):
     job = await pgworker.get_job(conn, r.job.id)
     assert job.status == "completed" and job.result == {"ok": True}
     assert job.retry_count == 2 and job.attempts == 3 and job.max_retries == 3
-    assert job.error is None  # completed: the failures' reasons are in job_attempts (issue 13)
+    assert job.error is None  # completed: the failures' reasons are in job_attempts
     rows = await attempts(conn, r.job.id)
     assert [a["outcome"] for a in rows] == ["retried", "retried", "completed"]
     assert [a["error_message"] for a in rows] == ["boom 1", "boom 2", None]
