@@ -289,7 +289,7 @@ async def test_structlog_context_bound_by_a_handler_does_not_reach_the_next_job(
 # --- tracebacks without locals ---------------------------------------------------------------
 
 
-def test_a_logged_traceback_never_shows_the_locals_of_its_frames():
+async def test_a_logged_traceback_never_shows_the_locals_of_its_frames():
     """The console log rendered tracebacks with rich, every frame's locals included: the bearer
     token of the request, the DSN's password, a payload were printed in plain text on stderr."""
     import io

@@ -484,7 +484,7 @@ async def test_the_queue_gauges_show_at_most_so_many_queues(conn):
 # --- endless queue names ---------------------------------------------------------------------
 
 
-def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_bound():
+async def test_jobs_rescued_from_endless_queue_names_do_not_grow_the_metrics_without_bound():
     """The elected worker's rescue counted `lost` under each rescued job's (queue, type), of any
     queue and type: a client claiming over HTTP in a new queue name each time (then letting the
     lease run out) added a series of ~50 samples per name to every scrape, for ever."""

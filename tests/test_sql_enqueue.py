@@ -575,6 +575,7 @@ TRIGGER = (ROOT / "examples" / "recipes" / "enqueue_trigger.sql").read_text()
 
 
 @aio
+@pytest.mark.fresh_db  # its table's primary key and trigger are not undone by a reset
 async def test_a_trigger_enqueues_in_the_writing_transaction(conn, dsn):
     await conn.execute(TRIGGER)
     order_id = await conn.fetchval("INSERT INTO orders (total) VALUES (12.5) RETURNING id")
