@@ -231,15 +231,24 @@ class DatabasePool:
         return name
 
     async def release(self, name: str) -> str | None:
-        """Reset `name` and put it back in the pool; when it cannot be made like new, drop it,
-        put a new one in its place and say why."""
+        """Reset `name` and put it back in the pool under a new name; when it cannot be made
+        like new, drop it, put a new one in its place and say why.
+
+        The new name keeps what an earlier test left running (the tests share one event loop:
+        a pool, a worker or a waiter that outlived its test reconnects with its DSN) away from
+        the next test's database: it finds no database by the old name."""
         try:
             await self.reset(name)
+            renamed = f"{self.template}_{next(_NUMBERS)}"
+            admin = await self._connection()
+            await admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{renamed}"')
         except (NotFresh, asyncpg.PostgresError, OSError) as exc:
             await self.drop(name)
             self._free.append(await self.create())
             return f"{type(exc).__name__}: {exc}"
-        self._free.append(name)
+        self._all.discard(name)
+        self._all.add(renamed)
+        self._free.append(renamed)
         return None
 
     async def _end_sessions(self, name: str) -> None:

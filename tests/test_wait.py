@@ -53,10 +53,12 @@ async def worker(dsn: str, tmp_path: Path, *args: str) -> AsyncIterator[subproce
         await conn.close()
         proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(timeout=30)
+            code: int | None = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
         finally:
             proc.kill()
-        assert code == 0, log.read_text()[-2000:]
+        assert code == 0, f"exit {code}: {log.read_text()[-2000:]}"
 
 
 def waiter_name() -> str:
