@@ -73,9 +73,10 @@ async def test_a_reset_database_is_like_a_new_one(server_dsn: str, template_db: 
         assert await _fingerprint(server_dsn, name) != new
         assert await pool.release(name) is None, "the reset fell back to a new database"
         assert left_open.is_closed() or not await _answers(left_open)
-        assert await pool.acquire() == name
-        assert await _fingerprint(server_dsn, name) == new
-        conn = await asyncpg.connect(with_database(server_dsn, name))
+        again = await pool.acquire()
+        assert again != name, "put back under its old name, which a leftover could reconnect to"
+        assert await _fingerprint(server_dsn, again) == new
+        conn = await asyncpg.connect(with_database(server_dsn, again))
         try:
             assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
             assert await conn.fetchval("SELECT count(*) FROM pgworker.queues") == 0
@@ -91,6 +92,36 @@ async def test_a_reset_database_is_like_a_new_one(server_dsn: str, template_db: 
             )
         finally:
             await conn.close()
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("jobs", [3, 3000])
+async def test_rows_alone_are_undone_without_a_catalog_comparison(
+    server_dsn: str, template_db: str, jobs: int
+) -> None:
+    """A test that wrote rows (a few pages: deleted; more: truncated) and analyzed a table, and
+    changed no catalog: its database is like new, and no leftover can reach it by its old name."""
+    pool = DatabasePool(server_dsn, template_db)
+    try:
+        name = await pool.acquire()
+        new = await _fingerprint(server_dsn, name)
+        conn = await asyncpg.connect(with_database(server_dsn, name))
+        await pgworker.enqueue_many(conn, [pgworker.JobSpec("t", {"n": n}) for n in range(jobs)])
+        await conn.execute("ANALYZE pgworker.queues")
+        await conn.close()
+        assert await _fingerprint(server_dsn, name) != new
+        assert await pool.release(name) is None
+        again = await pool.acquire()
+        assert await _fingerprint(server_dsn, again) == new
+        conn = await asyncpg.connect(with_database(server_dsn, again))
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs") == 0
+            assert (await pgworker.enqueue(conn, "t", {})).job.id == 1
+        finally:
+            await conn.close()
+        with pytest.raises(asyncpg.InvalidCatalogNameError):
+            await asyncpg.connect(with_database(server_dsn, name))
     finally:
         await pool.close()
 
