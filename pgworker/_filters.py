@@ -1,7 +1,8 @@
 """The one filter of the job lists, shared by the dashboard (its query string),
 `GET /jobs` (its query parameters), `pgworker jobs list` (its options) and the bulk actions (the
 `filter` of their body, stored with the action): status, queue, type (a prefix), error text,
-created and finished time ranges, correlation id, job id and payload containment.
+created and finished time ranges, correlation id, job id, a selection of ids and payload
+containment.
 
 `JobFilter.parse` reads one from text (a query string's values, a JSON body's), checking each
 field and naming the wrong one in a ValidationError; `params` gives the values of the SQL
@@ -25,6 +26,9 @@ MAX_ERROR_TEXT = 500
 """The most characters of an error text searched for."""
 MAX_PAYLOAD_TEXT = 10_000
 """The most characters of a payload containment filter's JSON."""
+MAX_IDS = 1000
+"""The most job ids a selection (`ids`) names: what a person ticks on the pages, or a client
+lists; more is a filter's work."""
 
 FIELDS = (
     "status",
@@ -38,6 +42,8 @@ FIELDS = (
     "correlation_id",
     "id",
     "payload",
+    "ids",
+    "error_group",
 )
 """The filter's keys, in the order of the SQL fragment's parameters: the query parameters of
 `GET /jobs` and of the dashboard's list, the keys of a bulk action's `filter`."""
@@ -54,7 +60,9 @@ class JobFilter:
     jobs whose last error holds it, in any letter case; the time ranges are half-open (`_after`
     inclusive, `_before` exclusive; a range that ends before it starts matches nothing);
     `payload` is JSON text of an object the job's payload
-    contains (`{"customer_id": 42}` matches `{"customer_id": 42, "total": 9}`)."""
+    contains (`{"customer_id": 42}` matches `{"customer_id": 42, "total": 9}`); `ids` a
+    selection of at most MAX_IDS job ids (the jobs ticked on a page), sorted, each once;
+    `error_group` the jobs whose latest error is of that failure group (GET /failures)."""
 
     status: str | None = None
     queue: str | None = None
@@ -67,6 +75,8 @@ class JobFilter:
     correlation_id: str | None = None
     id: int | None = None
     payload: str | None = None
+    ids: tuple[int, ...] | None = None
+    error_group: str | None = None
 
     @classmethod
     def parse(cls, values: Mapping[str, Any]) -> JobFilter:
@@ -111,6 +121,8 @@ class JobFilter:
                 found[field] = _id(field, value)
             elif field == "payload":
                 found[field] = _payload(field, value)
+            elif field == "ids":
+                found[field] = _ids(field, value)
             else:
                 found[field] = _PARSERS[field](field, value)
         return cls(**found)
@@ -120,7 +132,14 @@ class JobFilter:
         return all(getattr(self, f) is None for f in FIELDS)
 
     def params(self) -> tuple[Any, ...]:
-        """The values of sql/queries/_job_filter.sql's parameters $1 to $11."""
+        """The values of sql/queries/_job_filter.sql's parameters $1 to $12: `id` and `ids`
+        share $10, the ids a job may have (both given: the one id if the selection holds it,
+        else none)."""
+        ids: list[int] | None = None
+        if self.ids is not None:
+            ids = list(self.ids) if self.id is None else [i for i in self.ids if i == self.id]
+        elif self.id is not None:
+            ids = [self.id]
         return (
             self.status,
             self.queue,
@@ -131,8 +150,9 @@ class JobFilter:
             self.finished_after,
             self.finished_before,
             self.correlation_id,
-            self.id,
+            ids,
             self.payload,
+            self.error_group,
         )
 
     def query(self) -> dict[str, str]:
@@ -142,7 +162,7 @@ class JobFilter:
             value = getattr(self, field)
             if value is None:
                 continue
-            found[field] = value.isoformat() if isinstance(value, datetime) else str(value)
+            found[field] = _text(value)
         return found
 
     def as_json(self) -> dict[str, Any]:
@@ -153,6 +173,8 @@ class JobFilter:
             found["id"] = self.id
         if self.payload is not None:
             found["payload"] = json.loads(self.payload)
+        if self.ids is not None:
+            found["ids"] = list(self.ids)
         return found
 
     def words(self) -> str:
@@ -162,9 +184,27 @@ class JobFilter:
             value = getattr(self, field)
             if value is None:
                 continue
-            shown = value.isoformat() if isinstance(value, datetime) else str(value)
-            parts.append(f"{_WORDS[field]} {shown}")
+            if field == "ids":
+                shown = ", ".join(map(str, value[:SHOWN_IDS]))
+                more = len(value) - SHOWN_IDS
+                selected = f"the {len(value):,} selected job{'s' if len(value) != 1 else ''}"
+                parts.append(f"{selected} (ids {shown}{f' and {more:,} more' if more > 0 else ''})")
+                continue
+            parts.append(f"{_WORDS[field]} {_text(value)}")
         return ", ".join(parts) if parts else "every job"
+
+
+SHOWN_IDS = 10
+"""The most ids of a selection said in words (a confirmation)."""
+
+
+def _text(value: Any) -> str:
+    """A filter's value as its query string holds it (a selection: ids joined by commas)."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 _WORDS = {
@@ -179,6 +219,8 @@ _WORDS = {
     "correlation_id": "correlation id",
     "id": "id",
     "payload": "payload containing",
+    "ids": "ids",
+    "error_group": "failure group",
 }
 
 
@@ -209,6 +251,39 @@ def _id(field: str, value: Any) -> int:
                 field, f"must be a job id in ASCII digits, got {value!r}"
             ) from None
     return validate.count(field, value, minimum=1, maximum=validate.MAX_BIGINT)
+
+
+def _ids(field: str, value: Any) -> tuple[int, ...]:
+    """A selection: ids separated by commas or spaces (a query string's, a form's), or a list of
+    them (JSON); at least one, at most MAX_IDS, each a job id; sorted, each once."""
+    if isinstance(value, str):
+        if len(value) > MAX_IDS * 21:
+            raise ValidationError(field, f"must name at most {MAX_IDS} job ids")
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, list | tuple) or not value:
+        raise ValidationError(field, "must name at least one job id (select a job)")
+    if len(value) > MAX_IDS:
+        raise ValidationError(
+            field, f"must name at most {MAX_IDS} job ids, got {len(value)}; use a filter instead"
+        )
+    return tuple(sorted({_id(field, v) for v in value}))
+
+
+ERROR_GROUP_LENGTH = 16
+"""The hex digits of an error's group (migration 30's error_group function)."""
+
+
+def _error_group(field: str, value: Any) -> str:
+    """A failure group's fingerprint: 16 lowercase hex digits, as GET /failures gives it."""
+    if (
+        not isinstance(value, str)
+        or len(value) != ERROR_GROUP_LENGTH
+        or any(c not in "0123456789abcdef" for c in value)
+    ):
+        raise ValidationError(
+            field, f"must be a failure group's fingerprint (16 hex digits), got {value!r}"
+        )
+    return value
 
 
 def _moment(field: str, value: Any) -> datetime:
@@ -274,4 +349,6 @@ _PARSERS: dict[str, Any] = {
     "correlation_id": _name(validate.MAX_CORRELATION_ID_LENGTH),
     "id": _id,
     "payload": _payload,
+    "ids": _ids,
+    "error_group": _error_group,
 }

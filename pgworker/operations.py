@@ -20,6 +20,7 @@ from . import settings
 from ._db import migrations
 from ._db.connection import Conn, Executor
 from ._db.queries import queries, transaction
+from ._filters import JobFilter
 from ._logs import get_logger
 from ._redact import DEFAULT_KEYS, redact_payload
 from .errors import PgWorkerError, ValidationError
@@ -133,7 +134,8 @@ async def status(
     conn: Executor, *, schema: str = DEFAULT_SCHEMA, live_within: float = 60.0
 ) -> dict[str, list[Any]]:
     """What `pgworker status` shows: counts per queue and status, the oldest pending job per
-    queue, queues no live worker serves, and the live workers."""
+    queue, queues no live worker serves, the live workers, and `controls`: the queues paused or
+    limited now (QueueState, by name), which explain a backlog the counts alone do not."""
     q = queries(validate.identifier("schema", schema))
     live_within = validate.seconds("live_within", live_within, zero=False)
     return {
@@ -141,6 +143,11 @@ async def status(
         "oldest_pending": await q.status_oldest_pending(conn),
         "unserved": await q.status_unserved(conn, live_within),
         "workers": await q.status_workers(conn, live_within),
+        "controls": [
+            c
+            for c in (_queue_state(r) for r in await q.queue_controls(conn))
+            if c.paused or c.limits
+        ],
     }
 
 
@@ -250,6 +257,98 @@ async def list_failed(
         )
         for r in rows
     ]
+
+
+FAILURE_STATUSES = ("failed", "retrying")
+"""What `failure_groups` groups: `failed`, the jobs that ended failed (by their latest error);
+`retrying`, the failed attempts of the jobs still being retried (pending or running now)."""
+FAILURE_WINDOW = timedelta(days=1)
+"""The failures `failure_groups` groups when no `since` is given: those of the last day."""
+MAX_FAILURE_GROUPS = 1000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailureGroup:
+    """Failures grouped as people think of them: those of one job type whose errors have the
+    same class, the same message once its values (ids, numbers, quoted values, paths...) are
+    set aside, and the same innermost frame (`fingerprint`, migration 30). `count` jobs (or
+    attempts, for `retrying`), the first and last time one ended, the newest one's error as
+    `sample`, and `trend`: how many ended in each hour of the last 24, oldest first."""
+
+    fingerprint: str
+    type: str
+    error_class: str
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    sample: str
+    trend: tuple[int, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The group as GET /failures and `pgworker failed groups --json` give it."""
+        return {
+            "fingerprint": self.fingerprint,
+            "type": self.type,
+            "error_class": self.error_class,
+            "count": self.count,
+            "first_seen": self.first_seen.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "sample": self.sample,
+            "trend": list(self.trend),
+        }
+
+
+async def failure_groups(
+    conn: Executor,
+    *,
+    status: str = "failed",
+    type: str | None = None,
+    queue: str | None = None,
+    since: timedelta | datetime | float | str | None = None,
+    limit: int = 50,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[FailureGroup]:
+    """The failures grouped (see FailureGroup), the largest groups first, at most `limit`:
+    with `status` failed, the jobs that failed since `since` (a duration ago or a time, see
+    `since_moment`; the last day when None); with `retrying`, the failed attempts started
+    since then of the jobs still pending or running. `type` matches the types starting with
+    it, as the job lists' filter does. The `fingerprint` is the jobs filter's `error_group`:
+    `GET /jobs?error_group=...`, and a bulk action over it replays or cancels the group."""
+    if status not in FAILURE_STATUSES:
+        raise ValidationError(
+            "status", f"must be one of {', '.join(FAILURE_STATUSES)}, got {status!r}"
+        )
+    q = queries(validate.identifier("schema", schema))
+    type = validate.name("type", type, validate.MAX_TYPE_LENGTH, required=False)
+    queue = validate.name("queue", queue, validate.MAX_QUEUE_LENGTH, required=False)
+    cutoff = since_moment("since", since) or datetime.now(UTC) - FAILURE_WINDOW
+    limit = validate.count("limit", limit, minimum=1, maximum=MAX_FAILURE_GROUPS)
+    if status == "failed":
+        job_filter = JobFilter.checked(
+            status="failed", type=type, queue=queue, finished_after=cutoff
+        )
+        async with transaction(conn) as c:
+            await q.plan_with_values(c)
+            rows = await q.jobs_failure_groups(c, job_filter.params(), limit)
+    else:
+        async with transaction(conn) as c:
+            await q.plan_with_values(c)
+            rows = await q.attempts_failure_groups(c, cutoff, queue, type, limit)
+    return [failure_group(r) for r in rows]
+
+
+def failure_group(row: Any) -> FailureGroup:
+    """A row of jobs_failure_groups.sql or attempts_failure_groups.sql."""
+    return FailureGroup(
+        fingerprint=row["fingerprint"],
+        type=row["type"],
+        error_class=row["error_class"],
+        count=row["count"],
+        first_seen=row["first_seen"],
+        last_seen=row["last_seen"],
+        sample=row["sample"],
+        trend=tuple(row["trend"]),
+    )
 
 
 def os_user() -> str:

@@ -62,6 +62,21 @@ async def seed_failed(
         """,
         ids,
     )
+    # Each error's group (migration 30), as the outcome's write gives the attempt and its job.
+    await conn.execute(
+        """
+        WITH grouped AS (
+            UPDATE pgworker.job_attempts AS a
+            SET error_group = pgworker.error_group(a.type, a.error_type, a.error_message,
+                                                   a.error_detail)
+            WHERE a.job_id = ANY($1::bigint[])
+            RETURNING a.job_id, a.error_group
+        )
+        UPDATE pgworker.jobs AS j SET error_group = g.error_group
+        FROM grouped AS g WHERE j.id = g.job_id
+        """,
+        ids,
+    )
     return ids
 
 
@@ -142,10 +157,11 @@ async def test_the_filter_matches_what_it_says(conn: Any) -> None:
     groups = await q.jobs_failure_groups(
         conn, JobFilter.parse({"status": "failed", "finished_after": "1d"}).params(), 10
     )
-    assert [(g["error"], g["jobs"]) for g in groups] == [
-        ("ValueError: remote down", 3),
-        ("KeyError: 'x'", 2),
+    assert [(g["sample"], g["error_class"], g["count"]) for g in groups] == [
+        ("ValueError: remote down", "ValueError", 3),
+        ("KeyError: 'x'", "KeyError", 2),
     ]
+    assert await found(error_group=groups[1]["fingerprint"]) == set(other)
 
 
 # --- bulk actions, in Python ---------------------------------------------------------------------

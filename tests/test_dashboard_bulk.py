@@ -16,7 +16,7 @@ import pytest
 
 from .helpers import wait_for
 from .test_bulk import replays_of, seed_failed
-from .test_dashboard import browser, csrf_of, css, http, log_in, page, text_of, until
+from .test_dashboard import browser, csrf_of, css, http, log_in, page, until
 from .webserver import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -37,14 +37,14 @@ async def test_bulk_replay_of_1000_failed_jobs_from_a_filter_with_the_count_conf
     out = _shots(tmp_path)
     async with serving(dsn, env={"PGWORKER_BULK_BATCH": "100"}) as served:
         log_in(page, served)
-        # The needs-attention page: failures grouped by error, each a link to its jobs.
+        # The needs-attention page: failures grouped by cause, each a link to its jobs.
         page.get(f"{served.url}/ui/jobs?status=failed")
-        groups = text_of(page)
-        assert "ValueError: remote down — 1,000 jobs" in groups
-        assert "KeyError: 'customer' — 3 jobs" in groups
+        groups = css(page, "#failure-groups").text
+        assert "1,000 send-invoice ValueError: remote down" in groups
+        assert "3 send-invoice KeyError: 'customer'" in groups
         page.save_screenshot(str(out / "needs-attention.png"))
-        css(page, "ul.groups li a").click()  # the largest group first
-        until(page, lambda d: "error=ValueError" in d.current_url)
+        css(page, "#failure-groups tr[data-group] a").click()  # the largest group first
+        until(page, lambda d: "error_group=" in d.current_url)
         # Each row shows its error; its traceback is one click away.
         row_error = css(page, "td.error details summary")
         assert row_error.text == "ValueError: remote down"

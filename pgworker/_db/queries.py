@@ -877,12 +877,51 @@ class Queries:
         their last attempt's traceback."""
         return await self._rows(conn, "jobs_filtered", *filters, before, limit)
 
+    async def jobs_sorted(
+        self,
+        conn: Runner,
+        filters: Sequence[Any],
+        sort: str,
+        descending: bool,
+        after: tuple[float | None, int] | None,
+        limit: int,
+    ) -> list[Row]:
+        """A page of the jobs matching `filters` ordered by the column `sort` (one of an
+        allow-list the caller checks), then by id, after the (sort_key, id_key) of the previous
+        page's last row; the columns of jobs_filtered and each row's `sort_key`, `id_key`."""
+        value, key = after if after is not None else (None, None)
+        return await self._rows(conn, "jobs_sorted", *filters, sort, descending, value, key, limit)
+
+    async def jobs_held(self, conn: Runner, queues: Sequence[str]) -> list[Row]:
+        """The queues of `queues` with a limit, their running jobs and the starts in their rate
+        window now (see jobs_held.sql)."""
+        return await self._rows(conn, "jobs_held", list(queues))
+
+    async def job_event_record(
+        self, conn: Runner, job_id: int, kind: str, actor: str, detail: str | None
+    ) -> None:
+        """Record what an operator did to a job (job_events: its page, the operator log)."""
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["job_event_record"], job_id, kind, actor, detail)
+
     async def jobs_failure_groups(
         self, conn: Runner, filters: Sequence[Any], limit: int
     ) -> list[Row]:
-        """The finished jobs matching `filters` grouped by their error's first line: `error`,
-        `jobs`, `first_at`, `last_at`, the largest groups first."""
+        """The finished jobs matching `filters` grouped by their latest error's group: its
+        fingerprint, type, error_class, count, first_seen, last_seen, sample and trend."""
         return await self._rows(conn, "jobs_failure_groups", *filters, limit)
+
+    async def attempts_failure_groups(
+        self,
+        conn: Runner,
+        since: datetime,
+        queue: str | None,
+        type: str | None,
+        limit: int,
+    ) -> list[Row]:
+        """The failed attempts since `since` of the jobs still being retried, grouped as
+        `jobs_failure_groups` groups failed jobs."""
+        return await self._rows(conn, "attempts_failure_groups", since, queue, type, limit)
 
     async def jobs_filtered_count(
         self, conn: Runner, filters: Sequence[Any], max_id: int | None
@@ -920,13 +959,31 @@ class Queries:
         rows = await self._rows(conn, "bulk_action_get", action_id)
         return rows[0] if rows else None
 
-    async def bulk_action_lock(self, conn: Conn, action_id: int) -> Row | None:
-        """The running action, locked for a batch; None when not running or locked by another."""
-        rows = await self._rows(conn, "bulk_action_lock", action_id)
+    async def bulk_action_lock(
+        self, conn: Conn, action_id: int, runner: str | None, lease: float
+    ) -> Row | None:
+        """The running action, locked for a batch and its lease renewed; None when not running,
+        held by a runner other than `runner` (None: any), or locked by another session."""
+        rows = await self._rows(conn, "bulk_action_lock", action_id, runner, lease)
         return rows[0] if rows else None
 
-    async def bulk_actions_running(self, conn: Runner) -> list[int]:
-        return [r["id"] for r in await self._rows(conn, "bulk_actions_running")]
+    async def bulk_actions_claim(
+        self, conn: Runner, runner: str, kind: str, lease: float, action_id: int | None = None
+    ) -> list[Row]:
+        """The running actions `runner` holds now (`id`, and `previous`: the owner it took one
+        over from), their leases renewed: its own, the free ones and the orphans."""
+        return await self._rows(conn, "bulk_actions_claim", runner, kind, lease, action_id)
+
+    async def bulk_actions_release(self, conn: Runner, runner: str) -> None:
+        """Leave `runner`'s running actions to the other runners at once."""
+        with schema_errors(self.schema):
+            await conn.execute(self._sql["bulk_actions_release"], runner)
+
+    async def bulk_actions_list(
+        self, conn: Runner, state: str | None, before: int | None, limit: int
+    ) -> list[Row]:
+        """The bulk actions, newest first, of `state` (None: any) below the id `before`."""
+        return await self._rows(conn, "bulk_actions_list", state, before, limit)
 
     async def bulk_action_advance(
         self, conn: Conn, action_id: int, cursor: int, done: int, skipped: int, finished: bool
@@ -1079,13 +1136,18 @@ class Queries:
         return {r["id"]: r["held_by"] for r in rows}
 
     async def jobs_replay(
-        self, conn: Runner, ids: Sequence[int], actor: str, reason: str | None
+        self,
+        conn: Runner,
+        ids: Sequence[int],
+        actor: str,
+        reason: str | None,
+        action_id: int | None = None,
     ) -> list[Row]:
-        """Put the failed or cancelled jobs of `ids` back to pending and record who did it; one
-        row per job found (previous status, replayed or not). The workers are woken when the
-        caller's transaction commits."""
+        """Put the failed or cancelled jobs of `ids` back to pending and record who did it (and
+        the bulk action `action_id` that did, if one did); one row per job found (previous
+        status, replayed or not). The workers are woken when the caller's transaction commits."""
         with schema_errors(self.schema):
-            return await conn.fetch(self._sql["jobs_replay"], list(ids), actor, reason)
+            return await conn.fetch(self._sql["jobs_replay"], list(ids), actor, reason, action_id)
 
     async def jobs_prune(
         self,

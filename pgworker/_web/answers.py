@@ -142,6 +142,19 @@ class JobPage(BaseModel):
     next_before: int | None = Field(description="the `before` of the next page; null: the last")
 
 
+class BulkRunner(BaseModel):
+    """Who runs a bulk action: its id, what it is, since when it holds the action, and until
+    when it holds it without a batch (after that, another runner adopts it)."""
+
+    id: str
+    kind: str = Field(
+        description="console (mounted in an application), serve, worker (the maintenance "
+        "leader) or cli (`replay --filter`, `cancel --filter`)"
+    )
+    since: Time | None
+    lease_until: Time | None
+
+
 class BulkAction(BaseModel):
     """A bulk action and its progress."""
 
@@ -159,6 +172,16 @@ class BulkAction(BaseModel):
     created_at: Time
     updated_at: Time
     finished_at: Time | None
+    runner: BulkRunner | None = Field(
+        None, description="who runs it (or ran it last); null: no runner has taken it yet"
+    )
+
+
+class BulkActionPage(BaseModel):
+    """GET /jobs/actions: newest first."""
+
+    actions: list[BulkAction]
+    next_before: int | None = Field(description="the `before` of the next page; null: the last")
 
 
 class Emitted(BaseModel):
@@ -234,6 +257,24 @@ class Schedule(BaseModel):
 
 class Schedules(BaseModel):
     schedules: list[Schedule]
+
+
+class FailureGroupAnswer(BaseModel):
+    """GET /failures: one group of failures (operations.FailureGroup)."""
+
+    fingerprint: str = Field(
+        description="the group's fingerprint: GET /jobs?error_group= lists its jobs, and a bulk "
+        "action's filter `error_group` replays or cancels them"
+    )
+    type: str = Field(description="the jobs' type")
+    error_class: str = Field(description="the exception's class")
+    count: int = Field(description="the failed jobs (`retrying`: the failed attempts)")
+    first_seen: Time
+    last_seen: Time
+    sample: str = Field(description="the newest one's error")
+    trend: list[int] = Field(
+        description="how many ended in each hour of the last 24, oldest first (24 numbers)"
+    )
 
 
 def plain(value: Any) -> Any:

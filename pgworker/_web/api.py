@@ -16,6 +16,7 @@ enqueue's (validate.MAX_DEPTH): deeper JSON is refused on the way in (422) and s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,7 +36,7 @@ from . import guard
 from .bounds import client_check
 from .config import WebConfig
 from .routes import bulk as bulk_routes
-from .routes import events, health, jobs, queues, stats, workers
+from .routes import events, failures, health, jobs, queues, stats, workers
 from .routes.common import Api, handle_errors
 
 POOL_SIZE = 10
@@ -48,6 +49,7 @@ ROUTERS = (
     events.router,
     queues.router,
     stats.router,
+    failures.router,
 )
 """Every router of the API, in the order the document lists them."""
 
@@ -88,11 +90,12 @@ async def resources(app: Any, config: WebConfig, given: Any = None) -> AsyncIter
         async with anyio.create_task_group() as tg:
             if not config.read_only:
                 # Bulk actions run here, in the background: those created by this server's
-                # requests at once, those left running (a server killed) from start-up.
-                app.state.bulk = bulk.Runner(pool, config.schema)
+                # requests at once, those whose runner died (a server killed) from start-up.
+                app.state.bulk = bulk.Runner(pool, config.schema, _holder(config))
                 tg.start_soon(app.state.bulk.serve)
             if settings is not None:
-                maintenance = Maintenance(pool, settings)
+                # serve's runner (above) adopts the bulk actions left running: not maintenance
+                maintenance = Maintenance(pool, settings, bulk=False)
                 tg.start_soon(maintenance.run, get_logger(worker_id=settings.worker_id))
             try:
                 yield
@@ -122,7 +125,9 @@ async def opened(app: Any, config: WebConfig, given: Any = None) -> None:
     Starlette runs no lifespan of a mounted application), opened at its first request, once:
     the pool `given` (the caller's, never closed here), or one of its own on the DSN, which then
     stays open as long as the process (pass a pool to close it yourself). No maintenance: the
-    workers (`pgworker run`) or `pgworker serve` do it."""
+    workers (`pgworker run`) or `pgworker serve` do it. The bulk actions do run here (unless
+    read-only), as under `serve`'s lifespan: a runner in a task of its own, started once the
+    pool is ready, for as long as the event loop (`_bulk.Runner`)."""
     if getattr(app.state, "pool", None) is not None:
         return
     async with app.state.opening:
@@ -138,6 +143,18 @@ async def opened(app: Any, config: WebConfig, given: Any = None) -> None:
                 with anyio.CancelScope(shield=True):
                     await pool.close()
             raise
+        if not config.read_only:
+            runner = bulk.Runner(pool, config.schema, _holder(config))
+            app.state.bulk = runner
+            # A task of the event loop's, not of this request's: it outlives the request, and
+            # a reference is kept on the application (the loop keeps only weak ones).
+            app.state.bulk_task = asyncio.get_running_loop().create_task(runner.serve())
+
+
+def _holder(config: WebConfig) -> bulk.Holder:
+    """Who this application's bulk actions are run by: `serve` under its --worker-id's name, a
+    mounted console under one of its own (`console-<host>-<pid>-<random>`)."""
+    return bulk.Holder.of(config.runner_kind, config.worker_id or None)
 
 
 def maintenance_settings(config: WebConfig) -> Settings:

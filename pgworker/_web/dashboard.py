@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import asyncpg
 import jinja2
 from fastapi import FastAPI
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
@@ -58,6 +59,7 @@ from ..operations import (
 )
 from ..settings import Settings
 from . import dashboard_words as words
+from . import job_list, log_words
 from .bounds import RETRY_AFTER, Unanswered, bounded
 from .config import everyone, who
 from .dashboard_session import (
@@ -67,11 +69,17 @@ from .dashboard_session import (
     SESSION_LIFETIME,
     Session,
     Signer,
+    cookie_name,
 )
 from .guard import route_path
 from .operators import SAFE_METHODS, Identity, identify, identity_of
 
 PREFIX = "/ui"
+THEME_COOKIE = "pgworker_theme"
+"""light or dark, set by the pages' theme toggle (static/theme.js) on the dashboard's path; no
+cookie (or anything else): auto, the browser's prefers-color-scheme. Read here so that the page
+comes drawn in its theme (no flash of the other one)."""
+THEMES = ("light", "dark")
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 SHOWN_WORKERS = 500
@@ -82,7 +90,7 @@ SHOWN_SCHEDULES = 500
 """The most milestones, steps and timeline entries a job's page lists (the latest ones): a job
 that snoozed for weeks may have thousands of attempts."""
 SHOWN_GROUPS = 20
-"""The most failure groups (error first lines) the needs-attention page shows."""
+"""The most failure groups (operations.FailureGroup) the needs-attention page shows."""
 GROUP_WINDOW = timedelta(days=1)
 """The failures grouped when the filter gives no finish time: those of the last day."""
 BULK_VERBS = {
@@ -171,6 +179,7 @@ def install(app: FastAPI, config: Any) -> _Dashboard:
         (f"{PREFIX}/jobs", dashboard.jobs, ["GET"]),
         (f"{PREFIX}/jobs/actions/new", dashboard.bulk_confirm, ["GET"]),
         (f"{PREFIX}/jobs/actions", dashboard.bulk_start, ["POST"]),
+        (f"{PREFIX}/jobs/actions", dashboard.bulk_list, ["GET"]),
         (f"{PREFIX}/jobs/actions/{{action_id}}", dashboard.bulk_progress, ["GET"]),
         (f"{PREFIX}/jobs/{{job_id}}", dashboard.job, ["GET"]),
         (f"{PREFIX}/jobs/{{job_id}}/replay", dashboard.replay, ["POST"]),
@@ -300,6 +309,13 @@ class _Dashboard:
     def cookie_path(self, request: Request) -> str:
         return self.root(request) or "/"
 
+    def session_cookie(self, request: Request) -> str:
+        """This console's session cookie's name (dashboard_session.cookie_name)."""
+        return cookie_name(SESSION_COOKIE, request.headers.get("host", ""), self.root(request))
+
+    def flash_cookie(self, request: Request) -> str:
+        return cookie_name(FLASH_COOKIE, request.headers.get("host", ""), self.root(request))
+
     @property
     def pool(self) -> Any:
         """The server's pool, opened by the lifespan (api.resources) or at the first request."""
@@ -313,7 +329,7 @@ class _Dashboard:
         return bounded(self.pool, self.q, client_check=self.app.state.client_check)
 
     def session(self, request: Request) -> Session | None:
-        return self.signer.session(request.cookies.get(SESSION_COOKIE))
+        return self.signer.session(request.cookies.get(self.session_cookie(request)))
 
     def page(
         self,
@@ -327,7 +343,7 @@ class _Dashboard:
         session = session or self.session(request)
         flash = None
         if session is not None:
-            flash = self.signer.read_flash(session, request.cookies.get(FLASH_COOKIE))
+            flash = self.signer.read_flash(session, request.cookies.get(self.flash_cookie(request)))
         found = self.identity(request, session)
         root = self.root(request)
         html = self.templates.get_template(template).render(
@@ -345,18 +361,19 @@ class _Dashboard:
                 "auth": not self.config.insecure_no_auth,
                 "flash": flash,
                 "path": request.url.path,
+                "theme": theme if (theme := request.cookies.get(THEME_COOKIE)) in THEMES else "auto",
                 "title": "",
                 **context,
             }
         )
         response = HTMLResponse(html, status_code=status)
         if flash is not None:
-            response.delete_cookie(FLASH_COOKIE, path=self.cookie_path(request))
+            response.delete_cookie(self.flash_cookie(request), path=self.cookie_path(request))
         return response
 
     def _give_session(self, request: Request, response: Response, cookie: str) -> None:
         response.set_cookie(
-            SESSION_COOKIE,
+            self.session_cookie(request),
             cookie,
             max_age=SESSION_LIFETIME,
             path=self.cookie_path(request),
@@ -459,15 +476,25 @@ class _Dashboard:
             job_filter = _filter_of(request.query_params)
             limit = _whole(request.query_params, "limit", PAGE_SIZE, 1, MAX_PAGE_SIZE) or PAGE_SIZE
             before = _whole(request.query_params, "before", None, 1, validate.MAX_BIGINT)
+            try:
+                order = job_list.order_of(request.query_params)
+            except ValidationError as exc:
+                raise _Refused(400, "Bad order", str(exc)) from None
             keys = redactor(tuple(self.redact_keys))
             async with self.database() as conn:
                 await self.q.plan_with_values(conn)
-                rows = await self.q.jobs_filtered(conn, job_filter.params(), before, limit + 1)
+                rows, more = await job_list.page(
+                    conn, self.q, job_filter.params(), order, before, limit
+                )
+                paused, held = await job_list.holds(conn, self.q, rows, self.config.schema)
                 groups: list[dict[str, Any]] = []
                 window = None
                 if job_filter.status == "failed":
-                    # Needs attention: the failures grouped by error, over the filter's finish
-                    # window (the last day when it gives none), each one click from its jobs.
+                    # Needs attention: the failures grouped as people think of them (migration
+                    # 30's fingerprint), over the filter's finish window (the last day when it
+                    # gives none), each one click from its jobs, and from a bulk action over
+                    # them: replay the group's failed jobs, cancel its jobs still waiting for a
+                    # retry (the bulk confirm and progress pages, `error_group` in the filter).
                     window = job_filter
                     if job_filter.finished_after is None:
                         window = dataclasses.replace(
@@ -476,17 +503,7 @@ class _Dashboard:
                     for g in await self.q.jobs_failure_groups(
                         conn, dataclasses.replace(window, error=None).params(), SHOWN_GROUPS
                     ):
-                        shown = keys.text(g["error"])
-                        link = {**window.query(), "error": shown} if shown else window.query()
-                        groups.append(
-                            {
-                                **g,
-                                "error": shown,
-                                "href": self.url(request, f"{PREFIX}/jobs?{urlencode(link)}"),
-                            }
-                        )
-                more = len(rows) > limit
-                rows = rows[:limit]
+                        groups.append(self._failure_group(request, g, window, keys))
                 now = datetime.now(UTC)
                 shown_rows = [
                     {
@@ -495,7 +512,7 @@ class _Dashboard:
                         "error_detail": (
                             None if r["error_detail"] is None else keys.text(r["error_detail"])
                         ),
-                        "state": words.state(r, now),
+                        "state": job_list.state(r, paused, held, now),
                     }
                     for r in map(dict, rows)
                 ]
@@ -504,9 +521,12 @@ class _Dashboard:
                     kept["limit"] = str(limit)
                 older = None
                 if more and rows:
-                    older = self.url(
-                        request, f"{PREFIX}/jobs?{urlencode({**kept, 'before': rows[-1]['id']})}"
+                    start = (
+                        {"before": rows[-1]["id"]}
+                        if order.sort is None
+                        else {**order.query(), "after": job_list.next_after(rows[-1])}
                     )
+                    older = self.url(request, f"{PREFIX}/jobs?{urlencode({**kept, **start})}")
                 return self.page(
                     request,
                     "jobs.html",
@@ -519,15 +539,42 @@ class _Dashboard:
                         "group_window": window,
                         "statuses": [s.value for s in JobStatus],
                         "older": older,
-                        "newest": self.url(request, f"{PREFIX}/jobs?{urlencode(kept)}")
-                        if before
+                        "newest": self.url(
+                            request, f"{PREFIX}/jobs?{urlencode({**kept, **order.query()})}"
+                        )
+                        if before or order.after
                         else None,
+                        "order": order,
+                        "headings": job_list.headings(kept, order),
                         "now": now,
                     },
                     session=session,
                 )
 
         return await self._with_session(request, render)
+
+    def _failure_group(
+        self, request: Request, g: Any, window: JobFilter, keys: Any
+    ) -> dict[str, Any]:
+        """A failure group as the Needs attention page shows it: its sample redacted, its
+        trend as the heights of an SVG sparkline's bars (20 for its busiest hour: drawn with SVG
+        attributes, which the pages' style-src policy allows, not inline styles), its list and
+        its bulk actions' links."""
+        group = {**window.query(), "error_group": g["fingerprint"]}
+        waiting = {"status": "pending", "error_group": g["fingerprint"]}
+        peak = max(g["trend"], default=0) or 1
+        return {
+            **g,
+            "sample": keys.text(g["sample"]),
+            "bars": [round(n * 20 / peak) for n in g["trend"]],
+            "href": self.url(request, f"{PREFIX}/jobs?{urlencode(group)}"),
+            "replay": self.url(
+                request, f"{PREFIX}/jobs/actions/new?{urlencode({'kind': 'replay', **group})}"
+            ),
+            "cancel": self.url(
+                request, f"{PREFIX}/jobs/actions/new?{urlencode({'kind': 'cancel', **waiting})}"
+            ),
+        }
 
     # --- bulk actions over the list's filter ----------------------------------------
 
@@ -572,7 +619,7 @@ class _Dashboard:
             return self._redirect(self.url(request, f"{PREFIX}/login"))
         kind = form.get("kind")
         try:
-            for field in (*FILTER_FIELDS, "max_id", "run_at"):
+            for field in (*FILTER_FIELDS, "max_id", "run_at", "reason"):
                 # A filter's field sent as a file would be left out, and the action widened.
                 if form.get(field) is not None and not isinstance(form.get(field), str):
                     raise ValidationError(field, "must be text")
@@ -588,7 +635,9 @@ class _Dashboard:
                     job_filter,
                     run_at=run_at,
                     by=self.actor(request),
+                    reason=_form_text(form, "reason"),
                     max_id=max_id,
+                    holder=None if self.app.state.bulk is None else self.app.state.bulk.holder,
                     schema=self.config.schema,
                 )
                 response = self._redirect(self.url(request, f"{PREFIX}/jobs/actions/{action.id}"))
@@ -623,6 +672,47 @@ class _Dashboard:
                     },
                     session=session,
                 )
+
+        return await self._with_session(request, render)
+
+    async def bulk_list(self, request: Request) -> Response:
+        """The bulk actions, newest first, SHOWN_LOG at a time (`status`: only those running,
+        done or failed; `before`: the id below which the next page starts)."""
+
+        async def render(session: Session) -> Response:
+            shown = request.query_params.get("status", "")
+            before = _whole(request.query_params, "before", None, 1, validate.MAX_BIGINT)
+            try:
+                async with self.database() as conn:
+                    found = await bulk.recent(
+                        conn,
+                        state=shown or None,
+                        before=before,
+                        limit=SHOWN_LOG + 1,
+                        schema=self.config.schema,
+                    )
+            except ValidationError as exc:
+                raise _Refused(400, "Bad filter", str(exc)) from None
+            older = None
+            if len(found) > SHOWN_LOG:
+                found = found[:SHOWN_LOG]
+                older = "?" + urlencode(
+                    {**({"status": shown} if shown else {}), "before": found[-1].id}
+                )
+            return self.page(
+                request,
+                "bulk_actions.html",
+                {
+                    "title": "Bulk actions",
+                    "actions": found,
+                    "verbs": BULK_VERBS,
+                    "shown": shown,
+                    "older": older,
+                    "newest": before is not None,
+                    "now": datetime.now(UTC),
+                },
+                session=session,
+            )
 
         return await self._with_session(request, render)
 
@@ -663,13 +753,16 @@ class _Dashboard:
                     "milestone": words.milestone_of(job.progress),
                     "parents_left": len(found["waits_for"]),
                 }
+                waits = found["waits"]
+                if waits and waits[-1]["event_id"] is None and not waits[-1]["timed_out"]:
+                    row.update(event=waits[-1]["name"], event_deadline=waits[-1]["deadline"])
                 return self.page(
                     request,
                     "job.html",
                     {
                         "title": f"Job {job.id}",
                         "job": job,
-                        "state": words.state(row),
+                        "state": words.state(row, paused=paused is not None),
                         "payload": found["payload"],
                         "milestones": _latest(found["milestones"]),
                         "steps": _latest(found["steps"]),
@@ -743,7 +836,7 @@ class _Dashboard:
                     "log.html",
                     {
                         "title": "Operator log",
-                        "entries": rows,
+                        "entries": [log_words.entry(r) for r in rows],
                         "older": older,
                         "newest": bool(before),
                         "now": datetime.now(UTC),
@@ -766,11 +859,18 @@ class _Dashboard:
         page = self.page(
             request,
             "login.html",
-            {"title": "Log in", "next": next_page, "failed": False},
+            {"title": "Log in", "next": next_page, "failed": False, **self._ways_in()},
             session=session,
         )
         self._give_session(request, page, cookie)
         return page
+
+    def _ways_in(self) -> dict[str, Any]:
+        """What the login page says of the trusted proxy's header (None: not enabled)."""
+        return {
+            "proxy_header": self.config.trusted_user_header,
+            "proxy_role": self.config.trusted_user_role,
+        }
 
     async def login(self, request: Request) -> Response:
         """The token typed once: a new, logged-in session (never the id the browser had)."""
@@ -784,7 +884,7 @@ class _Dashboard:
             return self.page(
                 request,
                 "login.html",
-                {"title": "Log in", "next": next_page, "failed": True},
+                {"title": "Log in", "next": next_page, "failed": True, **self._ways_in()},
                 status=401,
                 session=session,
             )
@@ -801,7 +901,7 @@ class _Dashboard:
         response = self._redirect(
             self.url(request, f"{PREFIX}/login" if not self.config.insecure_no_auth else "/")
         )
-        response.delete_cookie(SESSION_COOKIE, path=self.cookie_path(request))
+        response.delete_cookie(self.session_cookie(request), path=self.cookie_path(request))
         return response
 
     # --- buttons ---------------------------------------------------------------------------------
@@ -839,7 +939,7 @@ class _Dashboard:
         self, request: Request, response: Response, session: Session, kind: str, text: str
     ) -> None:
         response.set_cookie(
-            FLASH_COOKIE,
+            self.flash_cookie(request),
             self.signer.flash(session, kind, text),
             max_age=FLASH_LIFETIME,
             path=self.cookie_path(request),
@@ -855,18 +955,24 @@ class _Dashboard:
         return await self._queue_button(request, "resume")
 
     async def _queue_button(self, request: Request, verb: str) -> Response:
-        """The pause or resume button of a queue (the form's `queue`), recorded as done by
-        ACTOR; then back to the queues page, which says what happened."""
+        """The pause or resume button of a queue (the form's `queue`, and its optional
+        `reason`), recorded as done by ACTOR; then back to the queues page, which says what
+        happened."""
         session, form = await self._checked_button(request)
         if session is None:
             return self._redirect(self.url(request, f"{PREFIX}/login"))
         try:
             queue = validate.name("queue", form.get("queue"), validate.MAX_QUEUE_LENGTH)
+            reason = validate.name(
+                "reason", _form_text(form, "reason"), MAX_REASON_LENGTH, required=False
+            )
         except ValidationError as exc:
-            raise _Refused(400, "Bad queue", str(exc)) from None
+            raise _Refused(400, f"Bad {exc.field}", str(exc)) from None
         act = pause_queue if verb == "pause" else resume_queue
         async with self.database() as conn:
-            state = await act(conn, queue, by=self.actor(request), schema=self.config.schema)
+            state = await act(
+                conn, queue, reason, by=self.actor(request), schema=self.config.schema
+            )
             if verb == "pause":
                 kind, text = (
                     ("ok", f"Queue {queue} is paused: its jobs wait until it is resumed.")
@@ -1088,8 +1194,14 @@ def _whole(
 def _filter_of(params: Mapping[str, str]) -> JobFilter:
     """The list's filter from the query string (a field named when wrong): the one filter of
     GET /jobs and `pgworker jobs list`."""
+    values = {k: params.get(k) for k in FILTER_FIELDS}
+    ticked = params.getlist("ids") if isinstance(params, QueryParams) else []
+    if len(ticked) > 1:  # the list's checkboxes: one `ids` per job ticked
+        values["ids"] = ",".join(ticked)
     try:
-        return JobFilter.parse({k: params.get(k) for k in FILTER_FIELDS})
+        if params.get("selection") and not (values["ids"] or "").strip():
+            raise ValidationError("ids", "select at least one job: nothing was ticked")
+        return JobFilter.parse(values)
     except ValidationError as exc:
         raise _Refused(400, "Bad filter", str(exc)) from None
 

@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .. import _validate as validate
-from .._filters import MAX_ERROR_TEXT
+from .._filters import MAX_ERROR_TEXT, MAX_IDS
 from ..errors import ValidationError
 from ..models import ENQUEUE_OPTIONS, JobStatus
 from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
@@ -614,6 +614,10 @@ ErrorText = Annotated[
 """An error text searched for (GET /jobs?error=)."""
 
 
+ErrorGroup = Annotated[StrictStr, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+"""A failure group's fingerprint (GET /failures): 16 lowercase hex digits."""
+
+
 class FilterBody(_Body):
     """The filter of a bulk action: the query parameters of GET /jobs, as JSON (each left out
     for any)."""
@@ -630,6 +634,15 @@ class FilterBody(_Body):
     id: BodyJobId | None = None
     payload: JsonObject | None = Field(
         None, description='an object the payload contains, e.g. {"customer_id": 42}'
+    )
+    ids: list[BodyJobId] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_IDS,
+        description=f"a selection: only the jobs of these ids (at least 1, at most {MAX_IDS})",
+    )
+    error_group: ErrorGroup | None = Field(
+        None, description="the jobs whose latest error is of this failure group (GET /failures)"
     )
 
 

@@ -24,6 +24,7 @@ from .._filters import JobFilter
 from .._redact import describe
 from ..errors import ConfigError, PgWorkerError, ValidationError
 from ..models import DEFAULT_SCHEMA
+from ..operations import MAX_ACTOR_LENGTH, MAX_REASON_LENGTH
 from ..registry import Registry, load
 from ..settings import SETTINGS, Setting, dsn_from_env, flag, retention, variable
 
@@ -281,6 +282,9 @@ _FILTER_HELP = {
     "correlation_id": "only jobs of this correlation id",
     "id": "only the job of this id",
     "payload": "only jobs whose payload contains this JSON object, e.g. '{\"customer_id\": 42}'",
+    "ids": "only the jobs of these ids, separated by commas (at most 1,000), e.g. 12,15,40",
+    "error_group": "only jobs whose latest error is of this failure group (its fingerprint, "
+    "from `pgworker failed groups`)",
 }
 
 
@@ -332,12 +336,17 @@ _VERBS = {"replay": "replayed", "cancel": "cancelled", "delete": "deleted", "res
 async def run_bulk(args: argparse.Namespace, kind: str) -> int:
     """`replay --filter` and `cancel --filter`: count the matching jobs, ask for confirmation
     with the count (unless --yes), then run the action's batches here, printing its progress on
-    stderr. The action is recorded (`bulk_actions`): killed midway, it is resumed by a
-    `pgworker serve` of the database, or by `--resume ID`."""
+    stderr. The action is recorded (`bulk_actions`): killed midway, it is adopted once its lease
+    lapses by a console, `pgworker serve` or the workers' maintenance leader, or resumed by
+    `--resume ID`."""
     job_filter = filter_of(args)
+    # Checked before connecting, named as typed: a bad argument is refused without a database.
+    validate.name("--reason", args.reason, MAX_REASON_LENGTH, required=False)
+    validate.name("--by", args.by, MAX_ACTOR_LENGTH, required=False)
     schema = _schema(args)
     batch = getattr(args, "batch_size", None)
     conn = await _connect(args)
+    holder = bulk.Holder.of("cli")  # killed midway, its action is adopted once its lease lapses
     try:
         resume = getattr(args, "resume", None)
         if resume is not None:
@@ -362,6 +371,7 @@ async def run_bulk(args: argparse.Namespace, kind: str) -> int:
                 by=args.by,
                 reason=args.reason,
                 max_id=bound,
+                holder=holder,
                 schema=schema,
             )
         say(f"bulk action {action.id}: {kind} of {action.matched:,} jobs", err=True)
@@ -369,7 +379,9 @@ async def run_bulk(args: argparse.Namespace, kind: str) -> int:
         def progress(found: bulk.BulkAction) -> None:
             say(f"  {found.done + found.skipped:,} of {found.matched:,} handled", err=True)
 
-        done = await bulk.run(conn, action.id, batch=batch, progress=progress, schema=schema)
+        done = await bulk.run(
+            conn, action.id, batch=batch, progress=progress, holder=holder, schema=schema
+        )
     finally:
         await conn.close()
     verb = _VERBS[kind]

@@ -8,7 +8,14 @@ from typing import cast
 from .. import _validate as validate
 from .._logs import LogFormat, configure_logging
 from ..errors import ValidationError
-from ..operations import list_failed, replay, since_moment
+from ..operations import (
+    FAILURE_STATUSES,
+    MAX_FAILURE_GROUPS,
+    failure_groups,
+    list_failed,
+    replay,
+    since_moment,
+)
 from . import _render
 from ._common import (
     LOG_FORMATS,
@@ -33,17 +40,20 @@ SINCE_HELP = (
 
 
 def add_failed(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
-    """failed list: the failed jobs, newest failure first."""
+    """failed list: the failed jobs, newest failure first; failed groups: the failures grouped
+    by cause."""
     failed = _command(
         sub,
         "failed",
         [],
         "the failed jobs (see `pgworker failed list`)",
         "The failed jobs, kept apart for diagnosis: `pgworker failed list` shows them, "
-        "`pgworker show ID` one in full, `pgworker replay` runs them again.",
+        "`pgworker failed groups` the failures grouped by cause, `pgworker show ID` one in "
+        "full, `pgworker replay` runs them again.",
         [
             "pgworker failed list",
             "pgworker failed list --type send-invoice --since 2h --json",
+            "pgworker failed groups --since 7d",
         ],
     )
     failed_sub = cast(
@@ -83,6 +93,56 @@ def add_failed(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         help="print a JSON array instead of a table (default: a table)",
     )
     listing.set_defaults(perform=_failed)
+    grouping = _command(
+        failed_sub,
+        "groups",
+        [common],
+        "the failures grouped by cause, the largest groups first",
+        "The failures grouped as people think of them: by job type, exception class, the "
+        "message with its values set aside (ids, numbers, UUIDs, hex, quoted values, URLs, "
+        "e-mail addresses, paths) and the innermost frame of its traceback. Each group: its "
+        "fingerprint (`pgworker jobs list --error-group FINGERPRINT` lists its jobs, `pgworker "
+        "replay --filter --error-group FINGERPRINT` replays them), how many, the type, the "
+        "error class, the first and last time one ended, a line per hour of the last 24, and "
+        "the newest one's error. --status failed (the default) groups the jobs that ended "
+        "failed, --status retrying the failed attempts of the jobs still being retried. --json "
+        "prints an array of objects with the keys fingerprint, type, error_class, count, "
+        "first_seen, last_seen, sample and trend (24 counts, oldest hour first), as GET "
+        "/failures answers.",
+        [
+            "pgworker failed groups",
+            "pgworker failed groups --status retrying --type send- --since 2h",
+            "pgworker failed groups --since 7d --json",
+        ],
+    )
+    grouping.prog = "pgworker failed groups"
+    grouping.add_argument(
+        "--status",
+        default="failed",
+        help="failed: the jobs that ended failed; retrying: the failed attempts of the jobs "
+        "still pending or running (default: failed)",
+    )
+    grouping.add_argument(
+        "--type", help="only jobs whose type starts with this text (default: every type)"
+    )
+    grouping.add_argument("--queue", help="only jobs of this queue (default: every queue)")
+    grouping.add_argument(
+        "--since",
+        help="only failures within this duration (30s, 15m, 2h, 7d, 1w, or seconds) or since "
+        "this ISO 8601 time with a time zone (default: 24h)",
+    )
+    grouping.add_argument(
+        "--limit",
+        type=integer,
+        default=50,
+        help="show at most this many groups, the largest (default: 50)",
+    )
+    grouping.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON array instead of a table (default: a table)",
+    )
+    grouping.set_defaults(perform=_groups)
 
 
 def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -127,8 +187,33 @@ def add_replay(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
     rep.set_defaults(perform=_replay)
 
 
+async def _groups(args: argparse.Namespace) -> int:
+    """`failed groups`."""
+    since = since_moment("--since", args.since)
+    limit = validate.count("--limit", args.limit, minimum=1, maximum=MAX_FAILURE_GROUPS)
+    if args.status not in FAILURE_STATUSES:
+        raise ValidationError(
+            "--status", f"must be one of {', '.join(FAILURE_STATUSES)}, got {args.status!r}"
+        )
+    conn = await _connect(args)
+    try:
+        found = await failure_groups(
+            conn,
+            status=args.status,
+            type=args.type,
+            queue=args.queue,
+            since=since,
+            limit=limit,
+            schema=_schema(args),
+        )
+    finally:
+        await conn.close()
+    say(_render.groups_json(found) if args.json else _render.groups_text(found))
+    return 0
+
+
 async def _failed(args: argparse.Namespace) -> int:
-    """`failed list` (the only subcommand of `failed`)."""
+    """`failed list`."""
     since = since_moment("--since", args.since)
     limit = validate.count("--limit", args.limit, minimum=1)
     conn = await _connect(args)

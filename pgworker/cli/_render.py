@@ -21,12 +21,13 @@ from ..models import JOB_FIELDS, JobStatus
 from ..operations import waiting_for
 
 if TYPE_CHECKING:
-    from ..operations import FailedJob, PeriodicSchedule, QueueState, ReplayResult
+    from ..operations import FailedJob, FailureGroup, PeriodicSchedule, QueueState, ReplayResult
 
 STATUSES = tuple(s.value for s in JobStatus)
 
 Rows = Mapping[str, Sequence[Mapping[str, Any]]]
-"""What `operations.status` returns: counts, oldest_pending, unserved and workers rows."""
+"""What `operations.status` returns: counts, oldest_pending, unserved and workers rows (and
+controls: the QueueState of each queue paused or limited)."""
 
 
 def age(seconds: float | None) -> str:
@@ -102,19 +103,45 @@ def unserved_json(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def status_text(found: Rows) -> str:
-    """The table, the live workers, and the unserved warning, separated by blank lines."""
+    """The table, the live workers, the unserved warning, and the queues paused and limited,
+    separated by blank lines."""
     oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
     blocks = [
         table(counts(found["counts"]), oldest),
         workers(found["workers"]),
         unserved(found["unserved"]),
+        paused(found.get("controls", ())),
+        limited(found.get("controls", ())),
     ]
     return "\n\n".join("\n".join(block) for block in blocks if block)
 
 
+def paused(states: Sequence[Any]) -> list[str]:
+    """The paused queues: one line each, since when, by whom, why; none if none."""
+    shown = [s for s in states if s.paused]
+    if not shown:
+        return []
+    return [
+        f"paused queues: {len(shown)}",
+        *(f"  {_cut(s.name, NAME_WIDTH)}: {_paused_by(s)}" for s in shown),
+    ]
+
+
+def limited(states: Sequence[Any]) -> list[str]:
+    """The queues with a limit: one line each with its limits; none if none."""
+    shown = [s for s in states if s.limits]
+    if not shown:
+        return []
+    return [
+        f"limited queues: {len(shown)}",
+        *(f"  {_cut(s.name, NAME_WIDTH)}: {_limits_text(s)}" for s in shown),
+    ]
+
+
 def status_json(found: Rows) -> str:
     """The same as a JSON document: per queue its counts and the oldest pending job's age in
-    seconds (null when none is due), the live workers, and the unserved pairs."""
+    seconds (null when none is due), the live workers, the unserved pairs, and `controls`: the
+    queues paused or limited (queue, paused, paused_at, paused_by, pause_reason, limits)."""
     oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
     return json.dumps(
         {
@@ -127,6 +154,10 @@ def status_json(found: Rows) -> str:
                 for w in found["workers"]
             ],
             "unserved": unserved_json(found["unserved"]),
+            "controls": [
+                {k: v for k, v in c.as_json().items() if k not in ("pending", "running")}
+                for c in found.get("controls", ())
+            ],
         },
         indent=2,
     )
@@ -219,6 +250,50 @@ def failed_json(jobs: Sequence[FailedJob]) -> str:
         ],
         indent=2,
     )
+
+
+_SPARKS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(counts: Sequence[int]) -> str:
+    """Counts as a line of block characters, the largest one full (a blank for none)."""
+    peak = max(counts, default=0)
+    if not peak:
+        return " " * len(counts)
+    return "".join(
+        _SPARKS[0 if not n else max(1, round(n * (len(_SPARKS) - 1) / peak))] for n in counts
+    )
+
+
+def groups_text(groups: Sequence[FailureGroup]) -> str:
+    """`pgworker failed groups`: one line per group under a header, its sample error below;
+    `(no failures)`."""
+    if not groups:
+        return "(no failures)"
+    header = ("fingerprint", "count", "type", "error class", "first seen", "last seen", "24 h")
+    rows = [
+        (
+            g.fingerprint,
+            f"{g.count:,}",
+            g.type,
+            g.error_class,
+            when(g.first_seen),
+            when(g.last_seen),
+            sparkline(g.trend),
+        )
+        for g in groups
+    ]
+    lines = _aligned([header, *rows])
+    out = [lines[0]]
+    for line, group in zip(lines[1:], groups, strict=True):
+        out += [line, f"    {_cut(group.sample)}"]
+    return "\n".join(out)
+
+
+def groups_json(groups: Sequence[FailureGroup]) -> str:
+    """The same as a JSON array, each group as GET /failures answers it: fingerprint, type,
+    error_class, count, first_seen, last_seen (ISO 8601), sample and trend."""
+    return json.dumps([g.as_json() for g in groups], indent=2, ensure_ascii=False)
 
 
 def _plain(value: Any) -> Any:

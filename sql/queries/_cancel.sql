@@ -9,6 +9,8 @@ changed AS (
         finished_at = CASE WHEN t.status = 'pending' THEN now() ELSE j.finished_at END,
         error = CASE WHEN t.status = 'pending' THEN 'Cancelled: cancelled by an operator'
                      ELSE j.error END,
+        -- Not a failure: no group (migration 30), whatever group the error it replaces had.
+        error_group = CASE WHEN t.status = 'pending' THEN NULL ELSE j.error_group END,
         cancel_requested_at = now(),
         updated_at = now()
     FROM target AS t

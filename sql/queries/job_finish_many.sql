@@ -13,6 +13,8 @@
 -- outcome (ctx.wait_for_event, migration 0020) parks the job until its wait's deadline (delay
 -- 'Infinity': for good), unless an emit woke the job after this attempt's claim (woken_at): the
 -- emit's update and this one lock the job's row, so whichever comes second reads the first's.
+-- An error's group (migration 30, error_group: its fingerprint) is computed once per outcome,
+-- written on the job with its error (cleared with it) and on the attempt with its error.
 --
 -- Both updates are driven by the batch, one primary-key probe per outcome, so that the cost stays
 -- linear in the batch whatever its size: the generic plan cannot know it, and a completer that
@@ -28,6 +30,10 @@ WITH done AS (
         error = CASE WHEN o.status = 'completed' THEN NULL
                      WHEN o.error_type IS NULL THEN j.error
                      ELSE o.error_type || coalesce(': ' || nullif(o.error_message, ''), '') END,
+        error_group = CASE WHEN o.status = 'completed' THEN NULL
+                           WHEN o.error_type IS NULL THEN j.error_group
+                           ELSE {schema}.error_group(j.type, o.error_type, o.error_message,
+                                                     o.error_detail) END,
         retry_count = j.retry_count + CASE WHEN j.cancel_requested_at IS NULL THEN o.retried
                                            ELSE 0 END,
         run_at = CASE WHEN o.status <> 'pending' OR j.cancel_requested_at IS NOT NULL
@@ -50,11 +56,14 @@ WITH done AS (
       AND j.claimed_at = o.claimed_at
     RETURNING j.id, j.attempts,
               CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE o.outcome END AS outcome,
-              o.error_type, o.error_message, o.error_detail, o.run_ms
+              o.error_type, o.error_message, o.error_detail, o.run_ms,
+              CASE WHEN o.error_type IS NOT NULL AND o.status <> 'completed'
+                   THEN j.error_group END AS error_group
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = d.outcome, finished_at = now(), error_type = d.error_type,
-        error_message = d.error_message, error_detail = d.error_detail, run_ms = d.run_ms
+        error_message = d.error_message, error_detail = d.error_detail, run_ms = d.run_ms,
+        error_group = d.error_group
     FROM done AS d
     WHERE a.job_id = ANY(ARRAY[d.id]) AND a.attempt = d.attempts
 )

@@ -1,8 +1,9 @@
 -- Replay jobs $1: those failed or cancelled go back to pending now, with a fresh set of retries
 -- and a fresh retry-time budget, their error and cancel request cleared. `attempts` is kept, so
 -- the next attempt is numbered after the last one and the attempts' history stays whole. Each
--- replay is recorded in job_events (actor $2, reason $3), and the workers of their queues are
--- woken when the transaction commits. Returns one row per job found, with the status it had and
+-- replay is recorded in job_events (actor $2, reason $3, and the bulk action $4 when one replays
+-- them: NULL for a replay by id), and the workers of their queues are woken when the transaction
+-- commits. Returns one row per job found, with the status it had and
 -- whether it was replayed; the other jobs are left as they are. A job whose unique key (migration
 -- 17) is now held by another live job of its bucket, and whose own unique states do not hold its
 -- failed or cancelled status, would collide with it once pending: it is left as it is, and
@@ -33,6 +34,7 @@ WITH target AS (
     SET status = 'pending',
         retry_count = 0,
         error = NULL,
+        error_group = NULL,
         budget_started_at = NULL,
         cancel_requested_at = NULL,
         finished_at = NULL,
@@ -46,7 +48,9 @@ WITH target AS (
 ), recorded AS (
     INSERT INTO {schema}.job_events (job_id, kind, actor, reason, detail)
     SELECT r.id, 'replayed', $2::text, $3::text,
-           jsonb_build_object('previous_status', t.status, 'attempts', r.attempts)
+           jsonb_strip_nulls(jsonb_build_object('previous_status', t.status,
+                                                'attempts', r.attempts,
+                                                'bulk_action', $4::bigint))
     FROM replayed AS r
     JOIN target AS t ON t.id = r.id
 ), woken AS (

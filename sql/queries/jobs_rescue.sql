@@ -2,13 +2,17 @@
 -- off): $1-$6, one array per field, aligned: job id, attempt, claimed at, next status ('pending'
 -- or 'failed'), seconds until it runs again, 1 when counted as a retry. A job whose cancellation
 -- was asked for is cancelled instead of requeued. The open attempt is closed as `lost`, and the
--- workers of the queues that got jobs back are woken.
+-- workers of the queues that got jobs back are woken. The attempt's error and the job's get the
+-- group (migration 30) of the attempt's words, computed once.
 -- Fenced twice: by the leadership (nothing happens unless worker $7 holds a live maintenance
 -- lease) and by the attempt (a job renewed, finished or claimed again since is left alone).
 -- One probe of each table's primary key per job, whatever the tables held when the plan was made
 -- (see job_finish_many.sql).
 WITH expired AS (
-    SELECT j.id, o.status, o.delay, o.retried
+    SELECT j.id, o.status, o.delay, o.retried,
+           {schema}.error_group(j.type, 'WorkerLost',
+                                'worker ' || j.worker_id || ' stopped renewing its lease',
+                                NULL) AS error_group
     FROM unnest($1::bigint[], $2::integer[], $3::timestamptz[], $4::text[], $5::float8[],
                 $6::integer[]) AS o(id, attempt, claimed_at, status, delay, retried)
     JOIN {schema}.jobs AS j ON j.id = ANY(ARRAY[o.id])
@@ -26,6 +30,7 @@ WITH expired AS (
                                            ELSE 0 END,
         error = 'WorkerLost: worker ' || coalesce(j.worker_id, '?')
                 || ' stopped renewing its lease (crashed, frozen or cut off)',
+        error_group = e.error_group,
         run_at = CASE WHEN e.status = 'pending' AND j.cancel_requested_at IS NULL
                       THEN now() + make_interval(secs => e.delay) ELSE j.run_at END,
         finished_at = CASE WHEN e.status = 'pending' AND j.cancel_requested_at IS NULL THEN NULL
@@ -34,11 +39,13 @@ WITH expired AS (
         updated_at = now()
     FROM expired AS e
     WHERE j.id = ANY(ARRAY[e.id])
-    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id, j.run_at
+    RETURNING j.id, j.attempts, j.queue, j.status, j.worker_id, j.correlation_id, j.run_at,
+              j.error_group
 ), closed AS (
     UPDATE {schema}.job_attempts AS a
     SET outcome = 'lost', finished_at = now(), error_type = 'WorkerLost',
-        error_message = 'worker ' || r.worker_id || ' stopped renewing its lease'
+        error_message = 'worker ' || r.worker_id || ' stopped renewing its lease',
+        error_group = r.error_group
     FROM rescued AS r
     -- Every attempt of the job still open, not only the one numbered `attempts` (an operator
     -- may have reset that counter): the job runs nowhere now.

@@ -18,6 +18,7 @@ from ...enqueue import SELF_PARENT, UNKNOWN_PARENT, enqueue, update_job
 from ...errors import PgWorkerError, ValidationError
 from ...models import ENQUEUE_OPTIONS, EnqueueResult, JobStatus
 from ...operations import FINISHED, cancel, replay_uncommitted
+from ...registry import Registry
 from .. import guard
 from ..answers import (
     CancelledJob,
@@ -33,6 +34,7 @@ from ..schemas import (
     Correlation,
     Decimal,
     EnqueueBody,
+    ErrorGroup,
     ErrorText,
     Problem,
     QueueName,
@@ -76,16 +78,11 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
     runs); 404 when a job of `after` does not exist."""
     if body.run_at is not None and body.delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
-    add: Callable[..., Awaitable[EnqueueResult]] = enqueue
-    registry = api.config.registry
-    if registry is not None and body.type in registry:
-        add = registry.enqueue  # the task's defaults, its payload checked
-        typed = registry[body.type].payload_type
-        if typed is not None:  # as the document says: JSON Schema's reading, strictly
-            typed.check_json(body.payload, "payload")
     async with api.transaction() as conn:
         try:
-            result = await add(conn, body.type, body.payload, **_options(body), schema=api.schema)
+            result = await enqueue_known(
+                conn, api.config.registry, body.type, body.payload, api.schema, **_options(body)
+            )
         except ValidationError as exc:
             if exc.field == "after" and UNKNOWN_PARENT in str(exc):
                 return guard.problem(404, str(exc), "after")
@@ -93,6 +90,20 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
                 return guard.problem(409, str(exc), "after")
             raise
         return answer(job_json(result.job), 201 if result.created else 200)
+
+
+async def enqueue_known(
+    conn: Any, registry: Registry | None, type: str, payload: Any, schema: str, **options: Any
+) -> EnqueueResult:
+    """Enqueue a job as POST /jobs and the console's enqueue form do: a type of the `registry`
+    (`serve --app`) with its task's defaults and its payload checked (a typed task's strictly,
+    as JSON Schema reads its schema: what the OpenAPI document promises); any other type as
+    `pgworker.enqueue` does."""
+    add: Callable[..., Awaitable[EnqueueResult]] = enqueue
+    if registry is not None and type in registry:
+        add = registry.enqueue  # the task's defaults, its payload checked
+        registry.checked_json(type, payload)
+    return await add(conn, type, payload, **options, schema=schema)
 
 
 def _options(body: EnqueueBody) -> dict[str, Any]:
@@ -216,6 +227,10 @@ async def list_jobs(
         # string cannot describe (every string is not JSON); said in the description.
         Query(include_in_schema=False),
     ] = None,
+    error_group: Annotated[
+        ErrorGroup | None,
+        Query(description="the jobs whose latest error is of this failure group (GET /failures)"),
+    ] = None,
     limit: Annotated[int, Interval(ge=1, le=PAGE_LIMIT), Decimal, Query()] = 100,
     before: Annotated[UrlId | None, Query()] = None,
 ) -> Response:
@@ -238,6 +253,7 @@ async def list_jobs(
         correlation_id=correlation_id,
         id=id,
         payload=payload,
+        error_group=error_group,
     )
     q = api.queries
     async with api.transaction() as conn:
@@ -262,13 +278,16 @@ async def update_pending_job(
     job, 409 once it runs or ended (nothing changed), 422 for a bad value or a run_at for a
     parked job."""
     async with api.transaction() as conn:
-        await job(api, conn, id)
+        found = await job(api, conn, id)
+        payload = body.payload
+        if payload is not None and api.config.registry is not None:
+            payload = api.config.registry.checked_json(found["type"], payload)
         changed = await update_job(
             conn,
             id,
             run_at=validate.moment("run_at", body.run_at) if body.run_at is not None else None,
             priority=body.priority,
-            payload=body.payload,
+            payload=payload,
             by=guard.actor(request.scope, None, "api"),
             schema=api.schema,
         )
