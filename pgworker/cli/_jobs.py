@@ -139,7 +139,11 @@ def add_cancel(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
     can.add_argument(
         "--by", help="with --filter: who cancels, recorded with each job (default: the OS user)"
     )
-    can.add_argument("--reason", help="with --filter: why, recorded with each job (default: none)")
+    can.add_argument(
+        "--reason",
+        help="with --filter: why, kept with the bulk action, each job's event and the operator "
+        "log (default: none)",
+    )
     can.set_defaults(perform=_cancel)
 
 

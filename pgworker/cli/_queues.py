@@ -35,7 +35,10 @@ def add_status(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> Non
         [common],
         "counts per queue and status, live workers",
         "Counts per queue and status, the oldest due pending job's age, the workers seen in "
-        f"the last {LIVE_WITHIN:g} seconds, and pending types that no live worker serves.",
+        f"the last {LIVE_WITHIN:g} seconds, pending types that no live worker serves, and the "
+        "queues paused (since when, by whom, why) or limited (their limits): what explains a "
+        "backlog. --json adds them as `controls`: objects with the keys queue, paused, "
+        "paused_at, paused_by, pause_reason and limits.",
         [
             "pgworker status",
             "pgworker status --json | jq '.queues.default.pending'",
