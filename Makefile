@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-matrix lint docs format bench chaos scale schema clean
+.PHONY: run test test-matrix lint docs format bench chaos scale pressure pressure-short schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,19 @@ chaos: $(STAMP)
 ## 1, 2 and 4 hosts, then one host cut off twice (link down, packets dropped); prints the figures.
 scale: $(STAMP)
 	$(PY) -m tests.scale
+
+## Pressure (bench/pressure/): one worker (32 slots, 1 ms handlers) offered 800 jobs/s through a
+## clean minute, 15 minutes beside a transaction holding an xid, 15 minutes beside four REPEATABLE
+## READ readers, then 1.5 x the sustainable rate (searched first) and recoveries, in a database of
+## its own; a table per phase, the held phases' last minute against the clean one, the claim's
+## EXPLAIN, and the samples in bench/results/pressure.json. ARGS adds options (e.g. --rate max).
+## pressure-short: the reduced form, under 3 minutes, that CI runs: it fails only when the clean
+## phase does not keep up with the offered rate.
+pressure: $(STAMP)
+	$(PY) -m bench.pressure $(ARGS)
+
+pressure-short: $(STAMP)
+	$(PY) -m bench.pressure --short $(ARGS)
 
 ## sql/schema.sql again: the schema the migrations make, dumped from a scratch database of
 ## PGWORKER_TEST_DSN's server by its major's pg_dump (tests/schema_dump.py).
