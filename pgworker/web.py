@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from . import _bulk as bulk
 from . import _validate as validate
 from ._web.operators import ROLES, Operator, Role, header_name, role, unique
-from .errors import ConfigError
+from .errors import ConfigError, ValidationError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -48,8 +49,9 @@ def create_app(
     `read_only`: every write refused, for every operator. `trusted_user_header`: the header a
     reverse proxy names its authenticated user in (e.g. `X-Forwarded-User`), each such user
     acting with `trusted_user_role`; only behind a proxy that removes that header from what
-    clients send. Takes no part in maintenance (the workers do it). Invalid options raise
-    ConfigError naming the argument."""
+    clients send. Takes no part in maintenance (the workers do it), but runs the bulk actions
+    it creates, and adopts those whose runner died, in a background task started at its first
+    request (unless `read_only`). Invalid options raise ConfigError naming the argument."""
     from ._web.app import create_app as build
     from ._web.config import WebConfig
 
@@ -65,6 +67,11 @@ def create_app(
         )
     if not isinstance(body_limit, int) or body_limit < 1:
         raise ConfigError("body_limit", "must be a whole number of bytes from 1")
+    if not read_only:  # read by the console's runner of bulk actions, at its first request
+        try:
+            bulk.lease()
+        except ValidationError as exc:
+            raise ConfigError(exc.field, str(exc).removeprefix(f"{exc.field}: ")) from None
     if isinstance(dsn_or_pool, str):
         dsn, pool = dsn_or_pool, None
     elif hasattr(dsn_or_pool, "acquire"):
@@ -79,6 +86,7 @@ def create_app(
         read_only=read_only,
         body_limit=body_limit,
         maintenance=False,
+        runner_kind="console",
         registry=registry,
         trusted_user_header=header,
         trusted_user_role=chosen,

@@ -176,6 +176,15 @@ async def http(served: Served, *, login: bool = True) -> AsyncIterator[httpx.Asy
         yield client
 
 
+def session_cookie(served: Served, root: str = "") -> str:
+    """The name of the session cookie of the console at `served.url` (mounted under `root`)."""
+    from urllib.parse import urlsplit
+
+    from pgworker._web.dashboard_session import SESSION_COOKIE, cookie_name
+
+    return cookie_name(SESSION_COOKIE, urlsplit(served.url).netloc, root)
+
+
 def csrf_of(html: str) -> str:
     found = CSRF.search(html)
     assert found and found.group(1), "no CSRF token in the page"
@@ -354,7 +363,7 @@ async def foreign_page(served: Served, job_id: int) -> AsyncIterator[str]:
 async def test_the_session_cookie_is_http_only_and_same_site_strict(page, dsn):
     async with serving(dsn) as served:
         log_in(page, served)
-        cookie = page.get_cookie("pgworker_session")
+        cookie = page.get_cookie(session_cookie(served))
         assert cookie is not None
         assert cookie["httpOnly"] is True and cookie["sameSite"] == "Strict"
         assert "pgworker_session" not in page.execute_script("return document.cookie")
@@ -493,7 +502,7 @@ async def test_every_page_needs_a_login_and_a_wrong_token_is_refused(dsn):
 
 
 def _session_payload(set_cookie: str) -> str:
-    found = re.search(r"pgworker_session=([^.;]+)\.", set_cookie)
+    found = re.search(r"pgworker_session_[0-9a-f]+=([^.;]+)\.", set_cookie)
     if not found:
         return ""
     text = found.group(1)
@@ -503,7 +512,7 @@ def _session_payload(set_cookie: str) -> str:
 async def test_a_forged_or_altered_session_is_no_session(dsn):
     async with serving(dsn) as served, http(served, login=False) as client:
         await client.get("/ui/login")
-        anonymous = client.cookies["pgworker_session"]
+        anonymous = client.cookies[session_cookie(served)]
         payload, signature = anonymous.split(".")
         value = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         value["auth"] = True
@@ -518,7 +527,7 @@ async def test_a_forged_or_altered_session_is_no_session(dsn):
         ]
         for cookie in forged:
             client.cookies.clear()
-            client.cookies.set("pgworker_session", cookie)
+            client.cookies.set(session_cookie(served), cookie)
             answer = await client.get("/")
             assert answer.status_code == 303, cookie[:40]
             assert answer.headers["location"].startswith("/ui/login")
@@ -527,10 +536,10 @@ async def test_a_forged_or_altered_session_is_no_session(dsn):
 async def test_a_session_from_another_server_is_no_session(dsn):
     """The signing secret is drawn per server: a restart (or another server) logs people out."""
     async with serving(dsn) as first, http(first) as client:
-        cookie = client.cookies["pgworker_session"]
+        cookie = client.cookies[session_cookie(first)]
         assert (await client.get("/")).status_code == 200
     async with serving(dsn) as second, http(second, login=False) as client:
-        client.cookies.set("pgworker_session", cookie)
+        client.cookies.set(session_cookie(second), cookie)
         assert (await client.get("/")).status_code == 303
 
 

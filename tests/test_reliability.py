@@ -97,6 +97,7 @@ async def test_each_duty_of_the_leader_is_a_service_of_its_own_at_its_interval(d
         "retention": 300.0,
         "prune": 300.0,
         "rollup": 30.0,
+        "bulk": 5.0,
     }
     assert intervals(2)["maintenance"] == intervals(2)["rescue"] == 1.0
 

@@ -9,6 +9,8 @@ its own interval, run while this worker leads (see leader.py):
 - `prune`, every 5 min: forgets workers long gone, rate windows, old events and rollup.
 - `rollup`, every 30 s (every half lease while minutes wait): the console charts' minutes.
 - `gauges` (with metrics on), every half lease, less often when their count is costly.
+- `bulk`, every half lease (without a wait while one is left): runs the bulk actions whose runner
+  died (its lease lapsed) or that no runner took (bulk.py).
 
 Periodic schedules (periodic.py) have a lease of their own and are run by the Worker beside it.
 
@@ -28,6 +30,7 @@ from .._runtime.leadership import Leadership
 from .._runtime.service import Contact, Health, Joint, supervise
 from ..registry import Registry
 from ..settings import Settings
+from .bulk import BulkActions
 from .gauges import Gauges
 from .leader import Duty, Leader, Led
 from .prune import Prune
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
 class Maintenance:
     """The leader's services, made for one worker (or `pgworker serve`) on its connection
     `pool`: `run` runs them; `stopping` says the worker drains its jobs (it then gives the
-    leadership up); `metrics`, when on, adds the queue gauges."""
+    leadership up); `metrics`, when on, adds the queue gauges; `bulk=False` leaves the bulk
+    actions to a runner of the caller's (`pgworker serve`'s)."""
 
     def __init__(
         self,
@@ -51,12 +55,14 @@ class Maintenance:
         registry: Registry | None = None,
         stopping: Callable[[], bool] = lambda: False,
         metrics: Metrics | None = None,
+        bulk: bool = True,
     ) -> None:
         self.leadership = Leadership(pool, settings)
         self.rescue = Rescue(pool, settings, registry, metrics)
         self.retention = Retention(pool, settings) if retention_ages(settings) else None
         self.prune = Prune(pool, settings)
         self.rollup = Rollup(pool, settings)
+        self.bulk = BulkActions(pool, settings) if bulk else None
         self.gauges = (
             Gauges(pool, settings, metrics, self.leadership) if metrics is not None else None
         )
@@ -66,6 +72,7 @@ class Maintenance:
             self.prune,
             self.rollup,
             self.gauges,
+            self.bulk,
         ]
         self.leader = Leader(self.leadership, pool, settings.lease, stopping, self._not_leading)
         self.services: list[Leader | Led] = [

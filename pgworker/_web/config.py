@@ -50,7 +50,10 @@ class WebConfig:
     body_limit: int = BODY_LIMIT
     maintenance: bool = True
     worker_id: str = ""
-    """The id this server leads maintenance under."""
+    """The id this server leads maintenance under, and runs bulk actions under."""
+    runner_kind: str = "serve"
+    """What this application's bulk actions are recorded as run by: `serve` (the command), or
+    `console` (create_app, mounted in an application of the user's)."""
     registry: Registry | None = None
     """The tasks (`serve --app`): POST /jobs of one of their types gets the task's defaults and,
     for a typed task, its payload checked; the OpenAPI document lists each type's payload

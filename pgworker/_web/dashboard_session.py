@@ -21,6 +21,7 @@ from typing import Any
 
 SESSION_COOKIE = "pgworker_session"
 FLASH_COOKIE = "pgworker_flash"
+"""The cookies' names begin so; each console ends them with its own part (`cookie_name`)."""
 SESSION_LIFETIME = 12 * 3600
 """Seconds a login lasts."""
 FLASH_LIFETIME = 60
@@ -37,6 +38,17 @@ class Session:
     """The name of the operator who logged in (None: not logged in, or a shared token)."""
     role: str = "operate"
     """The role of the operator who logged in: `read` or `operate`."""
+
+
+def cookie_name(base: str, host: str, root: str) -> str:
+    """`base` followed by a part of this console's own: a hash of the host and port the browser
+    addressed it by (its Host header) and the path it is mounted under. A browser sends a host's
+    cookies to every port of it, and a console's at `/` to one mounted under `/admin/jobs` too:
+    two consoles sharing one name would overwrite each other's session (a login to one logging
+    out of the other, its forms "expired"). The name stays the same across restarts of a console
+    at the same address, so a restarted one replaces its old cookie rather than adding one."""
+    digest = hashlib.sha256(f"{host.strip().lower()}\n{root}".encode()).hexdigest()[:10]
+    return f"{base}_{digest}"
 
 
 def _b64(data: bytes) -> str:

@@ -1,26 +1,29 @@
 """POST /jobs/actions/{replay,cancel,delete,reschedule}: the jobs matching a filter changed in
-batches in the background (_bulk.Runner, run by `serve`), and GET /jobs/actions/{id}, an action's
-progress."""
+batches in the background (_bulk.Runner, run by `serve`), GET /jobs/actions/{id}, an action's
+progress, and GET /jobs/actions, the actions newest first."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import Path, Request, Response
+from annotated_types import Interval
+from fastapi import Path, Query, Request, Response
 
 from ... import _bulk as bulk
 from ... import _validate as validate
 from ..._filters import JobFilter
 from ...errors import ValidationError
 from .. import guard
-from ..answers import BulkAction, answer
-from ..schemas import BulkBody, Problem, RescheduleBody, UrlId
+from ..answers import BulkAction, BulkActionPage, answer
+from ..schemas import BulkBody, Decimal, Problem, RescheduleBody, UrlId
 from .common import Api, Served
 from .common import router as make_router
 
 router = make_router("bulk")
 
 _STARTED = "the action, created: it runs in the background"
+PAGE_LIMIT = 500
+"""The most actions GET /jobs/actions returns at once."""
 
 
 async def _start(
@@ -39,6 +42,7 @@ async def _start(
             run_at=None if run_at is None else validate.run_at(run_at),
             by=guard.actor(request.scope, body.by, "api"),
             reason=body.reason,
+            holder=api.bulk_holder,
             schema=api.schema,
         )
         found = answer(action.as_json(), status_code=202)
@@ -94,6 +98,33 @@ async def bulk_reschedule(body: RescheduleBody, request: Request, api: Served) -
     """Set `run_at` of every pending job matching `filter` (not those parked waiting for an
     event), in batches in the background; each recorded in the job's events."""
     return await _start(api, "reschedule", body, request, body.run_at)
+
+
+@router.get(
+    "/jobs/actions",
+    response_model=BulkActionPage,
+    response_description="a page of bulk actions, newest first",
+)
+async def bulk_list(
+    api: Served,
+    status: Annotated[
+        Literal["running", "done", "failed"] | None, Query(description="only the actions in it")
+    ] = None,
+    limit: Annotated[int, Interval(ge=1, le=PAGE_LIMIT), Decimal, Query()] = 50,
+    before: Annotated[UrlId | None, Query(description="only the actions below this id")] = None,
+) -> Response:
+    """The bulk actions, newest first: `actions` (each as GET /jobs/actions/{id} answers it:
+    who asked, when, why, how many jobs, its progress) and `next_before`, the `before` of the
+    next page (null on the last one)."""
+    async with api.transaction() as conn:
+        found = await bulk.recent(
+            conn, state=status, before=before, limit=limit + 1, schema=api.schema
+        )
+        more = len(found) > limit
+        actions = [a.as_json() for a in found[:limit]]
+        return answer(
+            {"actions": actions, "next_before": actions[-1]["id"] if more and actions else None}
+        )
 
 
 @router.get(

@@ -82,6 +82,13 @@ class Api:
         """The request's one transaction, bounded (bounds.bounded)."""
         return bounded(self.pool(), self.queries, client_check=self.state.client_check)
 
+    @property
+    def bulk_holder(self) -> Any:
+        """This application's runner of bulk actions (a _bulk.Holder), which holds the actions
+        its requests create from the start; None when it runs none (read-only)."""
+        runner = getattr(self.state, "bulk", None)
+        return None if runner is None else runner.holder
+
     def bulk_started(self) -> None:
         """Wake this server's runner of bulk actions (once the action committed)."""
         if self.state.bulk is not None:
