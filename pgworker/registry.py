@@ -391,6 +391,18 @@ class Registry:
         checked = _checked(task, payload, "payload")
         return await enqueue(conn, type, checked, schema=schema, **_with_defaults(task, options))
 
+    def checked_json(self, type: str, payload: Any, field: str = "payload") -> Any:
+        """`payload`, a JSON value sent for a job of `type` (an HTTP body's, a form's of the
+        console), as that job stores it: for a typed task, checked as JSON Schema reads the
+        task's payload schema (strictly: no `"5"` for an integer, what the HTTP API's document
+        promises) and then by the type, a ValidationError naming the path under `field`
+        (`payload.amount`); for any other type, as given."""
+        task = self._tasks.get(type) if isinstance(type, str) else None
+        if task is None or task.payload_type is None:
+            return payload
+        task.payload_type.check_json(payload, field)
+        return task.payload_type.encode(payload, field)
+
     def schemas(self) -> dict[str, dict[str, Any]]:
         """Each task's payload JSON schema by type: pydantic's for a typed task (nested types
         under `$defs`), `{}` (any JSON value, JSON Schema's empty schema) for the others."""

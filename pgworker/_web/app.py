@@ -25,7 +25,7 @@ def create_app(config: WebConfig, pool: Any = None) -> FastAPI:
     another one, whose lifespan does not run, opens them at its first request instead
     (api.opened). `pool`: an asyncpg pool to use rather than one of its own on config.dsn; it is
     never closed here."""
-    from . import api, console, dashboard, schemas
+    from . import api, console, dashboard, job_forms, schemas
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -39,7 +39,9 @@ def create_app(config: WebConfig, pool: Any = None) -> FastAPI:
     app.state.client_check = False
     app.state.opening = anyio.Lock()
     api.install(app, config)
-    console.install(app, dashboard.install(app, config))
+    board = dashboard.install(app, config)
+    console.install(app, board)
+    job_forms.install(app, board)
     app.add_middleware(_Opener, app=app, config=config, pool=pool)
 
     def openapi() -> dict[str, Any]:

@@ -55,26 +55,27 @@ class State:
         return f"{said} · {self.status}" if self.status and self.status != self.word else said
 
 
-def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
-    """A job's state for a person, from its row (status, error, attempts, run_at, milestone)."""
+def state(
+    job: Mapping[str, Any],
+    now: datetime | None = None,
+    *,
+    paused: bool = False,
+    held: str | None = None,
+) -> State:
+    """A job's state for a person, from its row (status, error, attempts, run_at, milestone;
+    `event` and `event_deadline`: the event it waits for, ctx.wait_for_event), whether its
+    queue is `paused`, and the limit that `held` its queue's due jobs back (its words), if any."""
     status = str(job["status"])
+    if status == "pending" and paused:
+        found = _pending(job, now, None)
+        detail = "paused queue" if found.detail == "waiting for a worker" else found.detail
+        if detail != "paused queue":
+            detail = f"{detail}; paused queue"
+        return State(found.word, detail, found.tone, status)
+    if status == "pending":
+        return _pending(job, now, held)
     milestone = job.get("milestone")
     at = f"at milestone {milestone}" if milestone else None
-    if status == "pending":
-        if job.get("error"):
-            detail = f"{at}, retrying after an error" if at else "retrying after an error"
-            return State("in progress", detail, "busy", status)
-        run_at = job.get("run_at")
-        left = job.get("parents_left")
-        if left:
-            return State(
-                "received", f"waiting for {left} parent{'' if left == 1 else 's'}", "wait", status
-            )
-        if run_at is not None and run_at.year == datetime.max.year:  # parked (migration 19)
-            return State("received", "waiting to be released", "wait", status)
-        if run_at is not None and run_at > (now or datetime.now(UTC)):
-            return State("received", f"scheduled for {moment(run_at)}", "wait", status)
-        return State("received", "waiting for a worker", "wait", status)
     if status == "running":
         return State("in progress", at, "busy", status)
     if status == "failed":
@@ -82,6 +83,33 @@ def state(job: Mapping[str, Any], now: datetime | None = None) -> State:
     if status == "completed":
         return State("done", None, "good", status)
     return State(STATUS_WORDS.get(status, status), None, "off", status)
+
+
+def _pending(job: Mapping[str, Any], now: datetime | None, held: str | None) -> State:
+    status = "pending"
+    milestone = job.get("milestone")
+    at = f"at milestone {milestone}" if milestone else None
+    if job.get("error"):
+        detail = f"{at}, retrying after an error" if at else "retrying after an error"
+        return State("in progress", detail, "busy", status)
+    run_at = job.get("run_at")
+    left = job.get("parents_left")
+    if left:
+        return State(
+            "received", f"waiting for {left} parent{'' if left == 1 else 's'}", "wait", status
+        )
+    event = job.get("event")
+    if event is not None:
+        deadline = job.get("event_deadline")
+        until = "" if deadline is None else f" until {moment(deadline)}"
+        return State("received", f"waits for event {event}{until}", "wait", status)
+    if run_at is not None and run_at.year == datetime.max.year:  # parked (migration 19)
+        return State("received", "waiting to be released", "wait", status)
+    if run_at is not None and run_at > (now or datetime.now(UTC)):
+        return State("received", f"scheduled for {moment(run_at)}", "wait", status)
+    if held is not None:
+        return State("received", f"held by limit: {held}", "wait", status)
+    return State("received", "waiting for a worker", "wait", status)
 
 
 def milestone_of(progress: Any) -> str | None:
