@@ -373,20 +373,25 @@ async def test_a_read_only_server_refuses_limits(dsn, conn):
 
 async def test_the_dashboard_form_shows_sets_and_clears_limits(dsn, conn):
     await pgworker.enqueue(conn, "t", {}, queue="mail")
+    # The form is on the queue's page (one queue), not on every row of the queues page.
+    queue_page = "/ui/queues/mail"
     async with serving(dsn) as served, http(served) as client:
 
         async def send(**fields: str) -> Any:
-            token = csrf_of((await client.get("/")).text)
+            token = csrf_of((await client.get(queue_page)).text)
             return await client.post(
-                "/ui/queues/limit", data={"csrf": token, "queue": "mail", **fields}
+                "/ui/queues/limit",
+                data={"csrf": token, "queue": "mail", "back": "queue", **fields},
             )
 
         async def submit(**fields: str) -> str:
             answer = await send(**fields)
-            assert answer.status_code == 303 and answer.headers["location"] == "/", answer.text
-            return (await client.get("/")).text
+            assert answer.status_code == 303, answer.text
+            assert answer.headers["location"] == queue_page
+            return (await client.get(queue_page)).text
 
-        page = (await client.get("/")).text
+        assert "/ui/queues/limit" not in (await client.get("/")).text
+        page = (await client.get(queue_page)).text
         form = re.search(r'<form[^>]*action="/ui/queues/limit">(.*?)</form>', page, re.S)
         assert form is not None and "no limit" in page
         assert f'name="csrf" value="{csrf_of(page)}"' in form.group(1)

@@ -346,6 +346,8 @@ class _Dashboard:
             flash = self.signer.read_flash(session, request.cookies.get(self.flash_cookie(request)))
         found = self.identity(request, session)
         root = self.root(request)
+        theme = request.cookies.get(THEME_COOKIE)
+        theme = theme if theme in THEMES else "auto"
         html = self.templates.get_template(template).render(
             {
                 "csrf": self.signer.csrf(session) if session else "",
@@ -361,7 +363,7 @@ class _Dashboard:
                 "auth": not self.config.insecure_no_auth,
                 "flash": flash,
                 "path": request.url.path,
-                "theme": theme if (theme := request.cookies.get(THEME_COOKIE)) in THEMES else "auto",
+                "theme": theme,
                 "title": "",
                 **context,
             }
