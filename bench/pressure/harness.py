@@ -55,18 +55,22 @@ SHORT = "warmup:5,clean:30,idle_in_tx:30,active_readers:30,overload:15,recovery:
 TYPE = "pressure"
 SCHEMA = "pgworker"
 
-# One sample's window (started_at, finished_at in ($1, $2]), read along
-# job_attempts_type_started_idx; an attempt that finishes more than 30 s after its start is not
-# counted as a completion (a 1 ms handler's never does).
+# One sample's window ($1, $2]: the pickup of the attempts started in it (wait_ms: the claim's
+# time minus the job's run_at), read along job_attempts_type_started_idx; and the jobs whose
+# completion was written in it (their finished_at), along jobs_finished_idx, whose entries are
+# final (a finished job's row changes no more), so that it reads no dead entry however long the
+# horizon is held.
 WINDOW_SQL = f"""
-SELECT count(*) FILTER (WHERE started_at > $1) AS started,
-       count(*) FILTER (WHERE finished_at > $1 AND finished_at <= $2
-                          AND outcome = 'completed') AS completed,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait_ms)
-           FILTER (WHERE started_at > $1) AS pickup,
-       max(wait_ms) FILTER (WHERE started_at > $1) AS pickup_max
-FROM {SCHEMA}.job_attempts
-WHERE type = '{TYPE}' AND started_at > $1 - interval '30 seconds' AND started_at <= $2
+SELECT (SELECT count(*) FROM {SCHEMA}.job_attempts
+        WHERE type = '{TYPE}' AND started_at > $1 AND started_at <= $2) AS started,
+       (SELECT count(*) FROM {SCHEMA}.jobs
+        WHERE finished_at > $1 AND finished_at <= $2 AND status = 'completed'
+          AND type = '{TYPE}') AS completed,
+       (SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait_ms)
+        FROM {SCHEMA}.job_attempts
+        WHERE type = '{TYPE}' AND started_at > $1 AND started_at <= $2) AS pickup,
+       (SELECT max(wait_ms) FROM {SCHEMA}.job_attempts
+        WHERE type = '{TYPE}' AND started_at > $1 AND started_at <= $2) AS pickup_max
 """
 PENDING_SQL = f"""
 SELECT count(*) FROM {SCHEMA}.jobs
@@ -76,6 +80,14 @@ WHERE status = 'pending' AND queue = 'default' AND type = '{TYPE}' AND version =
 RUNNING_SQL = f"""
 SELECT count(*) FROM {SCHEMA}.jobs
 WHERE lease_expires_at IS NOT NULL AND status = 'running' AND type = '{TYPE}'
+"""
+# The statements running in this database but the harness's, by their first line.
+ACTIVITY_SQL = """
+SELECT split_part(ltrim(query), E'\\n', 1) AS first, wait_event_type,
+       extract(epoch FROM clock_timestamp() - query_start)::float8 AS seconds
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'
+  AND backend_type = 'client backend'
 """
 TABLES_SQL = """
 SELECT s.relname, s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.n_tup_upd, s.n_tup_hot_upd,
@@ -89,23 +101,19 @@ FROM pg_stat_user_indexes AS s
 JOIN pg_statio_user_indexes AS io USING (indexrelid)
 WHERE s.schemaname = $1 ORDER BY s.relname, s.indexrelname
 """
-# The oldest open transaction of this database but ours (the worker's are milliseconds old).
+# How long the horizon has been held, and by how many transactions: the oldest transaction that
+# holds it, that is one of this database's that holds a snapshot, or one of ANY database's that
+# holds an xid (every snapshot taken while it runs, the worker's too, keeps its xmin below it);
+# and how far behind the newest xid this database's oldest snapshot is.
 HORIZON_SQL = """
-SELECT extract(epoch FROM now() - min(xact_start))::float8,
-       max(greatest(age(backend_xmin), age(backend_xid)))
+SELECT extract(epoch FROM now() - min(xact_start) FILTER (
+           WHERE backend_xid IS NOT NULL
+              OR datname = current_database() AND backend_xmin IS NOT NULL))::float8,
+       max(age(backend_xmin)) FILTER (WHERE datname = current_database())
 FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid()
-  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+WHERE pid <> pg_backend_pid()
 """
-SPAN_SQL = f"""
-SELECT count(*) FILTER (WHERE started_at > $1) AS started,
-       count(*) FILTER (WHERE finished_at > $1 AND finished_at <= $2
-                          AND outcome = 'completed') AS completed,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait_ms)
-           FILTER (WHERE started_at > $1) AS pickup
-FROM {SCHEMA}.job_attempts
-WHERE type = '{TYPE}' AND started_at > $1 - interval '30 seconds' AND started_at <= $2
-"""
+SPAN_SQL = WINDOW_SQL
 # What a direct worker's connections run its statements with (pgworker/_db/connection.py).
 WORKER_SETTINGS = {
     "plan_cache_mode": "force_generic_plan",
@@ -445,8 +453,16 @@ class Sampler:
     sent: int = 0
     sent_at: float = 0.0
     indexes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    log_path: Path | None = None
+    log_at: int = 0
+    statements: dict[str, str] = field(default_factory=dict)
 
     async def begin(self) -> None:
+        # pgworker's statements by their first line (each file's opening comment).
+        self.statements = {
+            text.lstrip().split("\n", 1)[0].strip(): name
+            for name, text in claim_statements().items()
+        }
         self.since = await self.conn.fetchval("SELECT clock_timestamp() - $1::interval", LAG)
         self.cpu, self.cpu_at = self.meter.sample(), time.monotonic()
         self.sent, self.sent_at = int(self.producer.last["sent"]), time.monotonic()
@@ -462,6 +478,15 @@ class Sampler:
         pending = await self.conn.fetchval(PENDING_SQL)
         running = await self.conn.fetchval(RUNNING_SQL)
         horizon_s, horizon_xids = await self.conn.fetchrow(HORIZON_SQL)
+        activity: dict[str, dict[str, Any]] = {}
+        for r in await self.conn.fetch(ACTIVITY_SQL):
+            first = r["first"].strip()
+            a = activity.setdefault(
+                self.statements.get(first, first[:60]), {"active": 0, "on_locks": 0, "longest_s": 0}
+            )
+            a["active"] += 1
+            a["on_locks"] += r["wait_event_type"] == "Lock"
+            a["longest_s"] = max(a["longest_s"], r["seconds"] or 0)
         tables = {
             r["relname"]: {
                 "live": r["n_live_tup"],
@@ -517,6 +542,8 @@ class Sampler:
             "running": running,
             "horizon_age_s": horizon_s,
             "horizon_xids": horizon_xids,
+            "statements": activity,
+            "worker_log": self._worker_log(),
             "cpu_cores": {
                 "worker": worker / wall,
                 "postgres": pg / wall,
@@ -526,6 +553,24 @@ class Sampler:
             "tables": tables,
             "indexes": indexes,
         }
+
+    def _worker_log(self) -> dict[str, int]:
+        """The worker's log lines since the last sample, counted by message."""
+        if self.log_path is None:
+            return {}
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_at)
+                data = f.read()
+        except OSError:
+            return {}
+        self.log_at += len(data)
+        out: dict[str, int] = {}
+        for line in data.decode(errors="replace").splitlines():
+            m = re.search(r"\]\s+(.*?)(?=\s+\w+=|$)", line)
+            text = (m.group(1) if m else line).strip()[:100]
+            out[text] = out.get(text, 0) + 1
+        return out
 
 
 def _index_counts(r: asyncpg.Record) -> tuple[int, ...]:
@@ -555,12 +600,12 @@ async def span(conn: asyncpg.Connection, start: Any, end: Any) -> dict[str, Any]
 # --- the claim under EXPLAIN --------------------------------------------------------------------
 
 
-def claim_statement() -> str:
-    """The plain claim exactly as the worker prepares it (sql/queries/job_claim.sql with its
-    fragments, schema and columns filled in)."""
+def claim_statements() -> dict[str, str]:
+    """pgworker's statements by name, exactly as the worker prepares them (sql/queries/ with
+    their fragments, schema and columns filled in)."""
     from pgworker._db import files
 
-    return files.queries(SCHEMA)["job_claim"]
+    return dict(files.queries(SCHEMA))
 
 
 async def explain_claim(dsn: str, limit: int, repeat: int = 3) -> dict[str, Any]:
@@ -568,7 +613,7 @@ async def explain_claim(dsn: str, limit: int, repeat: int = 3) -> dict[str, Any]
     session with the worker's settings (generic plan, no bitmap or sequential scans, no JIT),
     as a prepared statement; each run rolled back. Its figures are the medians of `repeat` runs;
     the plan's text is the last run's."""
-    sql = claim_statement()
+    sql = claim_statements()["job_claim"]
     count = max(int(m) for m in re.findall(r"\$(\d+)", sql))
     types = ["text[]", "text[]", "int", "text", "float8", "int[]", "text", "text", "text[]"]
     types += ["integer[]", "boolean", "integer[]"]
@@ -758,7 +803,7 @@ async def run_phases(run: Run, rate: float, overload_rate: float) -> list[dict[s
             await producer.start()
             await wait_served(conn, worker, log_path)
             log(f"worker up (pid {worker.pid}); offering {rate:,.0f} jobs/s")
-            sampler = Sampler(conn, meter, producer, time.monotonic())
+            sampler = Sampler(conn, meter, producer, time.monotonic(), log_path=log_path)
             await sampler.begin()
             for phase in args.phases:
                 out.append(

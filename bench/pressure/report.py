@@ -12,7 +12,8 @@ CLAIM_INDEX = "jobs_claim_type_idx"
 HEADER = (
     f"{'t s':>7} {'offered':>8} {'sent/s':>7} {'done/s':>7} {'p50 ms':>7} {'p95 ms':>7} "
     f"{'p99 ms':>7} {'pending':>8} {'running':>7} {'dead jobs':>10} {'dead att.':>10} "
-    f"{'jobs MB':>8} {'att. MB':>8} {'claim idx/scan':>14} {'horizon s':>9} {'cores w/pg/oth':>15}"
+    f"{'jobs MB':>8} {'att. MB':>8} {'claim idx/scan':>14} {'held s':>7} {'xmin age':>9} "
+    f"{'cores w/pg/oth':>15}"
 )
 
 
@@ -39,10 +40,20 @@ def sample_line(s: dict[str, Any], first: bool) -> None:
         f"{_f(s['pickup_p99_ms']):>7} {s['pending']:>8} {s['running']:>7} "
         f"{_f(jobs and jobs['dead'], 'd'):>10} {_f(att and att['dead'], 'd'):>10} "
         f"{_f(_mb(jobs)):>8} {_f(_mb(att)):>8} {_f(idx.get('entries_per_scan'), '.0f'):>14} "
-        f"{_f(s['horizon_age_s'] and max(s['horizon_age_s'], 0), '.0f'):>9} "
+        f"{_f(s['horizon_age_s'] and max(s['horizon_age_s'], 0), '.0f'):>7} "
+        f"{_f(s['horizon_xids'], 'd'):>9} "
         f"{cpu['worker']:>5.2f}/{cpu['postgres']:.2f}/{cpu['others']:.2f}",
         flush=True,
     )
+    slow = {k: a for k, a in s["statements"].items() if a["longest_s"] >= 1}
+    for name, a in sorted(slow.items(), key=lambda kv: -kv[1]["longest_s"]):
+        print(
+            f"{'':>9}statement {name}: running {a['longest_s']:.1f} s "
+            f"({a['active']} at once, {a['on_locks']} waiting on a lock)",
+            flush=True,
+        )
+    for text, n in s["worker_log"].items():
+        print(f"{'':>9}worker log: {text}" + (f" (x{n})" if n > 1 else ""), flush=True)
 
 
 def claim_scan(explain: dict[str, Any] | None) -> dict[str, float] | None:
@@ -155,6 +166,13 @@ def summary(doc: dict[str, Any]) -> None:
         print(line)
     c = doc["checks"]
     print(f"\ncheck: {c['message']}", flush=True)
+    if c.get("clean_held_s"):
+        print(
+            f"warning: the clean phase was not clean: a transaction held the horizon for up to "
+            f"{c['clean_held_s']:.0f} s (another database's transaction that holds an xid "
+            "counts: it is in every snapshot taken while it runs)",
+            flush=True,
+        )
     for p in phases:
         if p["explain"] and p["kind"] in ("clean", "idle_in_tx", "active_readers"):
             print(
@@ -171,10 +189,18 @@ def checks(phases: list[dict[str, Any]], least: float) -> dict[str, Any]:
     done, offered = clean["whole"]["completed_rate"], clean["rate"]
     empty = [p["label"] for p in phases if not p["samples"]]
     ok = done >= least * offered and not empty
+    held = max((s["horizon_age_s"] or 0 for s in clean["samples"]), default=0)
     message = (
         f"clean phase completed {done:,.0f} jobs/s of {offered:,.0f} offered "
         f"({done / offered:.0%}; at least {least:.0%} needed)"
         + (f"; phases without samples: {', '.join(empty)}" if empty else "")
         + (": ok" if ok else ": FAILED")
     )
-    return {"ok": ok, "clean_completed_rate": done, "offered_rate": offered, "message": message}
+    return {
+        "ok": ok,
+        "clean_completed_rate": done,
+        "offered_rate": offered,
+        "message": message,
+        # A transaction older than a few seconds held the horizon during the clean phase.
+        "clean_held_s": held if held > 5 else None,
+    }
