@@ -545,6 +545,7 @@ async def test_status_json_has_every_status_per_queue_and_the_oldest_age():
         },
         "workers": [{"worker_id": "w", "queues": ["q"], "types": ["t"]}],
         "unserved": [{"queue": "q", "type": "u"}],
+        "controls": [],
     }
 
 

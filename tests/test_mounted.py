@@ -128,8 +128,11 @@ async def test_mounted_under_a_prefix_in_a_users_app_under_uvicorn(dsn, conn):
             assert (await client.get(f"{PREFIX}/queues")).status_code == 401
             out = await client.post(f"{PREFIX}/ui/logout", data={"csrf": csrf_of(log)})
             assert out.headers["location"] == f"{PREFIX}/ui/login"
-    actors = await conn.fetch("SELECT actor FROM pgworker.operator_log")
-    assert [r["actor"] for r in actors] == ["alice"]
+    actors = await conn.fetch("SELECT action, actor FROM pgworker.operator_log ORDER BY id")
+    assert [(r["action"], r["actor"]) for r in actors] == [
+        ("pause", "alice"),
+        ("bulk_cancel", "alice"),
+    ]
     assert await conn.fetchval("SELECT actor FROM pgworker.bulk_actions") == "alice"
     event = await conn.fetchval(
         "SELECT actor FROM pgworker.job_events WHERE job_id = $1", failed.job.id
