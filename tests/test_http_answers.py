@@ -455,13 +455,15 @@ async def test_clients_that_leave_mid_body_leave_no_traceback_in_the_log(dsn, ca
     from pgworker._web.config import WebConfig
 
     app = create_app(WebConfig(dsn=dsn, tokens=("token",)))
-    for path, kind in [
-        ("/ui/login", b"application/x-www-form-urlencoded"),
-        ("/jobs", b"application/json"),
-    ]:
-        left, sent = await _leave_mid_body(app, path, kind)
-        assert left == 1, "the application did not read the body"
-        assert all(m.get("status", 400) < 500 for m in sent), sent
+    # Its lifespan, as uvicorn runs it: the pool and the bulk runner closed at the end.
+    async with app.router.lifespan_context(app):
+        for path, kind in [
+            ("/ui/login", b"application/x-www-form-urlencoded"),
+            ("/jobs", b"application/json"),
+        ]:
+            left, sent = await _leave_mid_body(app, path, kind)
+            assert left == 1, "the application did not read the body"
+            assert all(m.get("status", 400) < 500 for m in sent), sent
     logged = capsys.readouterr()
     assert "Traceback" not in logged.out + logged.err and "[error" not in logged.out + logged.err
     assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
