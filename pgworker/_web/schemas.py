@@ -614,7 +614,9 @@ ErrorText = Annotated[
 """An error text searched for (GET /jobs?error=)."""
 
 
-ErrorGroup = Annotated[StrictStr, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+ErrorGroup = Annotated[
+    StrictStr, StringConstraints(min_length=16, max_length=16, pattern=r"^([0-9a-f]{16})$")
+]
 """A failure group's fingerprint (GET /failures): 16 lowercase hex digits."""
 
 
