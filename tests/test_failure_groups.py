@@ -230,3 +230,47 @@ async def test_the_rescue_writes_the_fingerprint_and_retries_are_grouped_apart(
     assert sorted(j["id"] for j in json.loads(listed.stdout)["jobs"]) == ids
     with pytest.raises(pgworker.ValidationError, match="status"):
         await failure_groups(conn, status="completed")
+
+
+async def test_the_migration_backfills_the_last_7_days_failures(conn: Any) -> None:
+    """The backfill of migration 30, as its file says it (run again on rows written without a
+    group): a failed job and its attempt get the group a worker's write gives them; a job
+    failed 8 days ago, and a pending job an operator cancelled, get none."""
+    from pgworker._db import files
+
+    made = await conn.fetch(
+        """
+        INSERT INTO pgworker.jobs (type, status, attempts, error, finished_at)
+        VALUES ('bill', 'failed', 1, 'KeyError: customer 12 not found', now()),
+               ('bill', 'failed', 1, 'KeyError: customer 13 not found', now() - interval '8 d'),
+               ('bill', 'cancelled', 0, 'Cancelled: cancelled by an operator', now())
+        RETURNING id
+        """
+    )
+    ids = [r["id"] for r in made]
+    await conn.execute(
+        "INSERT INTO pgworker.job_attempts (job_id, attempt, type, queue, worker_id, "
+        "correlation_id, outcome, finished_at, error_type, error_message, error_detail) "
+        "SELECT id, 1, type, queue, 'w', correlation_id, 'failed', now(), 'KeyError', "
+        "substr(error, 11), $2 FROM pgworker.jobs WHERE id = ANY($1::bigint[]) AND attempts = 1",
+        ids[:2],
+        'Traceback (most recent call last):\n  File "/app/tasks.py", line 3, in bill\nKeyError',
+    )
+    sql = next(m.sql for m in files.migrations("pgworker") if m.version == 30)
+    backfill = sql[sql.index('UPDATE "pgworker".job_attempts') : sql.index("CREATE INDEX")]
+    await conn.execute(backfill)
+    rows = await conn.fetch(
+        "SELECT j.id, j.error_group AS job, a.error_group AS attempt FROM pgworker.jobs AS j "
+        "LEFT JOIN pgworker.job_attempts AS a ON a.job_id = j.id WHERE j.id = ANY($1::bigint[]) "
+        "ORDER BY j.id",
+        ids,
+    )
+    expected = await conn.fetchval(
+        "SELECT pgworker.error_group('bill', 'KeyError', 'customer 99 not found', $1)",
+        'Traceback:\n  File "/srv/v2/tasks.py", line 9, in bill\nKeyError',
+    )
+    assert [(r["job"], r["attempt"]) for r in rows] == [
+        (expected, expected),
+        (None, expected),  # its attempt is of the last 7 days, the job's failure is not
+        (None, None),
+    ]
