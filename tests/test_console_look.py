@@ -31,7 +31,7 @@ __all__ = ["browser", "page"]  # the fixtures, imported for this module's tests
 q = queries("pgworker")
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True}
 FULL = bool(os.environ.get("PGWORKER_SCREENSHOTS"))
-"""Every page whole in each look (else the assertions' pages, as the window shows them)."""
+"""Every page whole in each look (else the queues page's look, as the window shows it)."""
 PHONE_QUEUES_HEIGHT = 4 * 844
 """The most the queues page may take on a phone with the seeded queues and 20 failures."""
 
@@ -212,9 +212,11 @@ def _media(driver: Any, scheme: str) -> None:
 
 def _shoot(driver: Any, path: Path) -> None:
     """The whole page, below the fold too, when PGWORKER_SCREENSHOTS asks for them (the docs'
-    images are made so); else what the window shows (a whole long page takes seconds)."""
+    images are made so); else the queues page's, as the window shows it (a whole long page
+    takes seconds)."""
     if not FULL:
-        driver.get_screenshot_as_file(str(path))
+        if path.name.startswith("queues-"):
+            driver.get_screenshot_as_file(str(path))
         return
 
     shot = driver.execute_cdp_cmd(
