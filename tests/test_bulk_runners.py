@@ -212,8 +212,8 @@ async def test_serve_and_a_mounted_console_on_two_ports_each_keep_their_login(
 ) -> None:
     first, second = await seed_failed(conn, 2)
     env = {"PGWORKER_TOKENS": f"bob:{BOB}:operate"}
-    async with serving(dsn, token=None, env=env) as served:
-        with console(POOLED, dsn) as (url, process):
+    with console(POOLED, dsn) as (url, process):  # starting while serve starts
+        async with serving(dsn, token=None, env=env) as served:
             await ready(url, process)
             mounted = url + PREFIX
             log_in(page, served.url, BOB)

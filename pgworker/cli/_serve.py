@@ -7,6 +7,7 @@ import os
 import re
 from typing import TYPE_CHECKING, cast
 
+from .. import _bulk as bulk
 from .. import _validate as validate
 from .._db.connection import create_pool
 from .._db.migrations import check_direct, check_schema
@@ -231,6 +232,8 @@ async def _serve(args: argparse.Namespace) -> int:
     maintenance = args.maintenance and not args.read_only  # read-only: no write of any kind
     if maintenance:  # what maintenance reads from PGWORKER_*, checked before serving
         Settings.from_env(dsn=dsn, schema=schema, worker_id=worker_id)
+    if not args.read_only:  # PGWORKER_BULK_LEASE, read by the runner of bulk actions
+        bulk.lease()
     config = WebConfig(
         dsn=dsn,
         schema=schema,
