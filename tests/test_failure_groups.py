@@ -147,6 +147,29 @@ async def test_300_failures_of_3_causes_are_3_groups_and_replay_group_replays_on
         r = await c.get("/jobs", params={"error_group": "not-a-group"})
         assert r.status_code == 422 and r.json().get("field") == "error_group", r.text
 
+        # An HTTP worker's failure gets the group its words give, as a Python worker's.
+        for n in (7, 8):
+            await pgworker.enqueue(conn, "remote", {"n": n}, max_retries=0)
+            claim = {"worker_id": "http-1", "types": ["remote"]}
+            claimed = (await c.post("/jobs/claim", json=claim)).json()
+            failed = await c.post(
+                f"/jobs/{claimed['id']}/fail",
+                json={
+                    "worker_id": "http-1",
+                    "attempt": claimed["attempt"],
+                    "error": f"TimeoutError: upstream {n}0{n} timed out\n  at fetch (app.js:1)",
+                },
+            )
+            assert failed.status_code == 200 and failed.json()["status"] == "failed", failed.text
+        remote = await conn.fetch(
+            "SELECT DISTINCT j.error_group AS job, a.error_group AS attempt "
+            "FROM pgworker.jobs AS j JOIN pgworker.job_attempts AS a ON a.job_id = j.id "
+            "WHERE j.type = 'remote'"
+        )
+        assert len(remote) == 1 and remote[0]["job"] == remote[0]["attempt"] is not None
+        r = await c.get("/failures", params={"type": "remote"})
+        assert [(g["fingerprint"], g["count"]) for g in r.json()] == [(remote[0]["job"], 2)]
+
         # Replay group, through the HTTP bulk API: exactly the 100 jobs of that group.
         started = await c.post(
             "/jobs/actions/replay", json={"filter": {"error_group": lookup}, "by": "alice"}
@@ -165,7 +188,7 @@ async def test_300_failures_of_3_causes_are_3_groups_and_replay_group_replays_on
 
         await wait_for(lambda: replayed(lookup), timeout=30, every=0.1)
 
-        # Replay group, from the Needs attention page: the two groups left, each with its
+        # Replay group, from the Needs attention page: the three groups left, each with its
         # count, sample and trend; the button goes through the bulk confirm and progress pages.
         log_in(page, served)
         page.get(f"{served.url}/ui/jobs?status=failed")
@@ -174,7 +197,7 @@ async def test_300_failures_of_3_causes_are_3_groups_and_replay_group_replays_on
             e.get_attribute("data-group")
             for e in page.find_elements("css selector", "#failure-groups tr[data-group]")
         }
-        assert shown == {value, connection}
+        assert shown == {value, connection, remote[0]["job"]}
         row = css(page, f"tr[data-group='{value}']")
         assert "100" in row.text and "invalid amount" in row.text
         trend = row.find_element("css selector", "svg.trend")
@@ -192,7 +215,7 @@ async def test_300_failures_of_3_causes_are_3_groups_and_replay_group_replays_on
         )
         == 100
     )
-    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'failed'") == 100
+    assert await conn.fetchval("SELECT count(*) FROM pgworker.jobs WHERE status = 'failed'") == 102
     # A replayed job's error, and so its group, is cleared with it.
     assert not await conn.fetchval(
         "SELECT count(*) FROM pgworker.jobs WHERE status = 'pending' AND error_group IS NOT NULL"
