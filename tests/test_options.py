@@ -322,7 +322,9 @@ NOT_SETTINGS = {
     "PGWORKER_TOKENS": "pgworker serve's, not a worker's",
     "PGWORKER_LOG_FORMAT": "the process's logging (RUN_ONLY's log_format), for every command",
     "PGWORKER_LOG_LEVEL": "the process's logging, as PGWORKER_LOG_FORMAT",
-    "PGWORKER_BULK_BATCH": "the batch of a bulk action, run by the CLI or pgworker serve",
+    "PGWORKER_BULK_BATCH": "the batch of a bulk action, run by the CLI, a console or the leader",
+    "PGWORKER_BULK_LEASE": "how long a runner of bulk actions (a console, serve, the CLI, the "
+    "maintenance leader) holds one past its last batch, read by each runner (_bulk.py)",
     "PGWORKER_MAX_PAYLOAD_BYTES": "a bound of what is accepted, for every path and process, read "
     "once at import (_validate.py), not per worker",
     "PGWORKER_TEST_DSN": "the pytest plugin's server (pgworker.testing)",
