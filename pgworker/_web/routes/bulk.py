@@ -1,6 +1,6 @@
 """POST /jobs/actions/{replay,cancel,delete,reschedule}: the jobs matching a filter changed in
-batches in the background (_bulk.Runner, run by `serve`), GET /jobs/actions/{id}, an action's
-progress, and GET /jobs/actions, the actions newest first."""
+batches in the background (_bulk.Runner, of the console that created the action), GET
+/jobs/actions/{id}, an action's progress, and GET /jobs/actions, the actions newest first."""
 
 from __future__ import annotations
 
@@ -138,7 +138,8 @@ async def bulk_progress(
 ) -> Response:
     """A bulk action's progress: `status` (running, done, failed), `matched` (when it was
     created), `done` (jobs changed), `skipped` (left as they were: their status no longer
-    fitted when their batch came), `error` (why it failed)."""
+    fitted when their batch came), `error` (why it failed), `runner` (who runs it: its `id`,
+    `kind`, `since` when, and `lease_until`, after which another runner adopts it)."""
     async with api.transaction() as conn:
         action = await bulk.get(conn, id, schema=api.schema)
         if action is None:
