@@ -328,6 +328,14 @@ async def test_edit_and_enqueue_from_the_page_as_an_operator_only(
             )
             assert bad.status_code == 422 and 'data-field="payload.invoice_id"' in bad.text
 
+            # the API's PATCH checks a typed task's payload with the same function
+            patch = await alice.patch(
+                f"/jobs/{job.id}",
+                json={"payload": {"invoice_id": 1, "amount": "x"}},
+                headers={"Authorization": f"Bearer {ALICE}"},
+            )
+            assert patch.status_code == 422 and patch.json()["field"] == "payload.amount"
+
             for path in (f"/ui/jobs/{job.id}/edit", "/ui/enqueue"):
                 assert (await reader.get(path)).status_code == 403, path
             read_token = csrf_of((await reader.get("/ui/jobs")).text)
