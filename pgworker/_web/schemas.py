@@ -653,7 +653,9 @@ class BulkBody(_Body):
 
     filter: FilterBody
     by: Actor | None = Field(None, description="who asks, recorded with each job (default: api)")
-    reason: Reason | None = Field(None, description="why, recorded with each job")
+    reason: Reason | None = Field(
+        None, description="why, kept with the action, in the operator log and each job's events"
+    )
 
 
 class RescheduleBody(BulkBody):
