@@ -12,6 +12,9 @@
 WITH page AS (
     SELECT j.id, k.sort_key, CASE WHEN $14::boolean THEN -j.id ELSE j.id END AS id_key
     FROM {schema}.jobs AS j
+    -- Read for run_time only: planned with the values (plan_with_values), the other orders fold
+    -- it away, and the join on job_attempts' primary key is removed.
+    LEFT JOIN {schema}.job_attempts AS a ON a.job_id = j.id AND a.attempt = j.attempts
     CROSS JOIN LATERAL (
         SELECT CASE WHEN $14::boolean THEN -x.value ELSE x.value END AS sort_key
         FROM (
@@ -20,11 +23,8 @@ WITH page AS (
                        WHEN 'run_at' THEN date_part('epoch', j.run_at)
                        WHEN 'attempts' THEN j.attempts::float8
                        WHEN 'finished' THEN date_part('epoch', j.finished_at)
-                       WHEN 'run_time' THEN (
-                           SELECT coalesce(a.run_ms / 1000.0,
-                                           date_part('epoch', a.finished_at - a.started_at))
-                           FROM {schema}.job_attempts AS a
-                           WHERE a.job_id = j.id AND a.attempt = j.attempts)
+                       WHEN 'run_time' THEN coalesce(a.run_ms / 1000.0,
+                                                     date_part('epoch', a.finished_at - a.started_at))
                    END::float8 AS value
         ) AS x
     ) AS k
