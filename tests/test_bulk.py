@@ -106,6 +106,7 @@ async def test_each_bad_filter_field_is_named() -> None:
         "id": "٣",
         "payload": "[1, 2]",
         "error_group": "3F9C0A1B2C3D4E5F",  # a fingerprint is lowercase hex
+        "ids": "1,x",
     }
     assert set(bad) == set(FIELDS)
     for field, value in bad.items():
