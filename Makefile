@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-matrix lint docs format bench chaos scale pressure pressure-short schema clean
+.PHONY: run test test-matrix lint docs format bench chaos scale upgrade pressure pressure-short schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,16 @@ chaos: $(STAMP)
 ## 1, 2 and 4 hosts, then one host cut off twice (link down, packets dropped); prints the figures.
 scale: $(STAMP)
 	$(PY) -m tests.scale
+
+## A rolling deploy (tests/upgrade.py): the release UPGRADE_FROM, a commit (or tag) of this
+## repository's history (the release the fleet runs: the last one that landed), `git archive`d
+## into a throwaway virtualenv; its workers serve while this tree's `pgworker migrate` runs, a
+## worker of this tree starts beside them, one old worker gets SIGTERM and one SIGKILL. Every
+## acknowledged enqueue completes once, every rerun is explained, the old workers work on after
+## the migration. In a database of its own on PGWORKER_DSN; under 2 minutes.
+UPGRADE_FROM ?= f0523a3
+upgrade: $(STAMP)
+	$(PY) -m tests.upgrade --from $(UPGRADE_FROM)
 
 ## Pressure (bench/pressure/): one worker (32 slots, 1 ms handlers) offered 800 jobs/s through a
 ## clean minute, 15 minutes beside a transaction holding an xid, 15 minutes beside four REPEATABLE
