@@ -5,8 +5,8 @@
 -- UUIDs, hex, and every word holding a digit) and the innermost frame of its traceback
 -- (file:function, the file's name without its folders, no line number: both survive a deploy).
 --
--- Computed in ONE place, the function error_group below, which every statement that writes an
--- error calls: an attempt's outcome from a worker or from an HTTP worker
+-- Computed in ONE place, the function error_group below, which every statement that writes a
+-- failure's error calls (a cancel by an operator or a parent is no failure: no group): an attempt's outcome from a worker or from an HTTP worker
 -- (sql/queries/job_finish_many.sql), the rescue of a job whose worker vanished (jobs_rescue.sql),
 -- and this migration's backfill. A SQL function rather than Python, because the rescue and the
 -- backfill are SQL with no Python between the row and its write, and a fingerprint must be the
@@ -36,7 +36,7 @@
 -- with string functions). Measured on PostgreSQL 15 on a shared 2-core machine under a load
 -- average of 15: 100,000 failures of the last 7 days (each job and its attempt) in 34 s (21.7 s
 -- for the attempts, 11.2 s for the jobs, 1.1 s for the index), of which a plain UPDATE of the
--- same rows takes about 19 s; about 0.3 ms per failure there, 3 s for 10,000.
+-- same rows takes about 19 s: about 0.3 ms per failure there (so about 3 s for 10,000).
 
 -- The message's shape: what stays of it once its values are normalised, at most 500
 -- characters. The order matters: quoted values first (they may hold anything), then the tokens
