@@ -8,9 +8,10 @@
 -- Computed in ONE place, the function error_group below, which every statement that writes a
 -- failure's error calls (a cancel by an operator or a parent is no failure: no group): an
 -- attempt's outcome from a worker or from an HTTP worker (sql/queries/job_finish_many.sql), the
--- rescue of a job whose worker vanished (jobs_rescue.sql), and this migration's backfill. A SQL function rather than Python, because the rescue and the
--- backfill are SQL with no Python between the row and its write, and a fingerprint must be the
--- same whoever writes it: computed twice, in two languages, two versions would drift.
+-- rescue of a job whose worker vanished (jobs_rescue.sql), and this migration's backfill. A SQL
+-- function rather than Python, because the rescue and the backfill are SQL with no Python
+-- between the row and its write, and a fingerprint must be the same whoever writes it:
+-- computed twice, in two languages, two versions would drift.
 -- IMMUTABLE (regular expressions, string functions and md5 of its arguments only), PARALLEL
 -- SAFE.
 --
