@@ -543,7 +543,7 @@ async def _scenario(run: Run, conn: asyncpg.Connection) -> None:
     run.rows.append(
         (
             "old-a stopped by SIGTERM",
-            f"{len(held)} attempts running; exited 0 in {time.time() - run.t_stop_a:.1f} s",
+            f"attempts running: {len(held)}; exited 0 in {time.time() - run.t_stop_a:.1f} s",
         )
     )
 
@@ -580,7 +580,7 @@ async def _scenario(run: Run, conn: asyncpg.Connection) -> None:
     run.rows.append(
         (
             "old-b SIGKILLed",
-            f"{len(run.killed_attempts)} attempts open; rescued in {rescue_s:.1f} s by the"
+            f"attempts open: {len(run.killed_attempts)}; rescued in {rescue_s:.1f} s by the"
             f" leader, {by}",
         )
     )
@@ -613,6 +613,30 @@ async def _scenario(run: Run, conn: asyncpg.Connection) -> None:
     if code != 0:
         raise Broken(f"new-n exited {code} at SIGTERM; its log:\n      {run.procs['new-n'].tail()}")
     await reconcile(run, conn)
+
+
+async def grouped(run: Run, conn: asyncpg.Connection, wrong: list[str]) -> None:
+    """Failures grouped by cause (migration 30), where the schema has them: the old workers'
+    failures from before the migration by its backfill, the new worker's by its outcome write;
+    those the old workers write after it carry none (as upgrading.md says)."""
+    has = await conn.fetchval(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = 'pgworker'"
+        " AND table_name = 'job_attempts' AND column_name = 'error_group'"
+    )
+    if not has:
+        return
+    rows = await conn.fetch(
+        "SELECT CASE WHEN worker_id = 'new-n' THEN 'new-n'"
+        " WHEN finished_at < to_timestamp($1) THEN 'old before migrate (backfilled)'"
+        " ELSE 'old after migrate' END AS who, count(*) AS n, count(error_group) AS grouped"
+        " FROM pgworker.job_attempts WHERE error_type IS NOT NULL GROUP BY 1 ORDER BY 1",
+        run.migrated_at,
+    )
+    for r in rows:
+        if r["who"] != "old after migrate" and r["grouped"] != r["n"]:
+            wrong.append(f"failures of the {r['who']}: {r['grouped']} of {r['n']} grouped")
+    shown = ", ".join(f"{r['who']}: {r['grouped']} of {r['n']}" for r in rows)
+    run.rows.append(("failures with an error group", shown or "none"))
 
 
 def logged(p: Proc, most: int = 3) -> str:
@@ -817,6 +841,7 @@ async def reconcile(run: Run, conn: asyncpg.Connection) -> None:
             ]
         )
     run.rows.append(("warnings and errors logged", trouble(run)))
+    await grouped(run, conn, wrong)
     if wrong:
         raise Broken(f"{len(wrong)} promises broken:\n    " + "\n    ".join(wrong[:15]))
 
