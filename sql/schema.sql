@@ -411,6 +411,77 @@ $_$;
 COMMENT ON FUNCTION pgworker.enqueue(type text, payload jsonb, queue text, priority anycompatible, max_retries bigint, idempotency_key text, correlation_id text, run_at timestamp with time zone, delay interval, version bigint, concurrency_key text, unique_key text, unique_states text[], unique_period interval, replace boolean) IS 'Enqueue a job as pgworker.enqueue does (README: Enqueue from SQL). A NULL or JSON null payload is {}. The same idempotency key with the same type and JSON value (1 = 1.0) returns the job with created = false; with another, SQLSTATE PGW01. A refused argument: SQLSTATE 22023; a pgworker.max_payload_bytes that is not a number of bytes: PGW02. With a unique_key held by a live job, that job with created = false (replace: its payload, priority and run_at changed; PGW03 while it runs).';
 
 --
+-- Name: error_frame(text); Type: FUNCTION; Schema: pgworker; Owner: -
+--
+
+CREATE FUNCTION pgworker.error_frame(detail text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    AS $$
+DECLARE
+    -- From the last `File "` on, found from the end: no scan of the whole traceback.
+    line text := substr(detail, length(detail) - strpos(reverse(detail), '" eliF') - 4);
+BEGIN
+    -- String functions rather than a regular expression, and PL/pgSQL rather than a SQL
+    -- function that cannot be inlined (its text is read four times): measured, about 3 us a
+    -- traceback against 50.
+    IF line LIKE 'File "%", line %, in %' THEN
+        RETURN reverse(split_part(reverse(translate(split_part(substr(line, 7), '"', 1), '\',
+                                                    '/')), '/', 1))
+               || ':' || btrim(split_part(split_part(line, ', in ', 2), E'\n', 1));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: error_group(text, text, text, text); Type: FUNCTION; Schema: pgworker; Owner: -
+--
+
+CREATE FUNCTION pgworker.error_group(job_type text, error_class text, message text, detail text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN error_class IS NOT NULL THEN
+        left(md5(concat(coalesce(job_type, ''), E'\x1f', error_class, E'\x1f',
+                        "pgworker".error_shape(message), E'\x1f',
+                        coalesce("pgworker".error_frame(detail), ''))), 16)
+    END
+$$;
+
+--
+-- Name: error_shape(text); Type: FUNCTION; Schema: pgworker; Owner: -
+--
+
+CREATE FUNCTION pgworker.error_shape(message text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+    SELECT left(btrim(regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+        regexp_replace(
+            coalesce(message, ''),
+            $r$(^|[^[:alnum:]_])'[^']*'$r$, '\1''?''', 'g'),
+            $r$(^|[^[:alnum:]_])"[^"]*"$r$, '\1"?"', 'g'),
+            $r$[[:alpha:]][[:alnum:]+.-]*://[^[:space:]'"<>]+$r$, '<url>', 'g'),
+            $r$[^[:space:]'"<>@(),;:]+@[[:alnum:]-]+(\.[[:alnum:]-]+)+$r$, '<email>', 'g'),
+            $r$(^|[[:space:](=,'"])(~|\.{1,2})?(/[^[:space:]/'"(),;:]+){2,}/?$r$, '\1<path>',
+            'g'),
+            $r$(^|[^[:alnum:]_])[[:alpha:]]:\\[^[:space:]'"]*$r$, '\1<path>', 'g'),
+            $r$[[:xdigit:]]{8}-[[:xdigit:]]{4}-[[:xdigit:]]{4}-[[:xdigit:]]{4}-[[:xdigit:]]{12}$r$,
+            '<uuid>', 'g'),
+            $r$(^|[^[:alnum:]_])0[xX][[:xdigit:]]+$r$, '\1<hex>', 'g'),
+            -- A word holding a digit, with its dots and hyphens: a number (404, 30.5, 10.0.0.1)
+            -- or an id (ord_8f3a2, web-3-12345-a1b2c3, utf-8).
+            $r$(^|[^[:alnum:]_.<>-])[[:alnum:]_.-]*[0-9][[:alnum:]_.-]*$r$, '\1<n>', 'g'),
+        '[[:space:]]+', ' ', 'g')), 500)
+$_$;
+
+--
 -- Name: fingerprint(text, jsonb); Type: FUNCTION; Schema: pgworker; Owner: -
 --
 
@@ -588,10 +659,15 @@ CREATE TABLE pgworker.bulk_actions (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    runner text,
+    runner_kind text,
+    runner_since timestamp with time zone,
+    lease_until timestamp with time zone,
     CONSTRAINT bulk_actions_check CHECK (((kind = 'reschedule'::text) = (run_at IS NOT NULL))),
     CONSTRAINT bulk_actions_done_check CHECK ((done >= 0)),
     CONSTRAINT bulk_actions_kind_check CHECK ((kind = ANY (ARRAY['replay'::text, 'cancel'::text, 'delete'::text, 'reschedule'::text]))),
     CONSTRAINT bulk_actions_matched_check CHECK ((matched >= 0)),
+    CONSTRAINT bulk_actions_runner_kind_check CHECK ((runner_kind = ANY (ARRAY['console'::text, 'serve'::text, 'worker'::text, 'cli'::text]))),
     CONSTRAINT bulk_actions_skipped_check CHECK ((skipped >= 0)),
     CONSTRAINT bulk_actions_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text, 'failed'::text])))
 );
@@ -655,6 +731,7 @@ CREATE TABLE pgworker.job_attempts (
     error_detail text,
     run_ms real,
     wait_ms real,
+    error_group text,
     CONSTRAINT job_attempts_attempt_check CHECK ((attempt >= 1)),
     CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['running'::text, 'completed'::text, 'retried'::text, 'failed'::text, 'timed_out'::text, 'interrupted'::text, 'cancelled'::text, 'lost'::text, 'snoozed'::text, 'waiting'::text])))
 )
@@ -811,6 +888,7 @@ CREATE TABLE pgworker.jobs (
     on_parent_failure text,
     has_dependants boolean DEFAULT false NOT NULL,
     woken_at timestamp with time zone,
+    error_group text,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_concurrency_key_check CHECK (((char_length(concurrency_key) >= 1) AND (char_length(concurrency_key) <= 200))),
     CONSTRAINT jobs_max_retries_check CHECK ((max_retries >= 0)),
@@ -1253,16 +1331,16 @@ CREATE INDEX job_attempts_type_started_idx ON pgworker.job_attempts USING btree 
 CREATE INDEX job_event_waits_open_idx ON pgworker.job_event_waits USING btree (name) WHERE ((event_id IS NULL) AND (NOT timed_out));
 
 --
--- Name: job_events_at_idx; Type: INDEX; Schema: pgworker; Owner: -
---
-
-CREATE INDEX job_events_at_idx ON pgworker.job_events USING btree (at, id) WHERE (actor IS NOT NULL);
-
---
 -- Name: job_events_job_idx; Type: INDEX; Schema: pgworker; Owner: -
 --
 
 CREATE INDEX job_events_job_idx ON pgworker.job_events USING btree (job_id);
+
+--
+-- Name: job_events_operator_at_idx; Type: INDEX; Schema: pgworker; Owner: -
+--
+
+CREATE INDEX job_events_operator_at_idx ON pgworker.job_events USING btree (at, id) WHERE ((actor IS NOT NULL) AND (NOT COALESCE((detail ? 'bulk_action'::text), false)));
 
 --
 -- Name: jobs_claim_key_idx; Type: INDEX; Schema: pgworker; Owner: -
@@ -1281,6 +1359,12 @@ CREATE INDEX jobs_claim_type_idx ON pgworker.jobs USING btree (queue, type, vers
 --
 
 CREATE INDEX jobs_created_idx ON pgworker.jobs USING brin (created_at);
+
+--
+-- Name: jobs_error_group_idx; Type: INDEX; Schema: pgworker; Owner: -
+--
+
+CREATE INDEX jobs_error_group_idx ON pgworker.jobs USING btree (error_group, id) WHERE (error_group IS NOT NULL);
 
 --
 -- Name: jobs_finished_idx; Type: INDEX; Schema: pgworker; Owner: -
