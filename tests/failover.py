@@ -24,12 +24,14 @@ The two workers differ on purpose: `w1` runs with the defaults (lease 30 s, fast
 with `--durable-claims` and a lease of LEASE_W2 seconds, shorter than the failover, so that it
 fences itself and its jobs are rescued on the new primary. pg_auto_failover's timeouts are
 shortened (TIMEOUTS, KEEPER_TIMEOUTS) to keep the run short; the keepers' network partition
-timeout stays below the monitor's demote timeout, as with its defaults.
+timeout stays below the monitor's demote timeout, as with its defaults. FAILOVER_TIMEOUTS=default
+keeps pg_auto_failover's own (the standby then takes writes about 50 s after the kill).
 
 Skips (exit 0, saying why) without pg_autoctl or the pgautofailover extension; as root, the
 PostgreSQL side runs as the `postgres` user. Bounded: every wait has a limit and the whole run
 BUDGET seconds. Kills its process groups and removes its directory whatever happens (SIGTERM and
-SIGINT included), and at start what a crashed earlier run left (directories named PREFIX-*).
+SIGINT included), and at start what a crashed earlier run left (directories named PREFIX-*); a
+failed run keeps only its logs (the workers', the enqueuer's, pg_autoctl's), until the next run.
 FAILOVER_BREAK=rescue breaks the rescue on purpose: the run must then fail, saying why.
 
 `python -m tests.failover enqueue --dsn DSN --out FILE` is the enqueuer alone.
@@ -65,8 +67,10 @@ PREFIX = "pgwfo"
 BUDGET = 200
 RATE = 40.0
 """Enqueues per second."""
-SHORT_MS, LONG_MS = 100, 1500
-"""The handlers' run times: every tenth job is long, so that jobs are running at the kill."""
+SHORT_MS, LONG_MS, HOLD_MS = 100, 1500, 10000
+"""The handlers' run times: every tenth job is long, so that jobs are running at the kill, and
+the harness gives each worker one job longer than the failover, in a queue only that worker
+serves, just before the kill: w2's still runs when w2 fences itself."""
 LEASE_W2 = 8.0
 AFTER_KILL = 60
 """Acknowledged enqueues the enqueuer must add after the kill before it is stopped."""
@@ -84,6 +88,8 @@ itself before it takes writes."""
 KEEPER_TIMEOUTS = {"timeout.network_partition_timeout": "4"}
 """The nodes' keepers (seconds; default 20): a primary that reaches neither the monitor nor its
 standby for this long demotes itself; it must stay below primary_demote_timeout."""
+if os.environ.get("FAILOVER_TIMEOUTS") == "default":  # pg_auto_failover's own: a longer run
+    TIMEOUTS, KEEPER_TIMEOUTS = {}, {}
 LOG_EVENTS = {
     "fence": "lost contact with the database",
     "resume": "the database answers again",
@@ -207,7 +213,7 @@ class Autoctl:
         if r.returncode:
             tail = "\n".join((r.stderr or r.stdout).splitlines()[-15:])
             raise RuntimeError(f"pg_autoctl {' '.join(args[:2])} failed:\n{tail}")
-        return r.stdout
+        return str(r.stdout)
 
     def spawn(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
         """A pg_autoctl service in a process group of its own, with its PostgreSQL under it."""
@@ -380,6 +386,10 @@ class Worker:
         return [e for e in self.entries() if LOG_EVENTS[what] in str(e.get("event"))]
 
 
+def _at(entry: dict[str, Any]) -> float:
+    return datetime.fromisoformat(entry["timestamp"]).timestamp()
+
+
 def read_lines(path: Path) -> list[dict[str, Any]]:
     out = []
     with contextlib.suppress(FileNotFoundError):
@@ -511,7 +521,7 @@ async def formed(f: Formation, run: Run) -> None:
                 " (SELECT string_agg(application_name || ' ' || sync_state, ', ')"
                 "  FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')) AS standbys"
             )
-            return row if row["names"] and row["standbys"] else None
+            return row if row is not None and row["names"] and row["standbys"] else None
 
         sync = await wait_until("node2 a synchronous standby of node1", synchronous, 30)
         run.rows.append(("PostgreSQL", await conn.fetchval("SHOW server_version")))
@@ -539,6 +549,8 @@ async def scenario(f: Formation, run: Run, logs: Path) -> None:
         Worker("w1", [], logs / "w1.log"),
         Worker("w2", ["--durable-claims", "--lease", str(LEASE_W2)], logs / "w2.log"),
     ]
+    for w in workers:  # every worker serves the default queue, and one queue of its own
+        w.args += ["--queue", "default", "--queue", f"hold-{w.name}"]
     enq: subprocess.Popen[bytes] | None = None
     try:
         for w in workers:
@@ -548,8 +560,8 @@ async def scenario(f: Formation, run: Run, logs: Path) -> None:
         if (code := enq.wait(timeout=20)) != 0:
             raise Broken(f"the enqueuer exited {code} at SIGTERM")
         for w in workers:
-            if (code := w.stop()) != 0:
-                raise Broken(f"worker {w.name} exited {code} at SIGTERM")
+            if (stopped := w.stop()) != 0:
+                raise Broken(f"worker {w.name} exited {stopped} at SIGTERM")
         await reconcile(f, run, workers, runs, acked_file)
     finally:
         if enq is not None and enq.poll() is None:
@@ -587,13 +599,33 @@ async def serve(
                 " count(DISTINCT worker_id) FILTER (WHERE status = 'completed') AS served,"
                 " count(*) AS jobs FROM pgworker.jobs"
             )
+            assert row is not None
             busy = row["completed"] >= 80 and row["served"] == 2 and row["running"] >= 4
             return row if busy else None
 
         before = await wait_until("both workers busy on node1", steady, 60, every=0.05)
+        # A job longer than the failover on each worker, in its own queue, claimed now.
+        with acked_file.open("a") as out:
+            for w in workers:
+                key = f"hold-{w.name}"
+                done = await pgworker.enqueue(
+                    conn, "work", {"ms": HOLD_MS}, queue=key, idempotency_key=key
+                )
+                line = {"key": key, "id": done.job.id, "created": done.created, "t": time.time()}
+                out.write(json.dumps(line) + "\n")
+
+        async def holding() -> bool:
+            n = await conn.fetchval(
+                "SELECT count(*) FROM pgworker.jobs WHERE queue LIKE 'hold-%'"
+                " AND status = 'running' AND queue = 'hold-' || worker_id"
+            )
+            return bool(n == len(workers))
+
+        await wait_until("each worker running its long job", holding, 10, every=0.02)
         run.rows.append(
             ("before the kill", f"{before['jobs']} jobs, {before['completed']} completed,"
-                                f" {before['running']} running")
+                                f" {before['running']} running, and a {HOLD_MS / 1000:g} s one"
+                                " on each worker")
         )  # fmt: skip
     finally:
         await conn.close()
@@ -631,13 +663,21 @@ async def serve(
         async def acked_since() -> bool:
             if enq.poll() is not None:
                 raise Broken(f"the enqueuer exited ({enq.returncode}) during the failover")
-            return sum(a["t"] > run.t_kill for a in read_lines(acked_file)) >= AFTER_KILL
+            return sum(a["t"] > run.t_kill for a in read_lines(acked_file)) >= AFTER_KILL  # type: ignore[no-any-return]
 
         await wait_until(f"{AFTER_KILL} enqueues acknowledged after the kill", acked_since, 60)
         enq.send_signal(signal.SIGTERM)
         acks = read_lines(acked_file)
         t_ack = min((a["t"] for a in acks if a["t"] > run.t_kill), default=None)
         ids = [a["id"] for a in acks]
+        promoted, accepted = await promotion(f)
+        run.rows += [
+            ("kill -> node2 promoted (read-only)", run.since(promoted)),
+            ("kill -> node2 takes writes", run.since(accepted)),
+            ("kill -> read-write on the DSN", run.since(t_writable)),
+            ("kill -> first enqueue acknowledged", run.since(t_ack)),
+            ("kill -> first job completed on node2", run.since(t_first)),
+        ]
 
         async def drained() -> bool:
             for w in workers:
@@ -683,19 +723,13 @@ async def serve(
             )
         if w.name not in firsts:
             raise Broken(f"worker {w.name} completed no job on node2")
-    promoted, accepted = await promotion(f)
-    run.rows += [
-        ("kill -> node2 promoted (read-only)", run.since(promoted)),
-        ("kill -> node2 takes writes", run.since(accepted)),
-        ("kill -> read-write on the DSN", run.since(t_writable)),
-        ("kill -> first enqueue acknowledged", run.since(t_ack)),
-        ("kill -> first job completed on node2", run.since(t_first)),
-    ]
     for w in workers:
-        fenced = w.logged("fence")
-        how = "fenced itself, then resumed" if fenced and w.logged("resume") else "no fence"
-        if fenced and not w.logged("resume"):
-            how = "fenced itself, never resumed"
+        fenced, resumed = w.logged("fence"), w.logged("resume")
+        how = "no fence"
+        if fenced:
+            how = f"fenced itself at {run.since(_at(fenced[0]))}, " + (
+                f"resumed at {run.since(_at(resumed[-1]))}" if resumed else "never resumed"
+            )
         run.rows.append(
             (f"  {w.name} (pid {pids[w.name]}, same process)",
              f"first completion {run.since(firsts[w.name])}; {how}")
@@ -734,11 +768,11 @@ async def reconcile(
             )
         }
         attempts: dict[int, list[asyncpg.Record]] = {}
-        for a in await conn.fetch(
+        for att in await conn.fetch(
             "SELECT job_id, attempt, started_at, outcome, worker_id, error_type, error_message"
             " FROM pgworker.job_attempts ORDER BY job_id, attempt, started_at"
         ):
-            attempts.setdefault(a["job_id"], []).append(a)
+            attempts.setdefault(att["job_id"], []).append(att)
     finally:
         await conn.close()
     wrong: list[str] = []
@@ -862,6 +896,8 @@ def main() -> int:
         formation.up()
         ports = ", ".join(f"{n.name} {n.port}" for n in formation.everything)
         run.rows.append(("pg_auto_failover", f"monitor and 2 nodes on 127.0.0.1 ({ports})"))
+        tuned = [f"{k.split('.')[-1]} {v}" for k, v in (TIMEOUTS | KEEPER_TIMEOUTS).items()]
+        run.rows.append(("  timeouts", ", ".join(tuned) or "pg_auto_failover's defaults"))
         asyncio.run(scenario(formation, run, logs))
     except Skip as exc:
         print(f"failover: skipped: {exc}")
@@ -880,9 +916,9 @@ def main() -> int:
         if formation is not None:
             formation.down()
         if failure:  # the logs of a failed run are kept, beside the removed cluster
-            kept = Path(tempfile.mkdtemp(prefix="pgworker-failover-logs-"))
-            for p in [*logs.iterdir(), *base.glob("*.log")]:
-                shutil.copy(p, kept / p.name)
+            kept = Path(tempfile.mkdtemp(prefix=f"{PREFIX}-logs-"))  # the next run removes it
+            for path in [*logs.iterdir(), *base.glob("*.log")]:
+                shutil.copy(path, kept / path.name)
             logs = kept
         shutil.rmtree(base, ignore_errors=True)
     took = time.monotonic() - started

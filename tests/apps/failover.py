@@ -38,7 +38,7 @@ def _record(ctx: pgworker.JobContext, event: str) -> None:
 
 
 @registry.task("work", retry=QUICK)
-async def work(ctx: pgworker.JobContext, payload: dict) -> dict:
+async def work(ctx: pgworker.JobContext, payload: dict[str, int]) -> dict[str, int]:
     _record(ctx, "start")
     await asyncio.sleep(payload["ms"] / 1000)
     _record(ctx, "end")
