@@ -55,7 +55,7 @@ upgrade: $(STAMP)
 ## A real failover (pg_auto_failover: a monitor, a primary and its synchronous standby on
 ## 127.0.0.1): two workers and an enqueuer on a multi-host DSN, the primary's node killed mid-run;
 ## every acknowledged enqueue completes once on the new primary, every rerun is explained, the
-## workers serve on; prints the time from the kill to the first completion. About 70-90 s.
+## workers serve on; prints the time from the kill to the first completion. About a minute.
 failover: $(STAMP)
 	$(PY) -m tests.failover
 
