@@ -6,8 +6,9 @@ target_session_attrs=read-write`. The enqueuer records every acknowledged enqueu
 and idempotency key); the handlers record every run of theirs (tests/apps/failover.py).
 
 Mid-run the primary's node is killed as its machine would die: SIGKILL to its pg_autoctl, its
-postmaster and every backend at once (one process group). pg_auto_failover promotes the standby.
-Then the run checks that:
+postmaster and every backend at once (its keeper's process group, and every process working in
+its data directory: each child of a postmaster leads a process group of its own).
+pg_auto_failover promotes the standby. Then the run checks that:
 
 - every acknowledged enqueue exists on the new primary, under its id, and completed there;
 - every job completed exactly once, and every other run of its handler is explained: by an
@@ -155,24 +156,36 @@ def postgres_user() -> pwd.struct_passwd:
         raise Skip("running as root, and there is no `postgres` user to run PostgreSQL") from None
 
 
-def leftovers(directory: Path) -> list[int]:
-    """The process groups of the processes whose command line names `directory`."""
-    groups = set()
+def processes_in(path: str) -> list[int]:
+    """The processes working in a directory whose path starts with `path` (PostgreSQL's work in
+    their data directory, even once it is deleted), or whose command line names it. Each child
+    of a postmaster leads a process group of its own: a group's kill misses them, and some (the
+    logger, the monitor's health check worker) outlive their postmaster."""
+    found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if str(directory).encode() in (proc / "cmdline").read_bytes():
-                groups.add(os.getpgid(int(proc.name)))
-    return sorted(groups - {os.getpgid(0)})
+            if os.readlink(proc / "cwd").startswith(path) or (
+                path.encode() in (proc / "cmdline").read_bytes()
+            ):
+                found.append(int(proc.name))
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def clean_earlier() -> list[str]:
-    removed = []
+    """Kill what crashed earlier runs left running, and remove their directories."""
+    prefix = str(Path(tempfile.gettempdir()) / f"{PREFIX}-")
+    left = processes_in(prefix)
+    kill_all(left)
+    removed = [f"{len(left)} processes"] if left else []
     for old in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*"):
-        for group in leftovers(old):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
         shutil.rmtree(old, ignore_errors=True)
         removed.append(str(old))
     return removed
@@ -238,10 +251,15 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
 
     def kill(self) -> None:
-        """SIGKILL to its whole process group: the keeper, the postmaster, every backend."""
+        """SIGKILL, at once, to its keeper's process group (pg_autoctl and its postmaster) and
+        to every process working in its data directory (each of the postmaster's children leads
+        a group of its own)."""
+        children = processes_in(str(self.data))
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        kill_all(children)
+        if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
 
@@ -314,9 +332,7 @@ class Formation:
     def down(self) -> None:
         for n in reversed(self.everything):
             n.kill()
-        for group in leftovers(self.base):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
+        kill_all(processes_in(str(self.base)))
 
     def check(self) -> None:
         for n in self.everything:
