@@ -4,7 +4,7 @@ with a form drawn from its task's payload schema when the console knows the task
 "select all matching" (the list's script asks).
 
 Nothing here checks a value a second way: an edit is `update_job` (what `pgworker job update` and
-PATCH /jobs/{id} run), an enqueue `routes.jobs.enqueue_known` (what POST /jobs runs), and a
+PATCH /jobs/{id} run), an enqueue `routes.jobs.known_enqueue` (what POST /jobs runs), and a
 typed task's payload is checked by `Registry.checked_json` for both, its error naming the field
 (`payload.amount`). Both forms need the `operate` role (a `read` operator gets 403, the page
 too), the session's CSRF token and this server's origin, as every form of the dashboard; each
@@ -38,7 +38,7 @@ from .dashboard import (
     _NotFound,
     _Refused,
 )
-from .routes.jobs import enqueue_known
+from .routes.jobs import known_enqueue
 
 FIELD = "f."
 """The prefix of a payload field's name in the enqueue form (`f.amount`): apart from the form's
@@ -409,10 +409,9 @@ class JobForms:
                 "priority": _priority(values["priority"]),
                 "run_at": _moment_of(values["run_at"]) if values["run_at"] else None,
             }
+            add = known_enqueue(registry, type, payload)
             async with board.database() as conn:
-                result = await enqueue_known(
-                    conn, registry, type, payload, board.config.schema, **options
-                )
+                result = await add(conn, type, payload, **options, schema=board.config.schema)
                 job = result.job
                 detail = json.dumps({"type": job.type, "queue": job.queue})
                 await board.q.job_event_record(

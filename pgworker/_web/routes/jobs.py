@@ -78,11 +78,11 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
     runs); 404 when a job of `after` does not exist."""
     if body.run_at is not None and body.delay is not None:
         raise ValidationError("run_at", "give run_at or delay, not both")
+    add = known_enqueue(api.config.registry, body.type, body.payload)
+    options = _options(body)
     async with api.transaction() as conn:
         try:
-            result = await enqueue_known(
-                conn, api.config.registry, body.type, body.payload, api.schema, **_options(body)
-            )
+            result = await add(conn, body.type, body.payload, **options, schema=api.schema)
         except ValidationError as exc:
             if exc.field == "after" and UNKNOWN_PARENT in str(exc):
                 return guard.problem(404, str(exc), "after")
@@ -92,18 +92,18 @@ async def create_job(body: EnqueueBody, api: Served) -> Response:
         return answer(job_json(result.job), 201 if result.created else 200)
 
 
-async def enqueue_known(
-    conn: Any, registry: Registry | None, type: str, payload: Any, schema: str, **options: Any
-) -> EnqueueResult:
-    """Enqueue a job as POST /jobs and the console's enqueue form do: a type of the `registry`
-    (`serve --app`) with its task's defaults and its payload checked (a typed task's strictly,
-    as JSON Schema reads its schema: what the OpenAPI document promises); any other type as
-    `pgworker.enqueue` does."""
-    add: Callable[..., Awaitable[EnqueueResult]] = enqueue
+def known_enqueue(
+    registry: Registry | None, type: str, payload: Any
+) -> Callable[..., Awaitable[EnqueueResult]]:
+    """How POST /jobs and the console's enqueue form enqueue `type`, its payload checked first,
+    before any database is reached (a refusal answers even while the database does not): a type
+    of the `registry` (`serve --app`) with its task's defaults and its payload checked (a typed
+    task's strictly, as JSON Schema reads its schema: what the OpenAPI document promises); any
+    other type as `pgworker.enqueue` does."""
     if registry is not None and type in registry:
-        add = registry.enqueue  # the task's defaults, its payload checked
         registry.checked_json(type, payload)
-    return await add(conn, type, payload, **options, schema=schema)
+        return registry.enqueue
+    return enqueue
 
 
 def _options(body: EnqueueBody) -> dict[str, Any]:
