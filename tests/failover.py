@@ -63,6 +63,8 @@ import asyncpg
 
 import pgworker
 
+from .harness import Broken, Skip, Stopped, arm, disarm
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "pgwfo"
 BUDGET = 200
@@ -97,31 +99,6 @@ LOG_EVENTS = {
     "lease_lost": "lease lost: stopping the attempt",
     "dropped": "outcome dropped: this attempt no longer holds the job",
 }
-
-
-class Skip(Exception):
-    """This machine cannot run the test; the message says why."""
-
-
-class Broken(Exception):
-    """A promise did not hold; the message says which and how."""
-
-
-class Stopped(Exception):
-    """A signal asked the run to stop."""
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def _stop(signum: int, frame: object) -> None:
-    for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
-        signal.signal(sig, signal.SIG_IGN)
-    raise Stopped(signal.Signals(signum).name)
-
-
-def _out_of_time(signum: int, frame: object) -> None:
-    raise Broken(f"the run passed its {BUDGET} s budget")
 
 
 # The cluster ----------------------------------------------------------------------------------
@@ -901,10 +878,7 @@ def main() -> int:
     if not shutil.which("pg_autoctl"):
         print("failover: skipped: no pg_autoctl (apt-get install postgresql-NN-auto-failover)")
         return 0
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop)
-    signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(BUDGET)
+    arm(BUDGET)
     started = time.monotonic()
     left = clean_earlier()
     if left:
@@ -935,9 +909,7 @@ def main() -> int:
         traceback.print_exc()
         failure = f"{type(exc).__name__}: {exc}"
     finally:
-        signal.alarm(0)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+        disarm()
         if formation is not None:
             formation.down()
         if failure:  # the logs of a failed run are kept, beside the removed cluster

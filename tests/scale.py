@@ -49,6 +49,8 @@ import pgworker
 from examples import devdb
 from pgworker import JobSpec
 
+from .harness import Broken, Skip, Stopped, arm, disarm
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "pgws"
 BRIDGE = f"{PREFIX}-br"
@@ -70,14 +72,6 @@ FENCE_EVENTS = ("lost contact with the database",)
 """What a worker that fences itself logs when it stops its attempts; the
 running code is taken to fence itself when its source logs one of these."""
 TICK_S = 0.02
-
-
-class Skip(Exception):
-    """This machine cannot run the test; the message says why."""
-
-
-class Broken(Exception):
-    """A promise did not hold; the message says which and how."""
 
 
 def sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
@@ -670,23 +664,6 @@ async def reconcile(conn: asyncpg.Connection, cuts: list[Cut]) -> list[tuple[str
 # The run --------------------------------------------------------------------------------------
 
 
-def _out_of_time(signum: int, frame: object) -> None:
-    raise Broken(f"the run passed its {BUDGET} s budget")
-
-
-class Stopped(Exception):
-    """A signal asked the run to stop."""
-
-
-def _stop(signum: int, frame: object) -> None:
-    for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
-        signal.signal(sig, signal.SIG_IGN)
-    raise Stopped(signal.Signals(signum).name)
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
 async def scenario(dsn: str, net: Network, hosts: list[Host], rows: list[tuple[str, Any]]) -> None:
     deadline = time.monotonic() + 30
     while True:  # the server reloads its rules a moment after pg_ctl reload returns
@@ -752,10 +729,7 @@ def main() -> int:
     if not (shutil.which("ip") and shutil.which("tc")):
         print("scale: skipped: needs iproute2 (`ip`, `tc`)")
         return 0
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop)
-    signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(BUDGET)
+    arm(BUDGET)
     started = time.monotonic()
     left = Network.clean() + clean_clusters()
     if left:
@@ -784,9 +758,7 @@ def main() -> int:
         traceback.print_exc()
         failure = f"{type(exc).__name__}: {exc}"
     finally:
-        signal.alarm(0)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+        disarm()
         Network.clean()
     took = time.monotonic() - started
     print(

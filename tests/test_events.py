@@ -190,7 +190,8 @@ async def test_an_emit_in_a_transaction_open_while_the_wait_is_recorded_is_not_l
             # The job's attempt reaches its wait and blocks on the emit's lock.
             await wait_for(
                 lambda: conn.fetchval(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                    "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 )
             )
         await wait_for(lambda: has_status(conn, r.job.id, "completed"))

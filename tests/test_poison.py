@@ -332,6 +332,7 @@ async def _completer_waiting_on_a_lock(conn: asyncpg.Connection) -> int | None:
     return await conn.fetchval(
         """SELECT pid FROM pg_stat_activity
            WHERE application_name LIKE 'pgworker:%' AND wait_event_type = 'Lock'
+             AND datname = current_database()
              AND query LIKE '-- Write a batch of attempt outcomes%'"""
     )
 

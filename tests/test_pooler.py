@@ -240,7 +240,10 @@ async def test_the_cli_works_through_the_pooler_client_after_client(empty_dsn, n
         assert await conn.fetchval("SELECT status FROM pgworker.jobs WHERE id = $1", failing) == (
             "pending"
         )
-        locks = await conn.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+        locks = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         assert locks == 0
     finally:
         worker.kill()

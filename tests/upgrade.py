@@ -55,6 +55,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from .harness import Broken, Stopped, arm, disarm
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FROM = "f0523a3"
 """The last release that landed; UPGRADE_FROM (or --from) names another."""
@@ -85,27 +87,6 @@ CREATE TRIGGER upgrade_break BEFORE UPDATE ON pgworker.jobs FOR EACH ROW
     WHEN (NEW.status = 'running' AND NEW.worker_id LIKE 'old-%')
     EXECUTE FUNCTION pgworker.upgrade_break();
 """
-
-
-class Broken(Exception):
-    """A promise did not hold; the message says which and how."""
-
-
-class Stopped(Exception):
-    """A signal asked the run to stop."""
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def _stop(signum: int, frame: object) -> None:
-    for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
-        signal.signal(sig, signal.SIG_IGN)
-    raise Stopped(signal.Signals(signum).name)
-
-
-def _out_of_time(signum: int, frame: object) -> None:
-    raise Broken(f"the run passed its {BUDGET} s budget")
 
 
 def with_db(dsn: str, name: str) -> str:
@@ -898,10 +879,7 @@ def main() -> int:
         help=f"the release to upgrade from, a commit (default: $UPGRADE_FROM, else {DEFAULT_FROM})",
     )
     args = p.parse_args()
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _stop)
-    signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(BUDGET)
+    arm(BUDGET)
     started = time.monotonic()
     clean_folders()
     work = Path(tempfile.mkdtemp(prefix=f"pgworker-upgrade-{os.getpid()}-"))
@@ -929,9 +907,7 @@ def main() -> int:
         traceback.print_exc()
         failure = f"{type(exc).__name__}: {exc}"
     finally:
-        signal.alarm(0)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+        disarm()
         if run is not None:
             for proc in run.procs.values():
                 proc.kill()
