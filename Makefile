@@ -18,9 +18,9 @@ run: $(STAMP)
 
 ## Run the whole test suite (PGWORKER_TEST_DSN, else Docker, else a throwaway local cluster), in
 ## TEST_WORKERS processes (pytest-xdist; each has its own template and databases). Measured on 2
-## cores: 2 processes ran it in 10.6 min, 4 in 14 (more contention for the same CPU time, the
-## suite's subprocesses and PostgreSQL included). Under CI the 30 slowest tests are listed.
-TEST_WORKERS ?= 2
+## cores, idle, 1,551 tests: 3 processes ran it in 8.9 min, 2 in 10.9 (many tests wait on a lease
+## or a subprocess: a third process fills that time). Under CI the 30 slowest tests are listed.
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(if $(CI),--durations=30)
 

@@ -268,6 +268,9 @@ async def test_cancel_a_pending_a_running_and_a_finished_job(dsn, conn, tmp_path
     assert out.stdout == f"job {pending} is already cancelled: nothing to cancel\n"
     missing = cli("cancel", str(running + 1000), "--dsn", dsn)
     assert missing.returncode == 2 and f"there is no job {running + 1000}" in missing.stderr
+    for flag in ("--reason", "--by"):  # kept by a bulk cancel only: never silently dropped
+        refused = cli("cancel", str(pending), flag, "x", "--dsn", dsn)
+        assert refused.returncode == 2 and f"{flag}: goes with --filter" in refused.stderr
 
 
 async def test_enqueue_run_at_is_stored(dsn, conn):

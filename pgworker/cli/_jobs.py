@@ -311,6 +311,9 @@ async def _cancel(args: argparse.Namespace) -> int:
     refuse_filter_options(args)
     if args.job_id is None:
         raise ValidationError("ID", "give the id of the job to cancel, or --filter")
+    for given, flag in ((args.reason, "--reason"), (args.by, "--by")):
+        if given is not None:
+            raise ValidationError(flag, "goes with --filter: one job's cancel records neither")
     conn = await _connect(args)
     try:
         outcome = await cancel(conn, args.job_id, schema=_schema(args))
