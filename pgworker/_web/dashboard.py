@@ -838,7 +838,7 @@ class _Dashboard:
                     "log.html",
                     {
                         "title": "Operator log",
-                        "entries": [log_words.entry(r) for r in rows],
+                        "entries": [log_words.entry(dict(r)) for r in rows],
                         "older": older,
                         "newest": bool(before),
                         "now": datetime.now(UTC),

@@ -124,7 +124,7 @@ def headings(kept: Mapping[str, str], order: Order) -> dict[str, dict[str, str]]
     return found
 
 
-async def holds(conn: Any, q: Queries, rows: Sequence[Mapping[str, Any]], schema: str) -> Any:
+async def holds(conn: Any, q: Queries, rows: Sequence[Any], schema: str) -> Any:
     """What holds the shown pending jobs back by queue: `paused` (the names of the paused
     queues among them) and `held` (queue -> the words of its full limit)."""
     queues = sorted({r["queue"] for r in rows if r["status"] == "pending"})

@@ -142,6 +142,7 @@ def status_json(found: Rows) -> str:
     """The same as a JSON document: per queue its counts and the oldest pending job's age in
     seconds (null when none is due), the live workers, the unserved pairs, and `controls`: the
     queues paused or limited (queue, paused, paused_at, paused_by, pause_reason, limits)."""
+    controls: Sequence[Any] = found.get("controls", ())
     oldest = {r["queue"]: r["age"] for r in found["oldest_pending"]}
     return json.dumps(
         {
@@ -156,7 +157,7 @@ def status_json(found: Rows) -> str:
             "unserved": unserved_json(found["unserved"]),
             "controls": [
                 {k: v for k, v in c.as_json().items() if k not in ("pending", "running")}
-                for c in found.get("controls", ())
+                for c in controls
             ],
         },
         indent=2,
