@@ -167,3 +167,42 @@ async def test_a_heartbeat_never_answered_is_given_up_and_sent_again_on_a_new_co
                 await wait_for(lambda: logged(logs, BACK), timeout=60)
     [failed, *_] = logged(logs, "heartbeat failed; retrying")
     assert failed["error"] == "TimeoutError: the database did not answer within 2s", failed
+
+
+SLEEPING = """
+SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'pgworker%'
+  AND wait_event = 'PgSleep'
+"""
+
+
+async def test_a_heartbeat_given_up_is_cancelled_on_the_server_too(dsn: str, conn: Any) -> None:
+    """A heartbeat past its bound is abandoned, and its statement cancelled on the server: the
+    closed connection alone let it run on for as long as it took, with its row locks and its
+    snapshot (a given-up heartbeat held the rows its outcome writes then waited for)."""
+    registry = pgworker.Registry()
+
+    @registry.task("t")
+    async def handle(ctx: Any, payload: Any) -> None:
+        pass
+
+    await conn.execute(
+        "CREATE FUNCTION public.slow_beat() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$"
+    )
+    async with pgworker.Worker(registry, dsn, worker_id="slow-beat", lease=3.0, listen=False):
+        await wait_for(lambda: conn.fetchval("SELECT count(*) FROM pgworker.workers"))
+        await conn.execute(
+            "CREATE TRIGGER slow_beat BEFORE UPDATE ON pgworker.workers "
+            "FOR EACH ROW EXECUTE FUNCTION public.slow_beat()"
+        )
+        try:
+            [first, *_] = await wait_for(lambda: conn.fetchval(SLEEPING), timeout=15)
+
+            async def ended() -> bool:
+                return first not in await conn.fetchval(SLEEPING)
+
+            # Given up after a third of the lease (1 s); its sleep had 59 s left.
+            await wait_for(ended, timeout=10)
+        finally:
+            await conn.execute("DROP TRIGGER slow_beat ON pgworker.workers")

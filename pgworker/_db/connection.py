@@ -332,6 +332,43 @@ def _gone(conn: Conn) -> bool:
         return True
 
 
+CANCEL_TIMEOUT = 5.0
+"""The longest a cancel request of an abandoned statement may take to send."""
+
+_cancels: set[asyncio.Task[None]] = set()
+
+
+def cancel_statement(conn: Any) -> None:
+    """Ask the server, in the background, to cancel the statement `conn` runs: a CancelRequest on
+    a connection of its own, as asyncpg sends for a query whose task is cancelled. A connection
+    closed under a running statement does not stop it: the server notices only when it writes
+    the answer, and until then the statement holds its row locks and its snapshot (a heartbeat
+    given up on a slow database went on for a minute, holding the rows that the outcome writes
+    then waited for, and the MVCC horizon). Closing the connection would drop asyncpg's own
+    cancel request with it. Best effort, within CANCEL_TIMEOUT: the database may not answer."""
+    raw = getattr(conn, "_con", conn)  # a pool's proxy, or the connection itself
+    try:
+        target = {
+            "addr": raw._addr,
+            "params": raw._params,
+            "backend_pid": raw._protocol.backend_pid,
+            "backend_secret": raw._protocol.backend_secret,
+        }
+        send = getattr(asyncpg.connect_utils, "_cancel")  # noqa: B009 (no public reader)
+        loop = asyncio.get_running_loop()
+    except (AttributeError, RuntimeError):  # another asyncpg, or no loop: the close alone
+        return
+
+    async def request() -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CANCEL_TIMEOUT):
+                await send(loop=loop, **target)
+
+    task = loop.create_task(request(), name="pgworker-cancel")
+    _cancels.add(task)
+    task.add_done_callback(_cancels.discard)
+
+
 class HeldConnection:
     """One pooled connection kept across statements by a hot loop (the claim, the outcome writes),
     sparing the pool's acquire and release per statement; replaced after a connection error."""
@@ -365,8 +402,10 @@ class HeldConnection:
     def abandon(self) -> None:
         """Close the connection at once, whatever statement it waits on (a database that stopped
         answering: on a network that drops packets, it might wait for minutes after the network
-        heals); the statement fails as on a lost connection, and the next `get` takes another."""
+        heals); the statement fails as on a lost connection, and the next `get` takes another.
+        The server is asked to cancel that statement first (`cancel_statement`)."""
         if self._conn is not None and not _gone(self._conn):
+            cancel_statement(self._conn)
             self._conn.terminate()
 
     async def drop(self) -> None:
