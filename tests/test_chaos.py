@@ -214,6 +214,22 @@ async def test_backends_terminated_then_postgres_restarted_mid_run(own_cluster, 
                 await c.close()
 
         await wait_for(lambda: _at_least(completed, 50), timeout=60)
+
+        async def connected() -> int:
+            # Both workers up: on a busy machine one can finish 50 jobs before the other has
+            # connected at all.
+            c = await asyncpg.connect(dsn)
+            try:
+                return int(
+                    await c.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name LIKE 'pgworker%'"
+                    )
+                )
+            finally:
+                await c.close()
+
+        await wait_for(lambda: _at_least(connected, 6), timeout=60)
         c = await asyncpg.connect(dsn)
         killed = await c.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
