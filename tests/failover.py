@@ -53,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -63,7 +62,7 @@ import asyncpg
 
 import pgworker
 
-from .harness import Broken, Skip, Stopped, arm, disarm
+from .harness import Broken, Skip, arm, disarm, ended, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "pgwfo"
@@ -462,19 +461,6 @@ async def connect_until(dsn: str, timeout: float, what: str) -> asyncpg.Connecti
             if time.monotonic() > deadline:
                 raise Broken(f"{what}: no connection within {timeout:.0f} s ({exc})") from None
             await asyncio.sleep(0.2)
-
-
-async def wait_until(what: str, check: Any, timeout: float, every: float = 0.2) -> Any:
-    """Poll the coroutine function `check` until it returns something truthy; Broken after
-    `timeout` seconds, naming `what` did not happen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Broken(f"{what}: not within {timeout:.0f} s")
-        await asyncio.sleep(every)
 
 
 @dataclass
@@ -901,13 +887,8 @@ def main() -> int:
     except Skip as exc:
         print(f"failover: skipped: {exc}")
         return 0
-    except Broken as exc:
-        failure = str(exc)
-    except Stopped as exc:
-        failure = f"stopped by {exc}"
-    except Exception as exc:  # the harness's own trouble: the table so far, then the traceback
-        traceback.print_exc()
-        failure = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # Broken, Stopped, or the harness's own trouble: the table so far
+        failure = ended(exc)
     finally:
         disarm()
         if formation is not None:

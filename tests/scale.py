@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +48,7 @@ import pgworker
 from examples import devdb
 from pgworker import JobSpec
 
-from .harness import Broken, Skip, Stopped, arm, disarm
+from .harness import Broken, Skip, arm, disarm, ended, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "pgws"
@@ -290,19 +289,6 @@ def clean_clusters() -> list[str]:
 
 
 # The measures ---------------------------------------------------------------------------------
-
-
-async def wait_until(what: str, check: Any, timeout: float, every: float = 0.1) -> Any:
-    """Poll the coroutine function `check` until it returns something truthy; Broken after
-    `timeout` seconds, naming `what` did not happen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Broken(f"{what}: not within {timeout:.0f} s")
-        await asyncio.sleep(every)
 
 
 async def enqueue(conn: asyncpg.Connection, type_: str, batch: str, n: int, **payload: Any) -> None:
@@ -750,13 +736,8 @@ def main() -> int:
     except Skip as exc:
         print(f"scale: skipped: {exc}")
         return 0
-    except Broken as exc:
-        failure = str(exc)
-    except Stopped as exc:
-        failure = f"stopped by {exc}"
-    except Exception as exc:  # the harness's own trouble: the table so far, then the traceback
-        traceback.print_exc()
-        failure = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # Broken, Stopped, or the harness's own trouble: the table so far
+        failure = ended(exc)
     finally:
         disarm()
         Network.clean()

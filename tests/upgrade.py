@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,7 +54,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from .harness import Broken, Stopped, arm, disarm
+from . import harness
+from .harness import Broken, arm, disarm, ended
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FROM = "f0523a3"
@@ -302,22 +302,18 @@ async def wait_until(
     watch: list[Proc] = (),  # type: ignore[assignment]
     every: float = 0.1,
 ) -> Any:
-    """Poll `check` until it returns something truthy; Broken after `timeout` seconds, or as
-    soon as one of `watch` exits, with its log."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """harness.wait_until, and Broken as soon as one of `watch` exits, with its log."""
+
+    async def watched() -> Any:
         for p in watch:
             if p.proc is not None and p.proc.poll() is not None:
                 raise Broken(
                     f"{p.name} ({p.release.name} release) exited with {p.proc.returncode} while"
                     f" waiting for {what}; its log ends:\n      {p.tail()}"
                 )
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise Broken(f"{what}: not within {timeout:.0f} s")
-        await asyncio.sleep(every)
+        return await check()
+
+    return await harness.wait_until(what, watched, timeout, every)
 
 
 @dataclass
@@ -899,13 +895,8 @@ def main() -> int:
         db_made = True
         run = Run(old, new, logs, dsn, rows)
         asyncio.run(scenario(run))
-    except Broken as exc:
-        failure = str(exc)
-    except Stopped as exc:
-        failure = f"stopped by {exc}"
-    except Exception as exc:  # the harness's own trouble: the table so far, then the traceback
-        traceback.print_exc()
-        failure = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # Broken, Stopped, or the harness's own trouble: the table so far
+        failure = ended(exc)
     finally:
         disarm()
         if run is not None:
